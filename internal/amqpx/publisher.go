@@ -1,0 +1,150 @@
+package amqpx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrUnroutable: the broker returned a mandatory message (basic.return):
+// no queue got it. The broker still acks such a message, so without
+// mandatory it would have vanished silently.
+var ErrUnroutable = errors.New("message unroutable: no queue is bound for it")
+
+// ErrNacked: the broker refused the message (basic.nack), e.g. a full queue
+// with x-overflow=reject-publish.
+var ErrNacked = errors.New("broker nacked the message")
+
+// ErrPublisherClosed: the channel is gone; open a new Publisher.
+var ErrPublisherClosed = errors.New("publisher channel closed")
+
+// ReturnedError carries the broker's basic.return.
+type ReturnedError struct {
+	Exchange   string
+	RoutingKey string
+	ReplyCode  uint16
+	ReplyText  string
+}
+
+func (e *ReturnedError) Error() string {
+	return fmt.Sprintf("%v (exchange %q, routing key %q: %d %s)", ErrUnroutable, e.Exchange, e.RoutingKey, e.ReplyCode, e.ReplyText)
+}
+
+// Unwrap makes errors.Is(err, ErrUnroutable) true.
+func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
+
+// Publisher publishes one message at a time on its own confirm-mode channel
+// with mandatory set, and returns only once the broker has confirmed it:
+// nil means a queue has it (for quorum queues, a majority). A basic.return,
+// a nack, a closed channel or a cancelled context is an error, and the
+// message must be treated as not sent.
+//
+// One publish is in flight at a time, so a basic.return (which the broker
+// sends before the ack) always belongs to the current message. After an
+// error other than ErrUnroutable/ErrNacked the channel is closed and every
+// later call fails with ErrPublisherClosed; make a new Publisher.
+// Safe for concurrent use (calls are serialized).
+type Publisher struct {
+	mu       sync.Mutex
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	closed   chan *amqp.Error
+	broken   error
+}
+
+// NewPublisher opens a confirm-mode channel on conn.
+func NewPublisher(conn *amqp.Connection) (*Publisher, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open publisher channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	p := &Publisher{
+		ch: ch,
+		// Buffered: with one publish in flight at most one confirm and one
+		// return are pending; the extra room keeps the client's reader from
+		// ever blocking on us.
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 8)),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, 8)),
+		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+	}
+	return p, nil
+}
+
+// Publish sends msg to exchange with routing key, mandatory, and waits for
+// the confirm.
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken != nil {
+		return p.broken
+	}
+	seq := p.ch.GetNextPublishSeqNo()
+	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		return p.breakWith(fmt.Errorf("publish: %w", err))
+	}
+	var returned *ReturnedError
+	for {
+		select {
+		case r := <-p.returns:
+			returned = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+		case c, ok := <-p.confirms:
+			if !ok {
+				return p.breakWith(ErrPublisherClosed)
+			}
+			if c.DeliveryTag < seq {
+				continue // a confirm for an earlier publish; cannot happen while serialized
+			}
+			// The return, if any, precedes the ack on the wire and the
+			// client delivers it first; drain a late one to be sure.
+			select {
+			case r := <-p.returns:
+				returned = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+			default:
+			}
+			switch {
+			case returned != nil:
+				return returned
+			case !c.Ack:
+				return ErrNacked
+			default:
+				return nil
+			}
+		case e := <-p.closed:
+			if e != nil {
+				return p.breakWith(fmt.Errorf("%w: %v", ErrPublisherClosed, e))
+			}
+			return p.breakWith(ErrPublisherClosed)
+		case <-ctx.Done():
+			// The confirm may still come; this channel can no longer tell
+			// whose it is, so it is retired.
+			return p.breakWith(fmt.Errorf("waiting for publisher confirm: %w", ctx.Err()))
+		}
+	}
+}
+
+func (p *Publisher) breakWith(err error) error {
+	if p.broken == nil {
+		p.broken = ErrPublisherClosed
+		_ = p.ch.Close()
+	}
+	return err
+}
+
+// Close closes the channel.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken != nil {
+		return nil
+	}
+	p.broken = ErrPublisherClosed
+	return p.ch.Close()
+}

@@ -1,0 +1,69 @@
+package amqpx_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+)
+
+func TestPublisherConfirmsRoutedAndRefusesUnroutable(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	ch := env.Channel("setup")
+	ex, q := env.Name("ex"), env.Name("q")
+	if err := ch.ExchangeDeclare(ex, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q, "bound", ex, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqpx.NewPublisher(env.Dial("publisher"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	if err := pub.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("ok")}); err != nil {
+		t.Fatalf("routed publish: %v", err)
+	}
+	err = pub.Publish(ctx, ex, "nobody-bound", amqp.Publishing{Body: []byte("lost?")})
+	var ret *amqpx.ReturnedError
+	if !errors.As(err, &ret) || !errors.Is(err, amqpx.ErrUnroutable) {
+		t.Fatalf("unroutable publish: got %v, want ReturnedError", err)
+	}
+	if ret.RoutingKey != "nobody-bound" {
+		t.Fatalf("returned routing key %q", ret.RoutingKey)
+	}
+	// The publisher stays usable after a return.
+	if err := pub.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("ok2")}); err != nil {
+		t.Fatalf("publish after return: %v", err)
+	}
+	if qi, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil || qi.Messages != 2 {
+		t.Fatalf("queue has %d messages (err %v), want 2", qi.Messages, err)
+	}
+	// A missing exchange closes the channel: an error, never a silent success.
+	if err := pub.Publish(ctx, env.Name("missing"), "x", amqp.Publishing{}); err == nil {
+		t.Fatal("publish to a missing exchange succeeded")
+	}
+	if err := pub.Publish(ctx, ex, "bound", amqp.Publishing{}); !errors.Is(err, amqpx.ErrPublisherClosed) {
+		t.Fatalf("publish on a dead publisher: got %v, want ErrPublisherClosed", err)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	t.Parallel()
+	got := amqpx.Redact(`dial amqp://user:s3cr%40t@host:5672/vh failed; amqps://a:b@c/`)
+	if want := `dial amqp://user:***@host:5672/vh failed; amqps://a:***@c/`; got != want {
+		t.Fatalf("got %q want %q", got, want)
+	}
+}

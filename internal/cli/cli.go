@@ -1,0 +1,154 @@
+// Package cli is the dlxbridge command line. cmd/dlxbridge only calls Main;
+// commands write to the io.Writers they are given so tests can run them.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/config"
+)
+
+// Exit codes.
+const (
+	ExitOK    = 0 // success
+	ExitFail  = 1 // drift found, invalid input, or the broker refused
+	ExitUsage = 2 // bad usage or bad config
+)
+
+// Env is what a command gets from the process.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Stdin          io.Reader
+	// Getenv reads the environment (os.Getenv in production).
+	Getenv func(string) string
+}
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, env *Env, args []string) int
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"topology": {"plan, apply or verify the broker topology", runTopology},
+		"schemas":  {"list, lint and validate against the schema registry", runSchemas},
+	}
+}
+
+// Main runs the command line and returns the exit code.
+func Main(ctx context.Context, args []string, env *Env) int {
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(env.Stderr)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	cmd, ok := commands()[args[0]]
+	if !ok {
+		fmt.Fprintf(env.Stderr, "dlxbridge: unknown command %q\n\n", args[0])
+		usage(env.Stderr)
+		return ExitUsage
+	}
+	return cmd.run(ctx, env, args[1:])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: dlxbridge <command> [subcommand] [flags]")
+	fmt.Fprintln(w, "\ncommands:")
+	cmds := commands()
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun 'dlxbridge <command> -h' for its flags.")
+}
+
+// common holds the flags shared by broker-facing commands.
+type common struct {
+	configPath string
+	url        string
+	output     string
+}
+
+func (c *common) register(fs *flag.FlagSet, env *Env) {
+	fs.StringVar(&c.configPath, "config", "config.yaml", "path to the config file")
+	fs.StringVar(&c.url, "url", "", "AMQP URL (default $RABBITMQ_URL, else "+amqpx.Redact(amqpx.DefaultURL)+")")
+	fs.StringVar(&c.output, "output", "text", "output format: text or json")
+}
+
+// brokerURL resolves --url, then RABBITMQ_URL, then the default.
+func (c *common) brokerURL(env *Env) string {
+	if c.url != "" {
+		return c.url
+	}
+	if u := env.Getenv("RABBITMQ_URL"); u != "" {
+		return u
+	}
+	return amqpx.DefaultURL
+}
+
+func (c *common) checkOutput(env *Env) bool {
+	if c.output != "text" && c.output != "json" {
+		fmt.Fprintf(env.Stderr, "dlxbridge: --output must be text or json, not %q\n", c.output)
+		return false
+	}
+	return true
+}
+
+// loadConfig loads the config, printing every problem on failure.
+func loadConfig(env *Env, path string) (*config.Config, bool) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		if es, ok := config.AsErrors(err); ok {
+			fmt.Fprintf(env.Stderr, "dlxbridge: %s is invalid:\n", path)
+			for _, e := range es {
+				fmt.Fprintf(env.Stderr, "  %s\n", e.Error())
+			}
+		} else {
+			fmt.Fprintf(env.Stderr, "dlxbridge: %v\n", err)
+		}
+		return nil, false
+	}
+	return cfg, true
+}
+
+// newFlagSet makes a FlagSet that reports errors instead of exiting.
+func newFlagSet(env *Env, name, usageLine string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "usage: dlxbridge %s\n\nflags:\n", usageLine)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// subcommand splits "sub --flags..." and checks sub is one of allowed.
+func subcommand(env *Env, group string, args []string, allowed ...string) (string, []string, bool) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(env.Stderr, "usage: dlxbridge %s %s [flags]\n", group, strings.Join(allowed, "|"))
+		return "", nil, false
+	}
+	for _, a := range allowed {
+		if args[0] == a {
+			return a, args[1:], true
+		}
+	}
+	fmt.Fprintf(env.Stderr, "dlxbridge %s: unknown subcommand %q (want %s)\n", group, args[0], strings.Join(allowed, ", "))
+	return "", nil, false
+}

@@ -1,0 +1,262 @@
+// Package config loads and validates dlxbridge's config.yaml.
+//
+// It is a leaf: it knows the file format, its defaults and its rules, and
+// nothing about AMQP. Components (topology, consumer, schemas) build their own
+// models from a validated *Config.
+//
+// Load never returns a half-valid config: either every problem is reported
+// (one FieldError per problem, each naming the field's path such as
+// "queues[1].retry.tiers[0]"), or the returned config has all defaults applied
+// and passes Validate.
+package config
+
+import (
+	"time"
+)
+
+// Config is the whole file.
+type Config struct {
+	// Broker holds what dlxbridge needs to reach the broker besides the AMQP
+	// URL. The AMQP URL (with its password) never lives in this file: it comes
+	// from --url or RABBITMQ_URL.
+	Broker Broker `yaml:"broker"`
+
+	// Schemas configures the registry and the validation gate.
+	Schemas Schemas `yaml:"schemas"`
+
+	// Queues lists the work queues dlxbridge manages. At least one is required.
+	Queues []Queue `yaml:"queues"`
+}
+
+// Broker describes broker access beyond AMQP.
+type Broker struct {
+	// ManagementURL is the base URL of the management HTTP API, e.g.
+	// "http://127.0.0.1:15672". With it, verify also checks bindings, actual
+	// queue arguments and effective policies, which AMQP cannot read back.
+	// Credentials are taken from the AMQP URL unless given here as userinfo.
+	// Defaults to "" (management checks are skipped and reported as such).
+	ManagementURL string `yaml:"management_url"`
+
+	// ConnectionName is the client-provided connection name shown in the
+	// management UI. Defaults to "dlxbridge".
+	ConnectionName string `yaml:"connection_name"`
+}
+
+// Schemas configures the schema registry.
+type Schemas struct {
+	// Dir is an extra directory of schemas laid out like the repository's
+	// schemas/ folder (<type>/v<version>.json). Its files are added to the
+	// embedded registry and win over embedded files of the same type and
+	// version. Defaults to "" (embedded registry only).
+	Dir string `yaml:"dir"`
+
+	// MaxBodyBytes is the largest body the gate decodes; a larger one is a
+	// schema failure. Defaults to 1 MiB (1048576).
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+}
+
+// Queue is one work queue and everything around it.
+type Queue struct {
+	// Name of the work queue (a quorum queue). Required.
+	Name string `yaml:"name"`
+
+	// Exchange the work queue is bound to. Required.
+	Exchange Exchange `yaml:"exchange"`
+
+	// Bindings are the routing keys (binding keys) that bind the work queue to
+	// Exchange. Defaults to [Name] ("" for a fanout/headers exchange).
+	Bindings []string `yaml:"bindings"`
+
+	// DeliveryLimit is the quorum queue's x-delivery-limit: how many times the
+	// broker redelivers a message that was requeued (nack/reject with requeue,
+	// or a lost channel/connection) before it dead-letters it with reason
+	// delivery_limit to the queue's quarantine. It is the backstop for
+	// messages that crash or hang the worker. Must be >= 1. Defaults to 5.
+	DeliveryLimit int `yaml:"delivery_limit"`
+
+	// MaxLength caps the work queue (x-max-length) with x-overflow
+	// reject-publish, so a full queue refuses publishes instead of dropping.
+	// Defaults to 0 (no cap).
+	MaxLength int `yaml:"max_length"`
+
+	// Consumer settings for the runtime.
+	Consumer Consumer `yaml:"consumer"`
+
+	// Retry is the delayed-retry policy.
+	Retry Retry `yaml:"retry"`
+
+	// Quarantine is where messages that cannot succeed are parked.
+	Quarantine Quarantine `yaml:"quarantine"`
+
+	// Message says how a message names its type and version.
+	Message MessageIdentity `yaml:"message"`
+
+	// Accepts lists the message types (and their schema versions) this queue
+	// takes. A message of any other type or version is a schema failure.
+	// At least one is required.
+	Accepts []Accept `yaml:"accepts"`
+}
+
+// Exchange is the exchange a work queue is bound to.
+type Exchange struct {
+	// Name of the exchange. Required; the default exchange ("") can't be
+	// declared or bound.
+	Name string `yaml:"name"`
+	// Type is direct, topic, fanout or headers. Defaults to "topic".
+	Type string `yaml:"type"`
+}
+
+// Consumer settings.
+type Consumer struct {
+	// Prefetch is the channel's per-consumer QoS (quorum queues refuse global
+	// QoS). Defaults to 20.
+	Prefetch int `yaml:"prefetch"`
+	// Concurrency is how many handlers run at once for this queue. Defaults
+	// to 4.
+	Concurrency int `yaml:"concurrency"`
+	// HandlerTimeout bounds one handler call; running out is a transient
+	// failure. Defaults to 30s.
+	HandlerTimeout time.Duration `yaml:"handler_timeout"`
+	// CrashLoopDeliveries is how many deliveries of the same message (by the
+	// broker's x-delivery-count) the bridge allows before it quarantines the
+	// message as crash-looping without calling the handler again. Must be <=
+	// DeliveryLimit so the bridge acts before the broker's backstop. Defaults
+	// to DeliveryLimit-1, at least 1.
+	CrashLoopDeliveries int `yaml:"crash_loop_deliveries"`
+}
+
+// Retry is the delayed-retry policy of one queue.
+type Retry struct {
+	// Tiers are the retry delays, in order: attempt n waits Tiers[n-1]; later
+	// attempts reuse the last tier. Each is one TTL queue group on the
+	// broker. Must be > 0 and increasing. Defaults to [1s, 5s, 30s, 2m].
+	Tiers []time.Duration `yaml:"tiers"`
+	// Jitter spreads each delay over [d, d*(1+Jitter)] so a burst of failures
+	// does not come back as one herd. 0 disables it. Must be in [0, 1].
+	// Defaults to 0.2.
+	Jitter *float64 `yaml:"jitter"`
+	// Lanes is how many TTL queues each tier is split into to carry the
+	// jitter (messages expire only at the head of a queue, so one queue can't
+	// hold mixed delays). Must be in [1, 16]. Defaults to 4 (1 if Jitter is 0).
+	Lanes int `yaml:"lanes"`
+	// MaxAttempts is the total number of handler attempts, the first
+	// delivery included. Must be >= 1. Defaults to 5.
+	MaxAttempts int `yaml:"max_attempts"`
+	// MaxElapsed bounds the time from the first failure to the last retry;
+	// a retry that would return after it quarantines instead. 0 disables the
+	// time budget. Defaults to 15m.
+	MaxElapsed *time.Duration `yaml:"max_elapsed"`
+}
+
+// Quarantine settings of one queue.
+type Quarantine struct {
+	// Queue is the quarantine queue's name. Queues that name the same
+	// quarantine share it. Defaults to "<name>.quarantine".
+	Queue string `yaml:"queue"`
+	// Retention is how long quarantined messages are kept before the
+	// inspection tooling may purge them. The broker never expires, drops or
+	// dead-letters quarantined messages on its own. Defaults to 336h (14d).
+	Retention time.Duration `yaml:"retention"`
+	// Redact lists what is scrubbed from a message before it is quarantined.
+	Redact Redact `yaml:"redact"`
+}
+
+// Redact lists headers and body fields to scrub before quarantine.
+type Redact struct {
+	// Headers are AMQP header names whose values are replaced by
+	// "[redacted]". Defaults to none.
+	Headers []string `yaml:"headers"`
+	// Fields are JSON pointers (RFC 6901, e.g. "/customer/email") into the
+	// body whose values are replaced by "[redacted]". A redacted body is no
+	// longer byte-for-byte; the envelope says so. Defaults to none.
+	Fields []string `yaml:"fields"`
+}
+
+// Where a message's type and version are read from.
+const (
+	// IdentityProperties reads the AMQP "type" property and a version header.
+	IdentityProperties = "properties"
+	// IdentityEnvelope reads a CloudEvents-style JSON body:
+	// {"type": ..., "schemaVersion"|"dataschema": ..., "data": {...}};
+	// the schema validates "data".
+	IdentityEnvelope = "envelope"
+	// IdentityPointer reads type and version at JSON pointers in the body.
+	IdentityPointer = "pointer"
+)
+
+// MessageIdentity says how a message names its type and schema version.
+type MessageIdentity struct {
+	// From is "properties", "envelope" or "pointer". Defaults to
+	// "properties".
+	From string `yaml:"from"`
+	// VersionHeader is the header holding the schema version when From is
+	// "properties". Defaults to "schema-version".
+	VersionHeader string `yaml:"version_header"`
+	// TypePointer is the JSON pointer of the type when From is "pointer".
+	// Defaults to "/type".
+	TypePointer string `yaml:"type_pointer"`
+	// VersionPointer is the JSON pointer of the version when From is
+	// "pointer". Defaults to "/schemaVersion".
+	VersionPointer string `yaml:"version_pointer"`
+}
+
+// Accept names a message type and the schema versions a queue takes.
+type Accept struct {
+	// Type is the message type, e.g. "orders.created". Required.
+	Type string `yaml:"type"`
+	// Versions are the accepted schema versions, e.g. ["1", "2"]. Each must
+	// exist in the registry as schemas/<type>/v<version>.json. Required.
+	Versions []string `yaml:"versions"`
+}
+
+// Defaults, exported so docs and tests can name them.
+const (
+	DefaultConnectionName = "dlxbridge"
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultExchangeType   = "topic"
+	DefaultDeliveryLimit  = 5
+	DefaultPrefetch       = 20
+	DefaultConcurrency    = 4
+	DefaultHandlerTimeout = 30 * time.Second
+	DefaultJitter         = 0.2
+	DefaultLanes          = 4
+	DefaultMaxAttempts    = 5
+	DefaultMaxElapsed     = 15 * time.Minute
+	DefaultRetention      = 14 * 24 * time.Hour
+	DefaultVersionHeader  = "schema-version"
+	DefaultTypePointer    = "/type"
+	DefaultVersionPtr     = "/schemaVersion"
+	QuarantineSuffix      = ".quarantine"
+	MaxLanes              = 16
+)
+
+// DefaultTiers are the retry delays used when a queue names none.
+func DefaultTiers() []time.Duration {
+	return []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute}
+}
+
+// JitterValue returns the effective jitter (defaults applied).
+func (r Retry) JitterValue() float64 {
+	if r.Jitter == nil {
+		return DefaultJitter
+	}
+	return *r.Jitter
+}
+
+// MaxElapsedValue returns the effective time budget (0 = none).
+func (r Retry) MaxElapsedValue() time.Duration {
+	if r.MaxElapsed == nil {
+		return DefaultMaxElapsed
+	}
+	return *r.MaxElapsed
+}
+
+// QueueByName returns the queue with that name.
+func (c *Config) QueueByName(name string) (*Queue, bool) {
+	for i := range c.Queues {
+		if c.Queues[i].Name == name {
+			return &c.Queues[i], true
+		}
+	}
+	return nil, false
+}

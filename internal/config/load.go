@@ -1,0 +1,205 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// FieldError is one problem with one field.
+type FieldError struct {
+	// Path is the field's path, e.g. "queues[1].retry.tiers[0]".
+	Path string
+	// Msg says what is wrong.
+	Msg string
+}
+
+func (e FieldError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// Errors is every problem found in a config; Load returns it (as error) when
+// the file is invalid.
+type Errors []FieldError
+
+func (es Errors) Error() string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// AsErrors unwraps the list of field errors from err, if it holds one.
+func AsErrors(err error) (Errors, bool) {
+	var es Errors
+	ok := errors.As(err, &es)
+	return es, ok
+}
+
+// Load reads, checks and defaults the config file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(data)
+}
+
+// Parse checks and defaults a config document. Unknown keys are errors. On
+// any problem it returns Errors listing all of them.
+func Parse(data []byte) (*Config, error) {
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, Errors{{Msg: "config is empty"}}
+		}
+		return nil, Errors{{Msg: "not valid YAML: " + err.Error()}}
+	}
+	var errs Errors
+	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	var cfg Config
+	if err := root.Decode(&cfg); err != nil {
+		return nil, Errors{{Msg: decodeMessage(err)}}
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+func decodeMessage(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return "wrong type: " + strings.Join(te.Errors, "; ")
+	}
+	return err.Error()
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// checkKeys walks the YAML tree beside the Go type and reports every mapping
+// key that has no field, with its path. yaml.v3's KnownFields reports only the
+// first one and by line, not by path.
+func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
+	if n == nil {
+		return
+	}
+	if n.Kind == yaml.DocumentNode {
+		for _, c := range n.Content {
+			checkKeys(c, t, path, errs)
+		}
+		return
+	}
+	if n.Kind == yaml.AliasNode {
+		checkKeys(n.Alias, t, path, errs)
+		return
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == durationType:
+		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
+			if _, err := time.ParseDuration(n.Value); err != nil {
+				*errs = append(*errs, FieldError{path, fmt.Sprintf("%q is not a duration (use e.g. 500ms, 5s, 2m)", n.Value)})
+			}
+		}
+	case t.Kind() == reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			if n.Tag != "!!null" {
+				*errs = append(*errs, FieldError{path, "must be a mapping"})
+			}
+			return
+		}
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			ft, ok := fields[key]
+			p := join(path, key)
+			if !ok {
+				*errs = append(*errs, FieldError{p, "unknown key" + suggest(key, fields)})
+				continue
+			}
+			checkKeys(n.Content[i+1], ft, p, errs)
+		}
+	case t.Kind() == reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			if n.Tag != "!!null" {
+				*errs = append(*errs, FieldError{path, "must be a list"})
+			}
+			return
+		}
+		for i, c := range n.Content {
+			checkKeys(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
+		}
+	}
+}
+
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	m := make(map[string]reflect.Type, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		m[name] = f.Type
+	}
+	return m
+}
+
+func suggest(key string, fields map[string]reflect.Type) string {
+	best, bestD := "", 3
+	for name := range fields {
+		if d := levenshtein(key, name); d < bestD || (d == bestD && name < best) {
+			best, bestD = name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+func levenshtein(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}

@@ -1,0 +1,275 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// ApplyDefaults fills every unset field with its documented default. It is
+// idempotent.
+func (c *Config) ApplyDefaults() {
+	if c.Broker.ConnectionName == "" {
+		c.Broker.ConnectionName = DefaultConnectionName
+	}
+	if c.Schemas.MaxBodyBytes == 0 {
+		c.Schemas.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		if q.Exchange.Type == "" {
+			q.Exchange.Type = DefaultExchangeType
+		}
+		if q.Bindings == nil {
+			if q.Exchange.Type == "fanout" || q.Exchange.Type == "headers" {
+				q.Bindings = []string{""}
+			} else {
+				q.Bindings = []string{q.Name}
+			}
+		}
+		if q.DeliveryLimit == 0 {
+			q.DeliveryLimit = DefaultDeliveryLimit
+		}
+		if q.Consumer.Prefetch == 0 {
+			q.Consumer.Prefetch = DefaultPrefetch
+		}
+		if q.Consumer.Concurrency == 0 {
+			q.Consumer.Concurrency = DefaultConcurrency
+		}
+		if q.Consumer.HandlerTimeout == 0 {
+			q.Consumer.HandlerTimeout = DefaultHandlerTimeout
+		}
+		if q.Consumer.CrashLoopDeliveries == 0 {
+			q.Consumer.CrashLoopDeliveries = max(q.DeliveryLimit-1, 1)
+		}
+		if q.Retry.Tiers == nil {
+			q.Retry.Tiers = DefaultTiers()
+		}
+		if q.Retry.Jitter == nil {
+			j := DefaultJitter
+			q.Retry.Jitter = &j
+		}
+		if q.Retry.Lanes == 0 {
+			if *q.Retry.Jitter == 0 {
+				q.Retry.Lanes = 1
+			} else {
+				q.Retry.Lanes = DefaultLanes
+			}
+		}
+		if q.Retry.MaxAttempts == 0 {
+			q.Retry.MaxAttempts = DefaultMaxAttempts
+		}
+		if q.Retry.MaxElapsed == nil {
+			d := DefaultMaxElapsed
+			q.Retry.MaxElapsed = &d
+		}
+		if q.Quarantine.Queue == "" {
+			q.Quarantine.Queue = q.Name + QuarantineSuffix
+		}
+		if q.Quarantine.Retention == 0 {
+			q.Quarantine.Retention = DefaultRetention
+		}
+		if q.Message.From == "" {
+			q.Message.From = IdentityProperties
+		}
+		if q.Message.VersionHeader == "" {
+			q.Message.VersionHeader = DefaultVersionHeader
+		}
+		if q.Message.TypePointer == "" {
+			q.Message.TypePointer = DefaultTypePointer
+		}
+		if q.Message.VersionPointer == "" {
+			q.Message.VersionPointer = DefaultVersionPtr
+		}
+		for j := range q.Accepts {
+			for k, v := range q.Accepts[j].Versions {
+				q.Accepts[j].Versions[k] = NormalizeVersion(v)
+			}
+		}
+	}
+}
+
+// NormalizeVersion turns "v2", "V2" and "2" into "2".
+func NormalizeVersion(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) > 1 && (v[0] == 'v' || v[0] == 'V') && v[1] >= '0' && v[1] <= '9' {
+		return v[1:]
+	}
+	return v
+}
+
+// Names the broker accepts and that are safe to derive other names from.
+var (
+	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$`)
+	typeRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
+	versionRE = regexp.MustCompile(`^[0-9]+$`)
+)
+
+// Validate checks a defaulted config and returns Errors listing every problem,
+// or nil.
+func (c *Config) Validate() error {
+	var errs Errors
+	add := func(path, format string, args ...any) {
+		errs = append(errs, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+	}
+	if c.Broker.ManagementURL != "" {
+		u, err := url.Parse(c.Broker.ManagementURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("broker.management_url", "must be an http(s) URL such as http://127.0.0.1:15672")
+		}
+	}
+	if c.Schemas.MaxBodyBytes < 0 {
+		add("schemas.max_body_bytes", "must be > 0")
+	}
+	if len(c.Queues) == 0 {
+		add("queues", "at least one queue is required")
+	}
+	// Every name dlxbridge declares, to catch collisions between queues.
+	declared := map[string]string{}
+	claim := func(name, path string) {
+		if prev, ok := declared[name]; ok && prev != path {
+			add(path, "name %q is also used by %s", name, prev)
+			return
+		}
+		declared[name] = path
+	}
+	quarantineOwners := map[string]bool{}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		p := fmt.Sprintf("queues[%d]", i)
+		if q.Name == "" {
+			add(p+".name", "is required")
+		} else if !nameRE.MatchString(q.Name) {
+			add(p+".name", "%q: use letters, digits, '.', '_', ':' or '-' (at most 200)", q.Name)
+		} else if strings.HasPrefix(q.Name, "amq.") {
+			add(p+".name", "names starting with \"amq.\" are reserved by the broker")
+		} else {
+			claim(q.Name, p+".name")
+			for _, suffix := range []string{".retry", ".dead"} {
+				claim(q.Name+suffix, p+".name")
+			}
+		}
+		if q.Exchange.Name == "" {
+			add(p+".exchange.name", "is required (the default exchange can't be bound)")
+		} else if !nameRE.MatchString(q.Exchange.Name) || strings.HasPrefix(q.Exchange.Name, "amq.") {
+			add(p+".exchange.name", "%q is not a name dlxbridge can declare", q.Exchange.Name)
+		}
+		switch q.Exchange.Type {
+		case "direct", "topic", "fanout", "headers":
+		default:
+			add(p+".exchange.type", "must be direct, topic, fanout or headers, not %q", q.Exchange.Type)
+		}
+		if len(q.Bindings) == 0 {
+			add(p+".bindings", "at least one binding key is required")
+		}
+		if q.DeliveryLimit < 1 {
+			add(p+".delivery_limit", "must be >= 1 (the broker's backstop for crash-looping messages; it can't be disabled)")
+		}
+		if q.MaxLength < 0 {
+			add(p+".max_length", "must be >= 0")
+		}
+		cp := p + ".consumer"
+		if q.Consumer.Prefetch < 1 || q.Consumer.Prefetch > 2000 {
+			add(cp+".prefetch", "must be in [1, 2000]")
+		}
+		if q.Consumer.Concurrency < 1 {
+			add(cp+".concurrency", "must be >= 1")
+		}
+		if q.Consumer.HandlerTimeout <= 0 {
+			add(cp+".handler_timeout", "must be > 0")
+		}
+		if q.Consumer.CrashLoopDeliveries < 1 {
+			add(cp+".crash_loop_deliveries", "must be >= 1")
+		} else if q.DeliveryLimit >= 1 && q.Consumer.CrashLoopDeliveries > q.DeliveryLimit {
+			add(cp+".crash_loop_deliveries", "must be <= delivery_limit (%d) so the bridge acts before the broker", q.DeliveryLimit)
+		}
+		rp := p + ".retry"
+		if len(q.Retry.Tiers) == 0 {
+			add(rp+".tiers", "at least one delay is required")
+		}
+		for j, d := range q.Retry.Tiers {
+			tp := fmt.Sprintf("%s.tiers[%d]", rp, j)
+			switch {
+			case d <= 0:
+				add(tp, "must be > 0")
+			case d%time.Millisecond != 0:
+				add(tp, "must be a whole number of milliseconds (queue TTLs are in ms)")
+			case j > 0 && d <= q.Retry.Tiers[j-1]:
+				add(tp, "must be greater than the tier before it (%s)", q.Retry.Tiers[j-1])
+			}
+		}
+		if j := q.Retry.JitterValue(); j < 0 || j > 1 {
+			add(rp+".jitter", "must be in [0, 1]")
+		}
+		if q.Retry.Lanes < 1 || q.Retry.Lanes > MaxLanes {
+			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
+		}
+		if q.Retry.MaxAttempts < 1 {
+			add(rp+".max_attempts", "must be >= 1")
+		}
+		if q.Retry.MaxElapsedValue() < 0 {
+			add(rp+".max_elapsed", "must be >= 0 (0 disables the time budget)")
+		}
+		qp := p + ".quarantine"
+		if !nameRE.MatchString(q.Quarantine.Queue) || strings.HasPrefix(q.Quarantine.Queue, "amq.") {
+			add(qp+".queue", "%q is not a name dlxbridge can declare", q.Quarantine.Queue)
+		} else if !quarantineOwners[q.Quarantine.Queue] {
+			// A shared quarantine is claimed once; it may not collide with a
+			// work or retry name.
+			quarantineOwners[q.Quarantine.Queue] = true
+			claim(q.Quarantine.Queue, qp+".queue")
+		}
+		if q.Quarantine.Retention < 0 {
+			add(qp+".retention", "must be >= 0")
+		}
+		for j, f := range q.Quarantine.Redact.Fields {
+			if f == "" || f[0] != '/' {
+				add(fmt.Sprintf("%s.redact.fields[%d]", qp, j), "%q is not a JSON pointer (e.g. /customer/email)", f)
+			}
+		}
+		for j, h := range q.Quarantine.Redact.Headers {
+			if h == "" {
+				add(fmt.Sprintf("%s.redact.headers[%d]", qp, j), "must not be empty")
+			}
+		}
+		mp := p + ".message"
+		switch q.Message.From {
+		case IdentityProperties, IdentityEnvelope:
+		case IdentityPointer:
+			for name, ptr := range map[string]string{"type_pointer": q.Message.TypePointer, "version_pointer": q.Message.VersionPointer} {
+				if ptr == "" || ptr[0] != '/' {
+					add(mp+"."+name, "%q is not a JSON pointer", ptr)
+				}
+			}
+		default:
+			add(mp+".from", "must be properties, envelope or pointer, not %q", q.Message.From)
+		}
+		if len(q.Accepts) == 0 {
+			add(p+".accepts", "at least one message type is required")
+		}
+		seen := map[string]bool{}
+		for j, a := range q.Accepts {
+			ap := fmt.Sprintf("%s.accepts[%d]", p, j)
+			if !typeRE.MatchString(a.Type) {
+				add(ap+".type", "%q: a type is letters, digits, '.', '_' or '-'", a.Type)
+			} else if seen[a.Type] {
+				add(ap+".type", "%q is listed twice", a.Type)
+			}
+			seen[a.Type] = true
+			if len(a.Versions) == 0 {
+				add(ap+".versions", "at least one version is required")
+			}
+			for k, v := range a.Versions {
+				if !versionRE.MatchString(v) {
+					add(fmt.Sprintf("%s.versions[%d]", ap, k), "%q: a version is a whole number such as 1 or v1", v)
+				}
+			}
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
+}
