@@ -1,0 +1,64 @@
+// Package telemetry carries W3C trace context through AMQP headers and holds
+// the OpenTelemetry messaging attribute names dlxbridge uses.
+package telemetry
+
+import (
+	"context"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Propagator is W3C traceparent/tracestate plus baggage. dlxbridge always
+// uses it rather than the global propagator, which is a no-op until an
+// application sets one: trace context must survive retries, quarantine and
+// replay whether or not the host process configured OpenTelemetry.
+var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPropagator(
+	propagation.TraceContext{}, propagation.Baggage{},
+)
+
+// HeaderCarrier adapts amqp.Table to propagation.TextMapCarrier. Values that
+// are not strings are ignored on Get.
+type HeaderCarrier amqp.Table
+
+// Get returns the header as a string, or "".
+func (c HeaderCarrier) Get(key string) string {
+	switch v := c[key].(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}
+
+// Set stores value under key.
+func (c HeaderCarrier) Set(key, value string) { c[key] = value }
+
+// Keys lists the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Inject writes ctx's trace context into headers (which must be non-nil).
+func Inject(ctx context.Context, headers amqp.Table) {
+	Propagator.Inject(ctx, HeaderCarrier(headers))
+}
+
+// Extract returns ctx with the trace context found in headers, if any.
+func Extract(ctx context.Context, headers amqp.Table) context.Context {
+	if headers == nil {
+		return ctx
+	}
+	return Propagator.Extract(ctx, HeaderCarrier(headers))
+}
+
+// Trace header names (W3C).
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
