@@ -6,6 +6,7 @@ import (
 	"context"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 )
 
@@ -61,4 +62,21 @@ func Extract(ctx context.Context, headers amqp.Table) context.Context {
 const (
 	HeaderTraceparent = "traceparent"
 	HeaderTracestate  = "tracestate"
+)
+
+// OpenTelemetry messaging semantic-convention attributes used on spans.
+var (
+	AttrSystemRabbitMQ   = attribute.String("messaging.system", "rabbitmq")
+	AttrOperationProcess = attribute.String("messaging.operation.type", "process")
+	AttrOperationPublish = attribute.String("messaging.operation.type", "send")
+)
+
+// Attribute keys whose values vary per message (span attributes only, never
+// metric labels).
+const (
+	AttrDestination    = "messaging.destination.name"
+	AttrRoutingKey     = "messaging.rabbitmq.destination.routing_key"
+	AttrMessageID      = "messaging.message.id"
+	AttrConversationID = "messaging.message.conversation_id"
+	AttrBodySize       = "messaging.message.body.size"
 )

@@ -1,0 +1,301 @@
+// Package consumer is dlxbridge's runtime: it consumes work queues, runs every
+// delivery through the crash-loop guard and the schema gate before any
+// handler sees it, and carries out triage's verdicts: ack, a delayed retry
+// through the TTL retry lanes, or quarantine with a failure envelope.
+//
+// Nothing is acked before it is safe elsewhere: a retry or quarantine publish
+// waits for the publisher confirm (with mandatory set), and only then is the
+// original acked. If that publish fails the original is rejected with requeue,
+// so the broker redelivers it and the crash-loop guard (or the broker's
+// delivery limit, which dead-letters to the quarantine) bounds the loop.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// Config configures a Consumer.
+type Config struct {
+	// URL is the AMQP URL. Required.
+	URL string
+	// File is the loaded, validated config.yaml. Required.
+	File *config.Config
+	// Registry is the compiled schema registry. Required.
+	Registry *schemas.Registry
+	// ConnectionName names the connection on the broker. Defaults to
+	// File.Broker.ConnectionName + "/consumer".
+	ConnectionName string
+	// Logger receives the runtime's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the runtime's Prometheus collectors. Defaults to
+	// nil: metrics are kept but not registered anywhere.
+	Registerer prometheus.Registerer
+	// TracerProvider makes the runtime's spans. Defaults to the global
+	// provider (otel.GetTracerProvider()).
+	TracerProvider trace.TracerProvider
+	// WorkerVersion is recorded in quarantine envelopes. Defaults to the
+	// main module's version from the build info.
+	WorkerVersion string
+	// DrainTimeout bounds graceful shutdown: after the context ends, handlers
+	// in flight get this long to finish before their channel is closed (the
+	// broker then requeues what is unacked). Defaults to 30s.
+	DrainTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// reconnects. Default to 100ms and 30s.
+	ReconnectMin, ReconnectMax time.Duration
+	// Rand draws retry jitter, a float in [0, 1). Defaults to math/rand/v2.
+	Rand func() float64
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+
+	// Test hooks, nil in production.
+	hooks *testHooks
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("consumer.Config.URL is required"))
+	}
+	if c.File == nil {
+		errs = append(errs, errors.New("consumer.Config.File is required"))
+	} else if err := c.File.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("consumer.Config.File: %w", err))
+	}
+	if c.Registry == nil {
+		errs = append(errs, errors.New("consumer.Config.Registry is required"))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, errors.New("consumer.Config.DrainTimeout must be >= 0"))
+	}
+	if c.ReconnectMin < 0 || c.ReconnectMax < 0 || (c.ReconnectMax > 0 && c.ReconnectMin > c.ReconnectMax) {
+		errs = append(errs, errors.New("consumer.Config.ReconnectMin/Max must be >= 0 and Min <= Max"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) withDefaults() *Config {
+	out := *c
+	if out.ConnectionName == "" {
+		out.ConnectionName = out.File.Broker.ConnectionName + "/consumer"
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.TracerProvider == nil {
+		out.TracerProvider = otel.GetTracerProvider()
+	}
+	if out.WorkerVersion == "" {
+		out.WorkerVersion = "devel"
+		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+			out.WorkerVersion = bi.Main.Version
+		}
+	}
+	if out.DrainTimeout == 0 {
+		out.DrainTimeout = 30 * time.Second
+	}
+	if out.ReconnectMin == 0 {
+		out.ReconnectMin = 100 * time.Millisecond
+	}
+	if out.ReconnectMax == 0 {
+		out.ReconnectMax = 30 * time.Second
+	}
+	if out.Rand == nil {
+		out.Rand = rand.Float64
+	}
+	if out.Now == nil {
+		out.Now = time.Now
+	}
+	return &out
+}
+
+// Consumer runs handlers for the configured work queues.
+type Consumer struct {
+	cfg     *Config
+	log     *slog.Logger
+	tracer  trace.Tracer
+	metrics *metrics
+	host    string
+
+	mu      sync.Mutex
+	routers map[string]*router // by queue
+	running bool
+	queues  map[string]*queueRuntime
+}
+
+// New checks cfg and returns a Consumer. Register handlers, then call Run.
+func New(cfg *Config) (*Consumer, error) {
+	if cfg == nil {
+		return nil, errors.New("consumer.New: nil Config")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	host, _ := os.Hostname()
+	c := &Consumer{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "dlxbridge.consumer"),
+		tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
+		metrics: m,
+		host:    host,
+		routers: map[string]*router{},
+		queues:  map[string]*queueRuntime{},
+	}
+	for i := range cfg.File.Queues {
+		q := &cfg.File.Queues[i]
+		qr, err := newQueueRuntime(c, q)
+		if err != nil {
+			return nil, err
+		}
+		c.queues[q.Name] = qr
+		c.routers[q.Name] = newRouter()
+	}
+	return c, nil
+}
+
+// Handle registers h for every accepted version of msgType on queue.
+func (c *Consumer) Handle(queue, msgType string, h Handler) error {
+	return c.register(queue, msgType, "", h)
+}
+
+// HandleVersion registers h for one version of msgType on queue. Older
+// versions reach it through upcasters registered with Upcast.
+func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) error {
+	if version == "" {
+		return errors.New("HandleVersion: version is required")
+	}
+	return c.register(queue, msgType, config.NormalizeVersion(version), h)
+}
+
+// Upcast registers fn to turn msgType data of version from into version to
+// for every queue. The upcast result is validated against the target
+// version's schema before the handler sees it.
+func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
+	from, to = config.NormalizeVersion(from), config.NormalizeVersion(to)
+	if fn == nil || from == to {
+		return fmt.Errorf("Upcast %s v%s→v%s: need a function between two different versions", msgType, from, to)
+	}
+	if _, ok := c.cfg.Registry.Lookup(msgType, to); !ok {
+		return fmt.Errorf("Upcast %s: no schema for target version %s", msgType, to)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return errors.New("Upcast after Run")
+	}
+	for _, r := range c.routers {
+		r.upcasts[upcastKey{msgType, from}] = upcaster{to: to, fn: fn}
+	}
+	return nil
+}
+
+func (c *Consumer) register(queue, msgType, version string, h Handler) error {
+	if h == nil {
+		return errors.New("nil handler")
+	}
+	q, ok := c.cfg.File.QueueByName(queue)
+	if !ok {
+		return fmt.Errorf("queue %q is not in the config", queue)
+	}
+	accepted := false
+	for _, a := range q.Accepts {
+		if a.Type != msgType {
+			continue
+		}
+		accepted = version == ""
+		for _, v := range a.Versions {
+			accepted = accepted || v == version
+		}
+	}
+	if !accepted {
+		if version == "" {
+			return fmt.Errorf("queue %q does not accept type %q (see accepts in the config)", queue, msgType)
+		}
+		return fmt.Errorf("queue %q does not accept %s v%s (see accepts in the config)", queue, msgType, version)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return errors.New("handlers must be registered before Run")
+	}
+	r := c.routers[queue]
+	if version == "" {
+		if _, dup := r.byType[msgType]; dup {
+			return fmt.Errorf("a handler for %s on %q is already registered", msgType, queue)
+		}
+		r.byType[msgType] = h
+		return nil
+	}
+	if _, dup := r.byVersion[routeKey{msgType, version}]; dup {
+		return fmt.Errorf("a handler for %s v%s on %q is already registered", msgType, version, queue)
+	}
+	r.byVersion[routeKey{msgType, version}] = h
+	return nil
+}
+
+// Run consumes every queue that has a handler until ctx ends, reconnecting
+// with backoff after connection or channel loss. When ctx ends it stops
+// consuming, lets in-flight handlers finish within DrainTimeout and returns
+// nil. It returns an error only if it can't start (no handlers).
+func (c *Consumer) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.running {
+		c.mu.Unlock()
+		return errors.New("consumer is already running")
+	}
+	c.running = true
+	var active []*queueRuntime
+	for name, qr := range c.queues {
+		if !c.routers[name].empty() {
+			qr.router = c.routers[name]
+			active = append(active, qr)
+		}
+	}
+	c.mu.Unlock()
+	if len(active) == 0 {
+		return errors.New("no handlers registered")
+	}
+	backoff := c.cfg.ReconnectMin
+	for {
+		started := time.Now()
+		err := c.session(ctx, active)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.metrics.reconnects.Inc()
+		if time.Since(started) > c.cfg.ReconnectMax {
+			backoff = c.cfg.ReconnectMin // it ran a good while: start over
+		}
+		wait := backoff/2 + time.Duration(c.cfg.Rand()*float64(backoff/2))
+		c.log.Warn("connection lost; reconnecting", "error", err, "in", wait)
+		if h := c.cfg.hooks; h != nil && h.reconnecting != nil {
+			h.reconnecting(err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		backoff = min(backoff*2, c.cfg.ReconnectMax)
+	}
+}

@@ -1,0 +1,127 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// Handler handles one validated message. Return nil on success. Return
+// triage.Permanent(err) for a failure no retry can fix, triage.RetryAfter(d,
+// err) to suggest a delay; any other error is transient and retried with
+// backoff. A panic is recovered and treated as a transient failure (class
+// "panic"); a handler that runs past its deadline fails with class "timeout".
+type Handler interface {
+	Handle(ctx context.Context, m *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
+
+// Message is what a handler sees: a message that passed the schema gate.
+type Message struct {
+	// Queue is the work queue it came from.
+	Queue string
+	// Type and Version name its schema. After an upcast, Version is the
+	// version the handler was registered for and OriginalVersion the one on
+	// the wire.
+	Type, Version, OriginalVersion string
+	// Data is the validated JSON value (numbers as json.Number); for
+	// envelope-style messages, the envelope's "data" member.
+	Data any
+	// Body is the payload as received.
+	Body []byte
+	// Headers are the AMQP headers as received. Treat as read-only.
+	Headers amqp.Table
+	// MessageID, CorrelationID: AMQP properties.
+	MessageID, CorrelationID string
+	// IdempotencyKey is the idempotency-key header, else the message id:
+	// at-least-once delivery means a handler may see a message twice.
+	IdempotencyKey string
+	// Attempt is this attempt's number, 1 on the first delivery.
+	Attempt int
+	// ReceivedAt is when the runtime received the delivery.
+	ReceivedAt time.Time
+}
+
+// Bind decodes Data into v (a struct pointer, typically).
+func (m *Message) Bind(v any) error {
+	b, err := json.Marshal(m.Data)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// UpcastFunc turns a message's data of one schema version into the next.
+type UpcastFunc func(data any) (any, error)
+
+type routeKey struct{ typ, version string }
+
+type upcastKey struct {
+	typ  string
+	from string
+}
+
+type upcaster struct {
+	to string
+	fn UpcastFunc
+}
+
+// router picks a handler for (type, version): an exact version handler; else
+// a version handler reachable through a chain of upcasters; else a handler for
+// the whole type.
+type router struct {
+	byVersion map[routeKey]Handler
+	byType    map[string]Handler
+	upcasts   map[upcastKey]upcaster
+}
+
+func newRouter() *router {
+	return &router{byVersion: map[routeKey]Handler{}, byType: map[string]Handler{}, upcasts: map[upcastKey]upcaster{}}
+}
+
+func (r *router) empty() bool { return len(r.byVersion) == 0 && len(r.byType) == 0 }
+
+// errNoHandler is a permanent failure: the config accepts a type no handler
+// was registered for.
+type errNoHandler struct{ typ, version string }
+
+func (e errNoHandler) Error() string {
+	return fmt.Sprintf("no handler registered for %s v%s", e.typ, e.version)
+}
+
+// route returns the handler, the version it expects and the upcast chain.
+func (r *router) route(typ, version string) (Handler, string, []upcaster, error) {
+	if h, ok := r.byVersion[routeKey{typ, version}]; ok {
+		return h, version, nil, nil
+	}
+	// Follow upcasters until a registered version handler is found.
+	var chain []upcaster
+	seen := map[string]bool{version: true}
+	v := version
+	for {
+		u, ok := r.upcasts[upcastKey{typ, v}]
+		if !ok || seen[u.to] {
+			break
+		}
+		seen[u.to] = true
+		chain = append(chain, u)
+		v = u.to
+		if h, ok := r.byVersion[routeKey{typ, v}]; ok {
+			return h, v, chain, nil
+		}
+	}
+	if h, ok := r.byType[typ]; ok {
+		return h, version, nil, nil
+	}
+	return nil, "", nil, triage.Permanent(errNoHandler{typ, version})
+}

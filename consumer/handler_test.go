@@ -1,0 +1,95 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+func TestRouterPrefersExactThenUpcastThenType(t *testing.T) {
+	t.Parallel()
+	named := func(name string) Handler {
+		return HandlerFunc(func(ctx context.Context, m *Message) error { return errors.New(name) })
+	}
+	r := newRouter()
+	r.byVersion[routeKey{"orders.created", "2"}] = named("v2")
+	r.byType["orders.cancelled"] = named("any-cancelled")
+	r.upcasts[upcastKey{"orders.created", "1"}] = upcaster{to: "2", fn: func(d any) (any, error) { return d, nil }}
+
+	cases := []struct {
+		typ, version string
+		want         string
+		wantVersion  string
+		chain        int
+	}{
+		{"orders.created", "2", "v2", "2", 0},
+		{"orders.created", "1", "v2", "2", 1},
+		{"orders.cancelled", "7", "any-cancelled", "7", 0},
+	}
+	for _, c := range cases {
+		h, v, chain, err := r.route(c.typ, c.version)
+		if err != nil {
+			t.Fatalf("%s v%s: %v", c.typ, c.version, err)
+		}
+		if got := h.Handle(context.Background(), nil).Error(); got != c.want || v != c.wantVersion || len(chain) != c.chain {
+			t.Errorf("%s v%s: handler %s version %s chain %d; want %s %s %d", c.typ, c.version, got, v, len(chain), c.want, c.wantVersion, c.chain)
+		}
+	}
+	// No handler (v3 has no upcaster to v2, and no type-wide handler) is a
+	// permanent failure: retrying cannot make a handler appear.
+	_, _, _, err := r.route("orders.created", "3")
+	if class, _ := triage.Classify(err); class != triage.ClassPermanent {
+		t.Fatalf("missing handler: class %q (err %v), want permanent", class, err)
+	}
+}
+
+func TestRouterStopsOnUpcastCycle(t *testing.T) {
+	t.Parallel()
+	r := newRouter()
+	id := func(d any) (any, error) { return d, nil }
+	r.upcasts[upcastKey{"t", "1"}] = upcaster{to: "2", fn: id}
+	r.upcasts[upcastKey{"t", "2"}] = upcaster{to: "1", fn: id}
+	if _, _, _, err := r.route("t", "1"); err == nil {
+		t.Fatal("a cycle of upcasters with no handler must not route")
+	}
+}
+
+func TestRepublishMovesExpirationAndUserIDIntoHeaders(t *testing.T) {
+	t.Parallel()
+	d := &amqp.Delivery{
+		Headers:     amqp.Table{"a": "1"},
+		Expiration:  "60000",
+		UserId:      "alice",
+		ContentType: "application/json",
+		MessageId:   "m-1",
+		Type:        "orders.created",
+		Body:        []byte(`{"x":1}`),
+	}
+	p := republish(d, d.Headers, d.Body, amqp.Table{"b": "2"})
+	if p.Expiration != "" || p.UserId != "" {
+		t.Fatalf("expiration %q user %q must not be copied as properties", p.Expiration, p.UserId)
+	}
+	if p.Headers[HeaderOriginalExpiration] != "60000" || p.Headers[HeaderOriginalUserID] != "alice" {
+		t.Fatalf("headers %v lack the moved properties", p.Headers)
+	}
+	if p.Headers["a"] != "1" || p.Headers["b"] != "2" || d.Headers["b"] != nil {
+		t.Fatalf("headers %v (original %v): want a copy with both", p.Headers, d.Headers)
+	}
+	if p.DeliveryMode != amqp.Persistent || p.MessageId != "m-1" || p.Type != "orders.created" || string(p.Body) != `{"x":1}` {
+		t.Fatalf("properties not carried: %+v", p)
+	}
+}
+
+func TestIdempotencyKeyFallsBackToMessageID(t *testing.T) {
+	t.Parallel()
+	if got := idempotencyKey(&amqp.Delivery{MessageId: "m"}); got != "m" {
+		t.Fatalf("got %q", got)
+	}
+	if got := idempotencyKey(&amqp.Delivery{MessageId: "m", Headers: amqp.Table{HeaderIdempotencyKey: "k"}}); got != "k" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -1,0 +1,87 @@
+package consumer
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome labels of dlxbridge_deliveries_total.
+const (
+	OutcomeAcked       = "acked"       // the handler succeeded and the ack was sent
+	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
+	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
+	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
+	OutcomeAckFailed   = "ack_failed"  // the ack could not be sent (channel gone): the broker will redeliver
+	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
+)
+
+// metrics are the runtime's collectors. Labels are bounded: queue names come
+// from the config, types/versions only from a queue's accepted list
+// ("other" otherwise), classes and tiers from fixed sets.
+type metrics struct {
+	deliveries       *prometheus.CounterVec
+	handlerDuration  *prometheus.HistogramVec
+	retries          *prometheus.CounterVec
+	quarantined      *prometheus.CounterVec
+	validation       *prometheus.CounterVec
+	attemptsSuccess  *prometheus.HistogramVec
+	publishFailures  *prometheus.CounterVec
+	reconnects       prometheus.Counter
+	abandonedHandler *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_deliveries_total",
+			Help: "Deliveries settled by the runtime, by queue and outcome.",
+		}, []string{"queue", "outcome"}),
+		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dlxbridge_handler_duration_seconds",
+			Help:    "Time spent in handlers, by queue and result (ok or error).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"queue", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_retries_total",
+			Help: "Delayed retries published (and confirmed), by queue and tier index.",
+		}, []string{"queue", "tier"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_quarantined_total",
+			Help: "Messages quarantined by the bridge, by queue and failure class.",
+		}, []string{"queue", "class"}),
+		validation: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_validation_failures_total",
+			Help: "Messages refused by the schema gate, by queue, type, version and reason.",
+		}, []string{"queue", "type", "version", "reason"}),
+		attemptsSuccess: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dlxbridge_attempts_at_success",
+			Help:    "The attempt number on which a handler succeeded.",
+			Buckets: []float64{1, 2, 3, 4, 5, 6, 8, 10, 15, 20},
+		}, []string{"queue"}),
+		publishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_publish_failures_total",
+			Help: "Retry or quarantine publishes that were not confirmed (returned, nacked, channel lost), by queue and kind.",
+		}, []string{"queue", "kind"}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dlxbridge_reconnects_total",
+			Help: "Times the runtime lost its connection or a channel and reconnected.",
+		}),
+		abandonedHandler: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_handlers_abandoned_total",
+			Help: "Handlers that ignored their deadline and were left running.",
+		}, []string{"queue"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.quarantined,
+		m.validation, m.attemptsSuccess, m.publishFailures, m.reconnects, m.abandonedHandler} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func tierLabel(i int) string { return strconv.Itoa(i) }

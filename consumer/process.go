@@ -1,0 +1,331 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// worker processes deliveries one at a time; it owns a confirm publisher on
+// the session's connection for retries and quarantine.
+type worker struct {
+	qs  *queueSession
+	pub *amqpx.Publisher
+}
+
+func (w *worker) close() {
+	if w.pub != nil {
+		_ = w.pub.Close()
+	}
+}
+
+// failure is everything known about a failed delivery when it is settled.
+type failure struct {
+	verdict    triage.Verdict
+	attempts   triage.Attempts
+	err        error
+	msgType    string
+	version    string
+	validation *schemas.ValidationError
+}
+
+// abandonGrace is how long a handler that ignores its deadline gets before
+// the worker stops waiting for it.
+const abandonGrace = time.Second
+
+func (w *worker) process(d amqp.Delivery) {
+	qr := w.qs.qr
+	c := qr.c
+	now := c.cfg.Now()
+	headers := map[string]any(d.Headers)
+
+	ctx := telemetry.Extract(w.qs.handlerCtx, d.Headers)
+	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationProcess,
+			attribute.String(telemetry.AttrDestination, qr.cfg.Name),
+			attribute.String(telemetry.AttrRoutingKey, d.RoutingKey),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
+			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
+		))
+	defer span.End()
+
+	attempts := triage.CountAttempts(triage.AttemptInput{
+		Headers:      headers,
+		IsRetryQueue: func(q string) bool { return qr.isRetry[q] },
+		Now:          now,
+	})
+	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+
+	// 1. Crash-loop guard: a message the broker flagged, or one delivered
+	// too often, never reaches the handler again.
+	if v := triage.Precheck(qr.policy, triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered}); v.Action == triage.ActionQuarantine {
+		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
+		return
+	}
+
+	// 2. Schema gate, before any handler.
+	msg, err := qr.gate.Check(schemas.Input{
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Type:            d.Type,
+		Headers:         headers,
+		Body:            d.Body,
+	})
+	if err != nil {
+		var verr *schemas.ValidationError
+		errors.As(err, &verr)
+		f := failure{attempts: attempts, err: err, validation: verr}
+		if verr != nil {
+			f.msgType, f.version = verr.Type, verr.Version
+			c.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason)).Inc()
+		}
+		f.verdict = triage.Decide(qr.policy, triage.Failure{Class: triage.ClassSchema, Attempts: attempts, Now: now}, randFunc(c.cfg.Rand))
+		w.settleFailure(ctx, span, &d, f)
+		return
+	}
+	span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+
+	// 3. The handler.
+	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	if w.qs.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline: leave the message unsettled; the
+		// broker requeues it when the channel closes.
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		return
+	}
+	if herr == nil {
+		if w.ack(&d) {
+			w.record(OutcomeAcked)
+			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
+		}
+		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+		return
+	}
+	class, hint := triage.Classify(herr)
+	v := triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: c.cfg.Now()}, randFunc(c.cfg.Rand))
+	w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts, err: herr, msgType: msg.Type, version: msg.Version})
+}
+
+// runHandler routes, upcasts and calls the handler with a deadline,
+// recovering panics.
+func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.Message, attempts triage.Attempts, now time.Time) error {
+	qr := w.qs.qr
+	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
+	if err != nil {
+		return err
+	}
+	data := gm.Data
+	for _, u := range chain {
+		if data, err = u.fn(data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s to v%s: %w", gm.Type, u.to, err))
+		}
+	}
+	if len(chain) > 0 {
+		if s, ok := qr.c.cfg.Registry.Lookup(gm.Type, version); ok {
+			if err := s.Validate(data); err != nil {
+				return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", gm.Type, gm.Version, version, err))
+			}
+		}
+	}
+	m := &Message{
+		Queue:           qr.cfg.Name,
+		Type:            gm.Type,
+		Version:         version,
+		OriginalVersion: gm.Version,
+		Data:            data,
+		Body:            d.Body,
+		Headers:         d.Headers,
+		MessageID:       d.MessageId,
+		CorrelationID:   d.CorrelationId,
+		IdempotencyKey:  idempotencyKey(d),
+		Attempt:         attempts.Failed + 1,
+		ReceivedAt:      now,
+	}
+	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- &triage.PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		done <- h.Handle(hctx, m)
+	}()
+	var herr error
+	select {
+	case herr = <-done:
+	case <-hctx.Done():
+		select {
+		case herr = <-done:
+		case <-time.After(abandonGrace):
+			qr.c.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+			qr.c.log.Error("handler ignored its deadline; abandoning it", "queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
+			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+		}
+	}
+	// A handler that returns some error after its deadline passed timed out.
+	if herr != nil && hctx.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
+		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+	}
+	result := "ok"
+	if herr != nil {
+		result = "error"
+	}
+	qr.c.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
+	return herr
+}
+
+// settleFailure carries out a retry or quarantine verdict: publish with
+// confirm + mandatory, then ack. A failed publish rejects the original with
+// requeue: the broker keeps it and the crash-loop guard bounds the loop.
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) {
+	qr := w.qs.qr
+	c := qr.c
+	v := f.verdict
+	span.SetAttributes(
+		attribute.String("dlxbridge.class", string(v.Class)),
+		attribute.String("dlxbridge.action", string(v.Action)),
+	)
+	if f.err != nil {
+		span.RecordError(f.err)
+	}
+	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	var err error
+	var outcome string
+	switch v.Action {
+	case triage.ActionRetry:
+		err = w.publishRetry(ctx, d, f)
+		outcome = OutcomeRetried
+	default:
+		err = w.publishQuarantine(ctx, span, d, f)
+		outcome = OutcomeQuarantined
+	}
+	if err != nil {
+		kind := "retry"
+		if outcome == OutcomeQuarantined {
+			kind = "quarantine"
+		}
+		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
+		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err)
+		span.SetStatus(codes.Error, kind+" publish failed")
+		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
+		// raises the delivery count the crash-loop guard relies on.
+		if rerr := d.Reject(true); rerr != nil {
+			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+		}
+		w.record(OutcomeRequeued)
+		return
+	}
+	if !w.ack(d) {
+		return
+	}
+	w.record(outcome)
+	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
+	if outcome == OutcomeRetried {
+		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+		log.Info("retry scheduled", "delay", v.Delay, "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
+	} else {
+		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
+		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
+	}
+}
+
+// record counts a settled delivery and signals tests.
+func (w *worker) record(outcome string) {
+	qr := w.qs.qr
+	qr.c.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
+	if h := qr.c.cfg.hooks; h != nil && h.settled != nil {
+		h.settled(qr.cfg.Name, outcome)
+	}
+}
+
+// ack acks d and reports whether the ack was written. An ack on a dead
+// channel fails: the broker will redeliver the message (a duplicate, which
+// idempotency keys are for), so it is not counted as acked.
+func (w *worker) ack(d *amqp.Delivery) bool {
+	if err := d.Ack(false); err != nil {
+		qr := w.qs.qr
+		w.record(OutcomeAckFailed)
+		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
+		return false
+	}
+	return true
+}
+
+// publisher returns the worker's confirm publisher, opening one if needed.
+func (w *worker) publisher() (*amqpx.Publisher, error) {
+	if w.pub != nil {
+		return w.pub, nil
+	}
+	p, err := amqpx.NewPublisher(w.qs.conn)
+	if err != nil {
+		return nil, err
+	}
+	w.pub = p
+	return p, nil
+}
+
+// publish sends with confirm + mandatory; a publisher whose channel died is
+// dropped so the next publish opens a fresh one.
+func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	pub, err := w.publisher()
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	defer cancel()
+	err = pub.Publish(pctx, exchange, key, p)
+	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
+		_ = pub.Close()
+		w.pub = nil
+	}
+	return err
+}
+
+// publishTimeout bounds the wait for a publisher confirm.
+const publishTimeout = 30 * time.Second
+
+type randFunc func() float64
+
+func (f randFunc) Float64() float64 { return f() }
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (qr *queueRuntime) typeLabel(t string) string {
+	if _, ok := qr.accepts[t]; ok {
+		return t
+	}
+	return "other"
+}
+
+func (qr *queueRuntime) versionLabel(t, v string) string {
+	if qr.accepts[t][v] {
+		return v
+	}
+	return "other"
+}

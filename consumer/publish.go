@@ -1,0 +1,220 @@
+package consumer
+
+import (
+	"context"
+	"strconv"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// HeaderIdempotencyKey is the header a publisher sets to name a message's
+// idempotency key; the message id is used when it is absent.
+const HeaderIdempotencyKey = "idempotency-key"
+
+// Headers the bridge adds to a retried message besides the attempt count.
+const (
+	// HeaderLastError is the last failure's error text (truncated).
+	HeaderLastError = "dlxbridge-last-error"
+	// HeaderOriginalExpiration keeps a message's own expiration property,
+	// which the retry replaces with its delay and quarantine drops (the
+	// quarantine never expires anything).
+	HeaderOriginalExpiration = "dlxbridge-original-expiration"
+	// HeaderOriginalUserID keeps the user-id property, which the broker
+	// refuses on a publish by a different user.
+	HeaderOriginalUserID = "dlxbridge-original-user-id"
+)
+
+func idempotencyKey(d *amqp.Delivery) string {
+	switch v := d.Headers[HeaderIdempotencyKey].(type) {
+	case string:
+		if v != "" {
+			return v
+		}
+	case []byte:
+		if len(v) > 0 {
+			return string(v)
+		}
+	}
+	return d.MessageId
+}
+
+// republish copies d's properties into a new publishing with base's headers
+// (d.Headers or a redacted copy) plus extra, and body. Expiration and user-id
+// are moved into headers (see the header constants); delivery mode is
+// persistent.
+func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
+	h := make(amqp.Table, len(base)+len(extra)+16)
+	for k, v := range base {
+		h[k] = v
+	}
+	for k, v := range extra {
+		h[k] = v
+	}
+	if d.Expiration != "" {
+		if _, kept := h[HeaderOriginalExpiration]; !kept {
+			h[HeaderOriginalExpiration] = d.Expiration
+		}
+	}
+	if d.UserId != "" {
+		h[HeaderOriginalUserID] = d.UserId
+	}
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            body,
+	}
+}
+
+// origin returns where the message first came from: the bridge's headers if
+// an earlier hop set them, else this delivery.
+func (qr *queueRuntime) origin(d *amqp.Delivery) (exchange, key, queue string) {
+	exchange, key, queue = d.Exchange, d.RoutingKey, qr.cfg.Name
+	if v, ok := d.Headers[quarantine.HeaderOriginalExchange].(string); ok {
+		exchange = v
+	}
+	if v, ok := d.Headers[quarantine.HeaderOriginalRoutingKey].(string); ok {
+		key = v
+	}
+	if v, ok := d.Headers[quarantine.HeaderOriginalQueue].(string); ok && v != "" {
+		queue = v
+	}
+	return exchange, key, queue
+}
+
+func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) error {
+	qr := w.qs.qr
+	v := f.verdict
+	lane := qr.wq.Tiers[v.Tier].Lanes[v.Lane]
+	delay := min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
+	first := f.attempts.FirstFailure
+	if first.IsZero() {
+		first = qr.c.cfg.Now()
+	}
+	ex, key, queue := qr.origin(d)
+	p := republish(d, d.Headers, d.Body, amqp.Table{
+		triage.HeaderAttempts:               int64(v.Attempt),
+		triage.HeaderFirstFailure:           first.UTC().Format(rfc3339Nano),
+		quarantine.HeaderOriginalExchange:   ex,
+		quarantine.HeaderOriginalRoutingKey: key,
+		quarantine.HeaderOriginalQueue:      queue,
+		HeaderLastError:                     quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes),
+	})
+	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
+
+	pctx, span := qr.c.tracer.Start(ctx, qr.wq.RetryExchange+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationPublish,
+			attribute.String(telemetry.AttrDestination, qr.wq.RetryExchange),
+			attribute.String(telemetry.AttrRoutingKey, lane.RoutingKey),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()),
+		))
+	defer span.End()
+	telemetry.Inject(pctx, p.Headers)
+	err := w.publish(pctx, qr.wq.RetryExchange, lane.RoutingKey, p)
+	if err != nil {
+		span.RecordError(err)
+	}
+	return err
+}
+
+const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
+
+func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
+	qr := w.qs.qr
+	c := qr.c
+	v := f.verdict
+	now := c.cfg.Now()
+	ex, key, queue := qr.origin(d)
+	red := qr.redact.Apply(d.Headers, d.Body)
+
+	env := quarantine.Envelope{
+		Source:           quarantine.SourceBridge,
+		Class:            v.Class,
+		Reason:           v.Reason,
+		Error:            errString(f.err),
+		Attempts:         v.Attempt,
+		FirstFailureAt:   f.attempts.FirstFailure,
+		LastFailureAt:    now,
+		QuarantinedAt:    now,
+		OriginalExchange: ex,
+		OriginalRouting:  key,
+		OriginalQueue:    queue,
+		MessageID:        d.MessageId,
+		IdempotencyKey:   idempotencyKey(d),
+		MessageType:      f.msgType,
+		SchemaVersion:    f.version,
+		WorkerHost:       c.host,
+		WorkerVersion:    c.cfg.WorkerVersion,
+		Redacted:         red.Changed,
+		RedactionFailed:  red.Failed,
+		Notes:            f.attempts.Notes,
+	}
+	if env.FirstFailureAt.IsZero() {
+		env.FirstFailureAt = now
+	}
+	if f.validation != nil {
+		for _, vi := range f.validation.Violations {
+			env.Validation = append(env.Validation, quarantine.Violation{Pointer: vi.Pointer, Keyword: vi.Keyword, Message: vi.Message})
+		}
+		if len(env.Validation) == 0 {
+			env.Validation = []quarantine.Violation{{Keyword: string(f.validation.Reason), Message: f.validation.Detail}}
+		}
+	}
+	env.Fingerprint = triage.Fingerprint(v.Class, fingerprintText(f, v), f.msgType, f.version)
+	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
+		env.TraceID = sc.TraceID().String()
+	}
+
+	p := republish(d, red.Headers, red.Body, nil)
+	env.Apply(p.Headers)
+
+	pctx, span := c.tracer.Start(ctx, qr.wq.DeadExchange+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationPublish,
+			attribute.String(telemetry.AttrDestination, qr.wq.DeadExchange),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.String("dlxbridge.class", string(v.Class)),
+		))
+	defer span.End()
+	telemetry.Inject(pctx, p.Headers)
+	err := w.publish(pctx, qr.wq.DeadExchange, qr.cfg.Name, p)
+	if err != nil {
+		span.RecordError(err)
+	}
+	return err
+}
+
+// fingerprintText is what a failure is grouped by: the error, else the
+// verdict's reason (crash-loops have no error of their own).
+func fingerprintText(f failure, v triage.Verdict) string {
+	if vr := f.validation; vr != nil {
+		if len(vr.Violations) > 0 {
+			return string(vr.Reason) + " " + vr.Violations[0].Pointer + " " + vr.Violations[0].Keyword
+		}
+		return string(vr.Reason)
+	}
+	if f.err != nil {
+		return f.err.Error()
+	}
+	return v.Reason
+}

@@ -1,0 +1,321 @@
+// Package quarantine owns the quarantine record: the failure envelope the
+// bridge attaches to a message it parks, its header names, and reading it
+// back (also for messages the broker dead-lettered on its own, which carry
+// only x-death).
+//
+// A quarantined message keeps the payload as received, byte for byte (unless
+// redaction rules changed it, which the envelope records), and its original
+// AMQP properties and headers. The envelope is added as headers whose names
+// are the exported Header* constants below; they are part of dlxbridge's
+// public contract.
+package quarantine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// Envelope header names. Values are strings unless noted.
+const (
+	// HeaderEnvelope is the envelope format version (int32 1).
+	HeaderEnvelope = "dlxbridge-envelope"
+	// HeaderSource is "bridge" for envelopes written by dlxbridge.
+	HeaderSource = "dlxbridge-source"
+	// HeaderClass is the failure class (triage.Class).
+	HeaderClass = "dlxbridge-class"
+	// HeaderReason is the human reason for quarantine, e.g. "attempt budget
+	// exhausted (5/5)".
+	HeaderReason = "dlxbridge-reason"
+	// HeaderError is the last error message, truncated to MaxErrorBytes.
+	HeaderError = "dlxbridge-error"
+	// HeaderFingerprint groups like failures (triage.Fingerprint).
+	HeaderFingerprint = "dlxbridge-fingerprint"
+	// HeaderAttempts is the number of handler attempts made (int64). It is
+	// the same header the retry loop counts with.
+	HeaderAttempts = triage.HeaderAttempts
+	// HeaderFirstFailureAt, HeaderLastFailureAt and HeaderQuarantinedAt are
+	// RFC 3339 UTC times with nanoseconds.
+	HeaderFirstFailureAt = triage.HeaderFirstFailure
+	HeaderLastFailureAt  = "dlxbridge-last-failure-at"
+	HeaderQuarantinedAt  = "dlxbridge-quarantined-at"
+	// HeaderOriginalExchange, HeaderOriginalRoutingKey and
+	// HeaderOriginalQueue say where the message first came from. They are set
+	// on the first retry publish and kept through every hop.
+	HeaderOriginalExchange   = "dlxbridge-original-exchange"
+	HeaderOriginalRoutingKey = "dlxbridge-original-routing-key"
+	HeaderOriginalQueue      = "dlxbridge-original-queue"
+	// HeaderMessageType and HeaderSchemaVersion are what the schema gate
+	// read, when it got that far.
+	HeaderMessageType   = "dlxbridge-message-type"
+	HeaderSchemaVersion = "dlxbridge-schema-version"
+	// HeaderValidationErrors is a JSON array of {pointer, keyword, message},
+	// at most MaxValidationBytes long.
+	HeaderValidationErrors = "dlxbridge-validation-errors"
+	// HeaderIdempotencyKey is the message's idempotency key (its
+	// idempotency-key header, else its message id).
+	HeaderIdempotencyKey = "dlxbridge-idempotency-key"
+	// HeaderTraceID is the W3C trace id; the traceparent header itself is
+	// also kept.
+	HeaderTraceID = "dlxbridge-trace-id"
+	// HeaderWorkerHost and HeaderWorkerVersion name the process that
+	// quarantined the message.
+	HeaderWorkerHost    = "dlxbridge-worker-host"
+	HeaderWorkerVersion = "dlxbridge-worker-version"
+	// HeaderRedacted lists what redaction changed (JSON array of header
+	// names and body pointers); absent when nothing was.
+	HeaderRedacted = "dlxbridge-redacted"
+	// HeaderRedactionFailed says why configured body redaction could not be
+	// applied (e.g. the body is not JSON).
+	HeaderRedactionFailed = "dlxbridge-redaction-failed"
+	// HeaderNotes carries triage notes (forged or malformed headers seen),
+	// as a JSON array.
+	HeaderNotes = "dlxbridge-notes"
+)
+
+// Limits that keep the envelope well inside one frame.
+const (
+	MaxErrorBytes      = 2048
+	MaxValidationBytes = 8192
+	MaxNotesBytes      = 2048
+	EnvelopeVersion    = 1
+)
+
+// Source of a record.
+const (
+	SourceBridge = "bridge" // the bridge quarantined it with an envelope
+	SourceBroker = "broker" // the broker dead-lettered it (x-death only)
+)
+
+// Violation is one schema violation.
+type Violation struct {
+	Pointer string `json:"pointer"`
+	Keyword string `json:"keyword"`
+	Message string `json:"message"`
+}
+
+// Envelope is the failure record of a quarantined message.
+type Envelope struct {
+	Source           string       `json:"source"`
+	Class            triage.Class `json:"class"`
+	Reason           string       `json:"reason"`
+	Error            string       `json:"error,omitempty"`
+	Fingerprint      string       `json:"fingerprint,omitempty"`
+	Attempts         int          `json:"attempts"`
+	FirstFailureAt   time.Time    `json:"first_failure_at,omitzero"`
+	LastFailureAt    time.Time    `json:"last_failure_at,omitzero"`
+	QuarantinedAt    time.Time    `json:"quarantined_at,omitzero"`
+	OriginalExchange string       `json:"original_exchange"`
+	OriginalRouting  string       `json:"original_routing_key"`
+	OriginalQueue    string       `json:"original_queue"`
+	MessageID        string       `json:"message_id,omitempty"`
+	IdempotencyKey   string       `json:"idempotency_key,omitempty"`
+	MessageType      string       `json:"message_type,omitempty"`
+	SchemaVersion    string       `json:"schema_version,omitempty"`
+	Validation       []Violation  `json:"validation_errors,omitempty"`
+	Traceparent      string       `json:"traceparent,omitempty"`
+	TraceID          string       `json:"trace_id,omitempty"`
+	WorkerHost       string       `json:"worker_host,omitempty"`
+	WorkerVersion    string       `json:"worker_version,omitempty"`
+	Redacted         []string     `json:"redacted,omitempty"`
+	RedactionFailed  string       `json:"redaction_failed,omitempty"`
+	Notes            []string     `json:"notes,omitempty"`
+}
+
+// Apply writes the envelope into headers (which must be non-nil), over any
+// envelope headers already there.
+func (e *Envelope) Apply(h amqp.Table) {
+	set := func(k, v string) {
+		if v != "" {
+			h[k] = v
+		} else {
+			delete(h, k)
+		}
+	}
+	setTime := func(k string, t time.Time) {
+		if t.IsZero() {
+			delete(h, k)
+			return
+		}
+		h[k] = t.UTC().Format(time.RFC3339Nano)
+	}
+	h[HeaderEnvelope] = int32(EnvelopeVersion)
+	set(HeaderSource, e.Source)
+	set(HeaderClass, string(e.Class))
+	set(HeaderReason, Truncate(e.Reason, MaxErrorBytes))
+	set(HeaderError, Truncate(e.Error, MaxErrorBytes))
+	set(HeaderFingerprint, e.Fingerprint)
+	h[HeaderAttempts] = int64(e.Attempts)
+	setTime(HeaderFirstFailureAt, e.FirstFailureAt)
+	setTime(HeaderLastFailureAt, e.LastFailureAt)
+	setTime(HeaderQuarantinedAt, e.QuarantinedAt)
+	set(HeaderOriginalExchange, e.OriginalExchange)
+	set(HeaderOriginalRoutingKey, e.OriginalRouting)
+	set(HeaderOriginalQueue, e.OriginalQueue)
+	set(HeaderIdempotencyKey, e.IdempotencyKey)
+	set(HeaderMessageType, e.MessageType)
+	set(HeaderSchemaVersion, e.SchemaVersion)
+	set(HeaderValidationErrors, encodeViolations(e.Validation))
+	set(HeaderTraceID, e.TraceID)
+	set(HeaderWorkerHost, e.WorkerHost)
+	set(HeaderWorkerVersion, e.WorkerVersion)
+	set(HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
+	set(HeaderRedactionFailed, e.RedactionFailed)
+	set(HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
+}
+
+// Truncate cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…[truncated]"
+	cut := n - len(mark)
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+// encodeViolations keeps as many whole violations as fit MaxValidationBytes.
+func encodeViolations(vs []Violation) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	for n := len(vs); n > 0; n-- {
+		b, err := json.Marshal(vs[:n])
+		if err == nil && len(b) <= MaxValidationBytes {
+			return string(b)
+		}
+	}
+	b, _ := json.Marshal([]Violation{{Message: fmt.Sprintf("%d violations; too large to record", len(vs))}})
+	return string(b)
+}
+
+func encodeStrings(ss []string, limit int) string {
+	if len(ss) == 0 {
+		return ""
+	}
+	for n := len(ss); n > 0; n-- {
+		b, err := json.Marshal(ss[:n])
+		if err == nil && len(b) <= limit {
+			return string(b)
+		}
+	}
+	return `["too large to record"]`
+}
+
+// Read returns the envelope recorded in a quarantined message's headers. A
+// message the broker dead-lettered on its own has no envelope: Read then
+// derives one from x-death (Source "broker", Class from the dead-letter
+// reason). ok is false when neither is present.
+func Read(d *amqp.Delivery) (env Envelope, ok bool) {
+	h := map[string]any(d.Headers)
+	env.MessageID = d.MessageId
+	env.Traceparent = str(h, "traceparent")
+	if _, has := h[HeaderEnvelope]; has {
+		env.Source = str(h, HeaderSource)
+		env.Class = triage.Class(str(h, HeaderClass))
+		env.Reason = str(h, HeaderReason)
+		env.Error = str(h, HeaderError)
+		env.Fingerprint = str(h, HeaderFingerprint)
+		env.Attempts = intOf(h[HeaderAttempts])
+		env.FirstFailureAt = timeOf(h, HeaderFirstFailureAt)
+		env.LastFailureAt = timeOf(h, HeaderLastFailureAt)
+		env.QuarantinedAt = timeOf(h, HeaderQuarantinedAt)
+		env.OriginalExchange = str(h, HeaderOriginalExchange)
+		env.OriginalRouting = str(h, HeaderOriginalRoutingKey)
+		env.OriginalQueue = str(h, HeaderOriginalQueue)
+		env.IdempotencyKey = str(h, HeaderIdempotencyKey)
+		env.MessageType = str(h, HeaderMessageType)
+		env.SchemaVersion = str(h, HeaderSchemaVersion)
+		_ = json.Unmarshal([]byte(str(h, HeaderValidationErrors)), &env.Validation)
+		env.TraceID = str(h, HeaderTraceID)
+		env.WorkerHost = str(h, HeaderWorkerHost)
+		env.WorkerVersion = str(h, HeaderWorkerVersion)
+		_ = json.Unmarshal([]byte(str(h, HeaderRedacted)), &env.Redacted)
+		env.RedactionFailed = str(h, HeaderRedactionFailed)
+		_ = json.Unmarshal([]byte(str(h, HeaderNotes)), &env.Notes)
+		return env, true
+	}
+	hist := triage.ParseXDeath(h["x-death"])
+	class, found := triage.ClassifyDeadLetter(hist, h)
+	if !found {
+		return env, false
+	}
+	env.Source = SourceBroker
+	env.Class = class
+	env.Notes = hist.Notes
+	if len(hist.Deaths) > 0 {
+		newest := hist.Deaths[0]
+		env.Reason = fmt.Sprintf("dead-lettered by the broker: %s from queue %q", newest.Reason, newest.Queue)
+		env.OriginalQueue = newest.Queue
+		env.OriginalExchange = newest.Exchange
+		if len(newest.RoutingKeys) > 0 {
+			env.OriginalRouting = newest.RoutingKeys[0]
+		}
+		env.LastFailureAt = newest.Time
+		env.Attempts = int(newest.Count)
+	}
+	if first, ok := hist.Earliest(); ok {
+		env.FirstFailureAt = first
+	}
+	return env, true
+}
+
+func str(h map[string]any, k string) string {
+	switch v := h[k].(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}
+
+func timeOf(h map[string]any, k string) time.Time {
+	switch v := h[k].(type) {
+	case time.Time:
+		return v
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err == nil {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+func intOf(v any) int {
+	switch n := v.(type) {
+	case int:
+		return n
+	case int8:
+		return int(n)
+	case int16:
+		return int(n)
+	case int32:
+		return int(n)
+	case int64:
+		return int(n)
+	case uint8:
+		return int(n)
+	case uint16:
+		return int(n)
+	case uint32:
+		return int(n)
+	case string:
+		i, _ := strconv.Atoi(n)
+		return i
+	}
+	return 0
+}
