@@ -1,0 +1,19 @@
+// Package schemas is dlxbridge's schema registry and validation gate.
+//
+// The registry is one JSON Schema file per message type and version,
+// <type>/v<N>.json, embedded in the binary and optionally overlaid by a
+// directory (LoadOptions.Dir) so teams can add versions without a rebuild.
+// Every file is compiled once by Load (draft 2020-12 unless it says
+// otherwise, formats such as uuid, date-time and email asserted) and is a
+// resource at URL(type, version), so files $ref each other relatively, e.g.
+// "../common/v1.json#/$defs/money". Nothing is ever fetched from the network.
+//
+// The Gate runs before any handler: it checks the body size and content type,
+// finds the message's type and version (see Identity), decodes the body once
+// (rejecting invalid UTF-8, duplicate keys, deep nesting and absurd numbers,
+// which encoding/json lets through), and validates it. Every failure is a
+// *ValidationError with a Reason: a schema failure is never retried, it goes
+// straight to quarantine with its violations.
+//
+// The package is a leaf: it imports nothing of dlxbridge and no AMQP client.
+package schemas

@@ -1,0 +1,322 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+	"mime"
+	"sort"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
+)
+
+// Gate defaults.
+const (
+	DefaultMaxBodyBytes  = 1 << 20
+	DefaultMaxViolations = 20
+)
+
+// GateConfig configures a Gate.
+type GateConfig struct {
+	// Registry holds the schemas. Required.
+	Registry *Registry
+	// Identity says where a message names its type and version. Defaults to
+	// the AMQP type property plus the "schema-version" header.
+	Identity Identity
+	// Accepts maps each accepted type to its accepted versions ("v2" and
+	// "2" both work); every one must exist in Registry. Defaults to every
+	// type and version in Registry (as a publisher wants).
+	Accepts map[string][]string
+	// MaxBodyBytes is the largest body decoded; a larger one fails with
+	// ReasonTooLarge before any parsing. Defaults to 1 MiB; -1 means no
+	// limit.
+	MaxBodyBytes int
+	// MaxViolations caps ValidationError.Violations. Defaults to 20.
+	MaxViolations int
+}
+
+// Gate checks messages before any handler sees them: size, content type,
+// identity, one decode, schema validation. It is immutable and safe for
+// concurrent use.
+type Gate struct {
+	reg           *Registry
+	id            Identity
+	accepts       map[string]map[string]bool
+	maxBody       int
+	maxViolations int
+}
+
+// NewGate validates cfg and returns a Gate.
+func NewGate(cfg GateConfig) (*Gate, error) {
+	if cfg.Registry == nil {
+		return nil, errors.New("schemas: GateConfig.Registry is required")
+	}
+	id, err := cfg.Identity.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("schemas: GateConfig.%w", err)
+	}
+	g := &Gate{reg: cfg.Registry, id: id, accepts: map[string]map[string]bool{}, maxBody: cfg.MaxBodyBytes, maxViolations: cfg.MaxViolations}
+	switch {
+	case g.maxBody == 0:
+		g.maxBody = DefaultMaxBodyBytes
+	case g.maxBody < -1:
+		return nil, fmt.Errorf("schemas: GateConfig.MaxBodyBytes must be positive or -1, not %d", g.maxBody)
+	}
+	switch {
+	case g.maxViolations == 0:
+		g.maxViolations = DefaultMaxViolations
+	case g.maxViolations < 0:
+		return nil, fmt.Errorf("schemas: GateConfig.MaxViolations must be positive, not %d", g.maxViolations)
+	}
+	if cfg.Accepts == nil {
+		for _, ref := range cfg.Registry.refs {
+			g.accept(ref.Type, ref.Version)
+		}
+		return g, nil
+	}
+	var missing []string
+	for typ, versions := range cfg.Accepts {
+		if len(versions) == 0 {
+			missing = append(missing, typ+" (no versions)")
+		}
+		for _, v := range versions {
+			v = NormalizeVersion(v)
+			if _, ok := cfg.Registry.Lookup(typ, v); !ok {
+				missing = append(missing, typ+" v"+v)
+				continue
+			}
+			g.accept(typ, v)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("schemas: GateConfig.Accepts names schemas not in the registry: %s", strings.Join(missing, ", "))
+	}
+	return g, nil
+}
+
+func (g *Gate) accept(typ, version string) {
+	if g.accepts[typ] == nil {
+		g.accepts[typ] = map[string]bool{}
+	}
+	g.accepts[typ][version] = true
+}
+
+// Input is what the gate sees of a delivery.
+type Input struct {
+	ContentType     string
+	ContentEncoding string
+	// Type is the AMQP type property.
+	Type string
+	// Headers are the AMQP headers (values as amqp091-go decodes them).
+	Headers map[string]any
+	Body    []byte
+}
+
+// Message is a message that passed the gate.
+type Message struct {
+	Type    string
+	Version string
+	// Data is the validated value, decoded as encoding/json does with
+	// UseNumber (map[string]any, []any, string, json.Number, bool, nil).
+	// For FromEnvelope it is the envelope's "data" member.
+	Data any
+}
+
+// Check runs the gate. It returns the decoded, validated message, or a
+// *ValidationError and no message; it never panics on any input.
+func (g *Gate) Check(in Input) (*Message, error) {
+	m, verr := g.check(in)
+	if verr != nil {
+		return nil, verr
+	}
+	return m, nil
+}
+
+func (g *Gate) check(in Input) (*Message, *ValidationError) {
+	if g.maxBody >= 0 && len(in.Body) > g.maxBody {
+		return nil, &ValidationError{Reason: ReasonTooLarge, Detail: fmt.Sprintf("body is %d bytes, the limit is %d", len(in.Body), g.maxBody)}
+	}
+	if err := checkContentType(in.ContentType); err != nil {
+		return nil, err
+	}
+	if enc := strings.TrimSpace(in.ContentEncoding); enc != "" && !strings.EqualFold(enc, "identity") {
+		return nil, &ValidationError{Reason: ReasonEncoding, Detail: fmt.Sprintf("content-encoding %q is not supported (only identity)", capLen(enc))}
+	}
+
+	var typ, version string
+	if g.id.From == FromProperties {
+		var verr *ValidationError
+		if typ, version, verr = g.fromProperties(in); verr != nil {
+			return nil, verr
+		}
+		if verr := g.known(typ, version); verr != nil {
+			return nil, verr
+		}
+	}
+
+	doc, derr := decodeJSON(in.Body)
+	if derr != nil {
+		verr := &ValidationError{Type: typ, Version: version, Reason: ReasonDecode, Detail: capLen(derr.Error())}
+		if derr.rpath != nil {
+			verr.Violations = []Violation{{Pointer: derr.pointer(), Keyword: "json", Message: derr.msg}}
+		}
+		return nil, verr
+	}
+
+	data, prefix := doc, ""
+	switch g.id.From {
+	case FromEnvelope:
+		var verr *ValidationError
+		if typ, version, data, verr = fromEnvelope(doc); verr != nil {
+			return nil, verr
+		}
+		prefix = "/data"
+	case FromPointer:
+		var verr *ValidationError
+		if typ, version, verr = g.fromPointer(doc); verr != nil {
+			return nil, verr
+		}
+	}
+	if g.id.From != FromProperties {
+		if verr := g.known(typ, version); verr != nil {
+			return nil, verr
+		}
+	}
+
+	schema, _ := g.reg.Lookup(typ, version)
+	if verr := g.validate(schema, data, prefix); verr != nil {
+		verr.Type, verr.Version = typ, version
+		return nil, verr
+	}
+	return &Message{Type: typ, Version: version, Data: data}, nil
+}
+
+// checkContentType accepts "", application/json and application/*+json,
+// with no charset or charset=utf-8.
+func checkContentType(ct string) *ValidationError {
+	if strings.TrimSpace(ct) == "" {
+		return nil
+	}
+	bad := func(why string) *ValidationError {
+		return &ValidationError{Reason: ReasonContentType, Detail: fmt.Sprintf("content type %q %s", capLen(ct), why)}
+	}
+	base, params, hasParams := strings.Cut(ct, ";")
+	base = strings.ToLower(strings.TrimSpace(base))
+	if base != "application/json" && !(strings.HasPrefix(base, "application/") && strings.HasSuffix(base, "+json")) {
+		return bad("is not JSON (want application/json or application/*+json)")
+	}
+	if hasParams {
+		_, ps, err := mime.ParseMediaType(base + ";" + params)
+		if err != nil {
+			return bad("has malformed parameters")
+		}
+		if cs, ok := ps["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
+			return bad("is not UTF-8")
+		}
+	}
+	return nil
+}
+
+// known classifies a type and version against the registry and Accepts.
+func (g *Gate) known(typ, version string) *ValidationError {
+	if !g.reg.HasType(typ) {
+		return &ValidationError{Type: typ, Version: version, Reason: ReasonUnknownType, Detail: fmt.Sprintf("type %q is not in the schema registry", capLen(typ))}
+	}
+	if _, ok := g.reg.Lookup(typ, version); !ok {
+		return &ValidationError{Type: typ, Version: version, Reason: ReasonUnknownVersion, Detail: fmt.Sprintf("version %q of %s is not in the schema registry", capLen(version), typ)}
+	}
+	if !g.accepts[typ][version] {
+		return &ValidationError{Type: typ, Version: version, Reason: ReasonNotAccepted, Detail: fmt.Sprintf("%s v%s is not accepted here", typ, version)}
+	}
+	return nil
+}
+
+func (g *Gate) fromProperties(in Input) (typ, version string, verr *ValidationError) {
+	typ = strings.TrimSpace(in.Type)
+	if typ == "" {
+		return "", "", &ValidationError{Reason: ReasonMissingType, Detail: "the AMQP type property is empty"}
+	}
+	raw, ok := in.Headers[g.id.VersionHeader]
+	if !ok {
+		return typ, "", &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: fmt.Sprintf("no %q header", g.id.VersionHeader)}
+	}
+	if version, ok = versionString(raw); !ok {
+		return typ, "", &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: fmt.Sprintf("header %q is not a version (%T)", g.id.VersionHeader, raw)}
+	}
+	return typ, version, nil
+}
+
+func (g *Gate) fromPointer(doc any) (typ, version string, verr *ValidationError) {
+	t, ok := lookupPointer(doc, g.id.TypePointer)
+	if typ, _ = t.(string); !ok || strings.TrimSpace(typ) == "" {
+		return "", "", &ValidationError{Reason: ReasonMissingType, Detail: fmt.Sprintf("no type string at %s", g.id.TypePointer)}
+	}
+	v, ok := lookupPointer(doc, g.id.VersionPointer)
+	if !ok {
+		return typ, "", &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: fmt.Sprintf("no version at %s", g.id.VersionPointer)}
+	}
+	if version, ok = versionString(v); !ok {
+		return typ, "", &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: fmt.Sprintf("value at %s is not a version", g.id.VersionPointer)}
+	}
+	return typ, version, nil
+}
+
+// fromEnvelope reads {"type", "schemaVersion" | "dataschema", "data"}.
+// schemaVersion and dataschema, when both present, must agree.
+func fromEnvelope(doc any) (typ, version string, data any, verr *ValidationError) {
+	env, ok := doc.(map[string]any)
+	if !ok {
+		return "", "", nil, &ValidationError{Reason: ReasonMissingType, Detail: "body is not an envelope object"}
+	}
+	if typ, _ = env["type"].(string); strings.TrimSpace(typ) == "" {
+		return "", "", nil, &ValidationError{Reason: ReasonMissingType, Detail: `envelope has no "type" string`}
+	}
+	sv, hasSV := env["schemaVersion"]
+	ds, hasDS := env["dataschema"]
+	if hasSV {
+		if version, ok = versionString(sv); !ok {
+			return typ, "", nil, &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: `envelope "schemaVersion" is not a version`}
+		}
+	}
+	if hasDS {
+		s, _ := ds.(string)
+		dv, ok := versionFromDataschema(s)
+		if !ok {
+			return typ, version, nil, &ValidationError{Type: typ, Version: version, Reason: ReasonMissingVersion, Detail: `envelope "dataschema" does not end in /v<N>.json`}
+		}
+		if hasSV && dv != version {
+			return typ, version, nil, &ValidationError{Type: typ, Version: version, Reason: ReasonUnknownVersion, Detail: fmt.Sprintf(`envelope "schemaVersion" %s and "dataschema" v%s disagree`, version, dv)}
+		}
+		version = dv
+	}
+	if !hasSV && !hasDS {
+		return typ, "", nil, &ValidationError{Type: typ, Reason: ReasonMissingVersion, Detail: `envelope has neither "schemaVersion" nor "dataschema"`}
+	}
+	if data, ok = env["data"]; !ok {
+		return typ, version, nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid,
+			Violations: []Violation{{Pointer: "", Keyword: "required", Message: `missing property "data"`}}}
+	}
+	return typ, version, data, nil
+}
+
+// validate runs the schema. A panic inside the validator is a bug, but the
+// message that triggers it is exactly a poison pill: it is classified rather
+// than allowed to crash the consumer.
+func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) (verr *ValidationError) {
+	defer func() {
+		if r := recover(); r != nil {
+			verr = &ValidationError{Reason: ReasonInvalid, Detail: capLen(fmt.Sprintf("validator panicked: %v", r))}
+		}
+	}()
+	err := schema.Validate(data)
+	if err == nil {
+		return nil
+	}
+	var ve *jsonschema.ValidationError
+	if errors.As(err, &ve) {
+		vs, truncated := flatten(ve, prefix, g.maxViolations)
+		return &ValidationError{Reason: ReasonInvalid, Violations: vs, Truncated: truncated}
+	}
+	return &ValidationError{Reason: ReasonInvalid, Detail: capLen(err.Error())}
+}

@@ -1,0 +1,180 @@
+package schemas
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Identity modes: where a message names its type and schema version.
+const (
+	// FromProperties: the AMQP type property names the type and a header
+	// (Identity.VersionHeader) the version; the whole body is the data.
+	FromProperties = "properties"
+	// FromEnvelope: the body is a CloudEvents-style envelope
+	// {"type", "schemaVersion" or "dataschema", "data"}; only "data" is
+	// validated and returned.
+	FromEnvelope = "envelope"
+	// FromPointer: JSON pointers into the body name the type and the
+	// version; the whole body is validated.
+	FromPointer = "pointer"
+)
+
+// Identity defaults.
+const (
+	DefaultVersionHeader  = "schema-version"
+	DefaultTypePointer    = "/type"
+	DefaultVersionPointer = "/schemaVersion"
+)
+
+// Identity says how a message names its type and schema version.
+type Identity struct {
+	// From is FromProperties, FromEnvelope or FromPointer. Defaults to
+	// FromProperties.
+	From string
+	// VersionHeader is the AMQP header holding the version (FromProperties).
+	// Defaults to "schema-version".
+	VersionHeader string
+	// TypePointer is the JSON pointer of the type in the body (FromPointer).
+	// Defaults to "/type".
+	TypePointer string
+	// VersionPointer is the JSON pointer of the version in the body
+	// (FromPointer). Defaults to "/schemaVersion".
+	VersionPointer string
+}
+
+// withDefaults fills in defaults and checks the mode.
+func (id Identity) withDefaults() (Identity, error) {
+	if id.From == "" {
+		id.From = FromProperties
+	}
+	if id.VersionHeader == "" {
+		id.VersionHeader = DefaultVersionHeader
+	}
+	if id.TypePointer == "" {
+		id.TypePointer = DefaultTypePointer
+	}
+	if id.VersionPointer == "" {
+		id.VersionPointer = DefaultVersionPointer
+	}
+	switch id.From {
+	case FromProperties, FromEnvelope, FromPointer:
+	default:
+		return id, fmt.Errorf("Identity.From must be %q, %q or %q, not %q", FromProperties, FromEnvelope, FromPointer, id.From)
+	}
+	for _, p := range []string{id.TypePointer, id.VersionPointer} {
+		if !strings.HasPrefix(p, "/") {
+			return id, fmt.Errorf("Identity pointer %q must start with '/'", p)
+		}
+	}
+	return id, nil
+}
+
+// NormalizeVersion trims v and drops a leading "v" or "V" before a digit, so
+// "v2", "V2" and " 2 " all become "2".
+func NormalizeVersion(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) > 1 && (v[0] == 'v' || v[0] == 'V') && v[1] >= '0' && v[1] <= '9' {
+		return v[1:]
+	}
+	return v
+}
+
+// versionString turns a version as found in a header or a JSON body into its
+// normalized string form. AMQP tables carry strings, byte slices and
+// integers of every width; JSON carries strings and json.Number. ok is false
+// for anything else (or a non-integral number).
+func versionString(v any) (string, bool) {
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case []byte:
+		s = string(x)
+	case json.Number:
+		s = string(x)
+	case int:
+		s = strconv.FormatInt(int64(x), 10)
+	case int8:
+		s = strconv.FormatInt(int64(x), 10)
+	case int16:
+		s = strconv.FormatInt(int64(x), 10)
+	case int32:
+		s = strconv.FormatInt(int64(x), 10)
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case uint:
+		s = strconv.FormatUint(uint64(x), 10)
+	case uint8:
+		s = strconv.FormatUint(uint64(x), 10)
+	case uint16:
+		s = strconv.FormatUint(uint64(x), 10)
+	case uint32:
+		s = strconv.FormatUint(uint64(x), 10)
+	case uint64:
+		s = strconv.FormatUint(x, 10)
+	case float32:
+		return floatVersion(float64(x))
+	case float64:
+		return floatVersion(x)
+	default:
+		return "", false
+	}
+	s = NormalizeVersion(s)
+	return s, s != ""
+}
+
+func floatVersion(f float64) (string, bool) {
+	if f != math.Trunc(f) || f < 0 || f > 1e9 {
+		return "", false
+	}
+	return strconv.FormatInt(int64(f), 10), true
+}
+
+// versionFromDataschema takes the version from a dataschema URL ending in
+// "/v<N>.json" or "v<N>".
+func versionFromDataschema(u string) (string, bool) {
+	u = strings.TrimSuffix(u, ".json")
+	i := strings.LastIndexAny(u, "/:#")
+	seg := u[i+1:]
+	if len(seg) < 2 || (seg[0] != 'v' && seg[0] != 'V') {
+		return "", false
+	}
+	for _, c := range seg[1:] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return seg[1:], true
+}
+
+// lookupPointer resolves a JSON pointer (RFC 6901) in a decoded value.
+func lookupPointer(v any, ptr string) (any, bool) {
+	if ptr == "" {
+		return v, true
+	}
+	if ptr[0] != '/' {
+		return nil, false
+	}
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch x := v.(type) {
+		case map[string]any:
+			var ok bool
+			if v, ok = x[tok]; !ok {
+				return nil, false
+			}
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(x) || (len(tok) > 1 && tok[0] == '0') {
+				return nil, false
+			}
+			v = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
