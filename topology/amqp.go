@@ -1,0 +1,133 @@
+package topology
+
+import (
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+)
+
+// probe is what one AMQP check found.
+type probe int
+
+const (
+	probeOK       probe = iota // exists (and, for a redeclare, is equivalent)
+	probeMissing               // 404 NOT_FOUND
+	probeConflict              // 406 PRECONDITION_FAILED; see the diff
+)
+
+// declareMode says whether a declare only checks (passive) or declares.
+type declareMode int
+
+const (
+	passive declareMode = iota
+	active
+)
+
+// The one wrapper around amqp091-go's positional booleans. Every exchange
+// and queue dlxbridge declares is durable, not auto-deleted, not internal,
+// not exclusive, and waits for the broker's answer.
+func declareExchange(ch *amqp.Channel, x ExchangeSpec, mode declareMode) error {
+	const durable, autoDelete, internal, noWait = true, false, false, false
+	if mode == passive {
+		return ch.ExchangeDeclarePassive(x.Name, x.Kind, durable, autoDelete, internal, noWait, nil)
+	}
+	return ch.ExchangeDeclare(x.Name, x.Kind, durable, autoDelete, internal, noWait, nil)
+}
+
+func declareQueue(ch *amqp.Channel, q QueueSpec, mode declareMode) error {
+	const durable, autoDelete, exclusive, noWait = true, false, false, false
+	args := amqp.Table(q.Args)
+	if mode == passive {
+		_, err := ch.QueueDeclarePassive(q.Name, durable, autoDelete, exclusive, noWait, args)
+		return err
+	}
+	_, err := ch.QueueDeclare(q.Name, durable, autoDelete, exclusive, noWait, args)
+	return err
+}
+
+func bindQueue(ch *amqp.Channel, b BindingSpec) error {
+	const noWait = false
+	return ch.QueueBind(b.Queue, b.Key, b.Exchange, noWait, nil)
+}
+
+// withChannel runs op on a fresh channel and closes it. A 404 or 406 closes
+// the channel on the broker side, so no channel is ever reused after a probe.
+func withChannel(conn *amqp.Connection, op func(*amqp.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", redact(err))
+	}
+	err = op(ch)
+	_ = ch.Close()
+	return err
+}
+
+// classify maps a probe's error to its outcome. A 406 comes with the parsed
+// difference (or the raw text as Have when the broker's wording is
+// unknown); any other error is returned as is.
+func classify(object string, err error) (probe, *ArgDiff, error) {
+	if err == nil {
+		return probeOK, nil, nil
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case amqp.NotFound:
+			return probeMissing, nil, nil
+		case amqp.PreconditionFailed:
+			if d, ok := ParseInequivalent(ae.Reason); ok {
+				return probeConflict, &d, nil
+			}
+			return probeConflict, &ArgDiff{Object: object, Arg: "?", Want: "(as configured)", Have: ae.Reason}, nil
+		}
+	}
+	return 0, nil, fmt.Errorf("%s: %w", object, redact(err))
+}
+
+// probeExchange checks an exchange: passive for existence, then an
+// equivalent redeclare (a no-op when it matches) for its type.
+func probeExchange(conn *amqp.Connection, x ExchangeSpec) (probe, *ArgDiff, error) {
+	obj := exchangeObject(x.Name)
+	err := withChannel(conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
+	if p, d, err := classify(obj, err); err != nil || p != probeOK {
+		return p, d, err
+	}
+	err = withChannel(conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, active) })
+	return classify(obj, err)
+}
+
+// probeQueue checks a queue: passive first (an active declare would create a
+// missing queue), then an active redeclare with the exact arguments, which
+// is a no-op on an equivalent queue and a 406 naming the first differing
+// argument otherwise.
+func probeQueue(conn *amqp.Connection, q QueueSpec) (probe, *ArgDiff, error) {
+	obj := queueObject(q.Name)
+	err := withChannel(conn, func(ch *amqp.Channel) error { return declareQueue(ch, q, passive) })
+	if p, d, err := classify(obj, err); err != nil || p != probeOK {
+		return p, d, err
+	}
+	err = withChannel(conn, func(ch *amqp.Channel) error { return declareQueue(ch, q, active) })
+	return classify(obj, err)
+}
+
+func queueObject(name string) string    { return "queue '" + name + "'" }
+func exchangeObject(name string) string { return "exchange '" + name + "'" }
+func bindingObject(b BindingSpec) string {
+	return fmt.Sprintf("binding '%s' -> '%s' key '%s'", b.Exchange, b.Queue, b.Key)
+}
+
+// redact hides any URL password an error text may carry.
+func redact(err error) error {
+	if err == nil {
+		return nil
+	}
+	return redactedError{err}
+}
+
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return amqpx.Redact(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }

@@ -1,0 +1,216 @@
+package topology
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrNotFound is the management API's 404.
+var ErrNotFound = errors.New("not found")
+
+// Management reads what AMQP cannot: a queue's actual arguments and
+// effective policy, an exchange's properties, and bindings. Read-only.
+type Management struct {
+	// BaseURL is e.g. "http://127.0.0.1:15672", without credentials.
+	BaseURL string
+	// Vhost is the virtual host of the AMQP connection.
+	Vhost          string
+	User, Password string
+	// Client defaults to one with a 10s timeout.
+	Client *http.Client
+}
+
+// NewManagement builds a client for baseURL. Credentials come from
+// baseURL's userinfo if it has one, else from the AMQP URL's; the vhost is
+// the AMQP URL's. Errors never contain a password.
+func NewManagement(baseURL, amqpURL string) (*Management, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("management URL %q: must be an http(s) URL", redactURL(baseURL))
+	}
+	uri, err := amqp.ParseURI(amqpURL)
+	if err != nil {
+		return nil, fmt.Errorf("AMQP URL: %w", redact(err))
+	}
+	m := &Management{Vhost: uri.Vhost, User: uri.Username, Password: uri.Password}
+	if u.User != nil {
+		m.User = u.User.Username()
+		m.Password, _ = u.User.Password()
+		u.User = nil
+	}
+	m.BaseURL = strings.TrimRight(u.String(), "/")
+	return m, nil
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
+
+// MgmtQueue is the part of GET /api/queues/{vhost}/{name} that verify uses.
+type MgmtQueue struct {
+	Name       string         `json:"name"`
+	Type       string         `json:"type"`
+	Durable    bool           `json:"durable"`
+	AutoDelete bool           `json:"auto_delete"`
+	Arguments  map[string]any `json:"arguments"`
+	// Policy and OperatorPolicy name the policies in effect, and
+	// EffectivePolicy is their merged definition. The broker fills these in
+	// with its stats, a few seconds after a queue is declared;
+	// PolicyReported is false until then.
+	Policy          string         `json:"policy"`
+	OperatorPolicy  string         `json:"operator_policy"`
+	EffectivePolicy map[string]any `json:"effective_policy_definition"`
+	PolicyReported  bool           `json:"-"`
+}
+
+// MgmtExchange is the part of GET /api/exchanges/{vhost}/{name} verify uses.
+type MgmtExchange struct {
+	Name       string         `json:"name"`
+	Type       string         `json:"type"`
+	Durable    bool           `json:"durable"`
+	AutoDelete bool           `json:"auto_delete"`
+	Internal   bool           `json:"internal"`
+	Arguments  map[string]any `json:"arguments"`
+}
+
+// MgmtBinding is one binding as the management API lists it.
+type MgmtBinding struct {
+	Source          string         `json:"source"`
+	Destination     string         `json:"destination"`
+	DestinationType string         `json:"destination_type"`
+	RoutingKey      string         `json:"routing_key"`
+	Arguments       map[string]any `json:"arguments"`
+}
+
+// MgmtPolicy is a policy or operator policy.
+type MgmtPolicy struct {
+	Name       string         `json:"name"`
+	Pattern    string         `json:"pattern"`
+	ApplyTo    string         `json:"apply-to"`
+	Priority   int            `json:"priority"`
+	Definition map[string]any `json:"definition"`
+	Operator   bool           `json:"-"`
+}
+
+// Queue reads one queue; ErrNotFound if it does not exist.
+func (m *Management) Queue(ctx context.Context, name string) (*MgmtQueue, error) {
+	var raw map[string]json.RawMessage
+	if err := m.get(ctx, "/api/queues/"+m.vh()+"/"+url.PathEscape(name), &raw); err != nil {
+		return nil, fmt.Errorf("%s: %w", queueObject(name), err)
+	}
+	var q MgmtQueue
+	if err := decodeRaw(raw, &q); err != nil {
+		return nil, fmt.Errorf("%s: %w", queueObject(name), err)
+	}
+	_, q.PolicyReported = raw["effective_policy_definition"]
+	return &q, nil
+}
+
+// Exchange reads one exchange; ErrNotFound if it does not exist.
+func (m *Management) Exchange(ctx context.Context, name string) (*MgmtExchange, error) {
+	var x MgmtExchange
+	if err := m.get(ctx, "/api/exchanges/"+m.vh()+"/"+url.PathEscape(name), &x); err != nil {
+		return nil, fmt.Errorf("%s: %w", exchangeObject(name), err)
+	}
+	return &x, nil
+}
+
+// QueueBindings lists every binding whose destination is the queue (the
+// default exchange's implicit one included).
+func (m *Management) QueueBindings(ctx context.Context, queue string) ([]MgmtBinding, error) {
+	var bs []MgmtBinding
+	if err := m.get(ctx, "/api/queues/"+m.vh()+"/"+url.PathEscape(queue)+"/bindings", &bs); err != nil {
+		return nil, fmt.Errorf("bindings of %s: %w", queueObject(queue), err)
+	}
+	return bs, nil
+}
+
+// ExchangeBindings lists every binding whose source is the exchange.
+func (m *Management) ExchangeBindings(ctx context.Context, exchange string) ([]MgmtBinding, error) {
+	var bs []MgmtBinding
+	if err := m.get(ctx, "/api/exchanges/"+m.vh()+"/"+url.PathEscape(exchange)+"/bindings/source", &bs); err != nil {
+		return nil, fmt.Errorf("bindings from %s: %w", exchangeObject(exchange), err)
+	}
+	return bs, nil
+}
+
+// Policies lists the vhost's policies and operator policies.
+func (m *Management) Policies(ctx context.Context) ([]MgmtPolicy, error) {
+	var ps, ops []MgmtPolicy
+	if err := m.get(ctx, "/api/policies/"+m.vh(), &ps); err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	if err := m.get(ctx, "/api/operator-policies/"+m.vh(), &ops); err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("operator policies: %w", err)
+	}
+	for i := range ops {
+		ops[i].Operator = true
+	}
+	return append(ps, ops...), nil
+}
+
+func (m *Management) vh() string {
+	v := m.Vhost
+	if v == "" {
+		v = "/"
+	}
+	return url.PathEscape(v)
+}
+
+func (m *Management) get(ctx context.Context, path string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.BaseURL+path, nil)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(m.User, m.Password)
+	c := m.Client
+	if c == nil {
+		c = &http.Client{Timeout: 10 * time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("management API: %w", redact(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if err != nil {
+		return fmt.Errorf("management API: %w", err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return ErrNotFound
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("management API GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(into); err != nil {
+		return fmt.Errorf("management API GET %s: %w", path, err)
+	}
+	return nil
+}
+
+// decodeRaw decodes an already split object, keeping numbers exact.
+func decodeRaw(raw map[string]json.RawMessage, into any) error {
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	return dec.Decode(into)
+}

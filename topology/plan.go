@@ -1,0 +1,169 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/config"
+)
+
+// ErrConflict: an object exists with different arguments or type. Apply
+// refuses and declares nothing; it never deletes anything to fix it.
+var ErrConflict = errors.New("topology conflicts with the broker")
+
+// Inspector plans, applies and verifies a topology on one broker. Conn is
+// required; Mgmt is optional and, when set, lets Plan see bindings and
+// Verify see actual arguments, policies and bindings.
+type Inspector struct {
+	Conn *amqp.Connection
+	Mgmt *Management
+}
+
+// Version reads the broker's version from the connection's server
+// properties.
+func (in *Inspector) Version() (BrokerVersion, error) {
+	return VersionFromProperties(in.Conn.Properties)
+}
+
+// BuildFor builds cfg's topology for the version of the broker conn is
+// connected to.
+func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
+	v, err := VersionFromProperties(conn.Properties)
+	if err != nil {
+		return nil, err
+	}
+	return Build(cfg, v), nil
+}
+
+// Plan probes every object of t on throwaway channels and says what Apply
+// would do. It declares nothing: existence is checked passively first, and
+// the equivalence probe (an active redeclare) only runs on objects that
+// exist, where an equivalent declare is a no-op.
+func (in *Inspector) Plan(ctx context.Context, t *Topology) (*Plan, error) {
+	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil}
+	missing := map[string]bool{} // "exchange name" / "queue name" that will be created
+	for _, x := range t.Exchanges {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		pr, d, err := probeExchange(in.Conn, x)
+		if err != nil {
+			return nil, err
+		}
+		if pr == probeMissing {
+			missing["exchange "+x.Name] = true
+		}
+		p.add(Step{Kind: KindExchange, Object: exchangeObject(x.Name), Action: action(pr), Diff: d})
+	}
+	for _, q := range t.Queues {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		pr, d, err := probeQueue(in.Conn, q)
+		if err != nil {
+			return nil, err
+		}
+		if pr == probeMissing {
+			missing["queue "+q.Name] = true
+		}
+		p.add(Step{Kind: KindQueue, Object: queueObject(q.Name), Action: action(pr), Diff: d})
+	}
+	bound := map[string][]MgmtBinding{}
+	for _, b := range t.Bindings {
+		act := ActionEnsure
+		switch {
+		case missing["exchange "+b.Exchange] || missing["queue "+b.Queue]:
+			act = ActionCreate
+		case in.Mgmt != nil:
+			bs, ok := bound[b.Queue]
+			if !ok {
+				var err error
+				if bs, err = in.Mgmt.QueueBindings(ctx, b.Queue); err != nil {
+					return nil, err
+				}
+				bound[b.Queue] = bs
+			}
+			act = ActionCreate
+			if hasBinding(bs, b) {
+				act = ActionUnchanged
+			}
+		}
+		p.add(Step{Kind: KindBinding, Object: bindingObject(b), Action: act})
+	}
+	return p, nil
+}
+
+func action(p probe) Action {
+	switch p {
+	case probeMissing:
+		return ActionCreate
+	case probeConflict:
+		return ActionConflict
+	default:
+		return ActionUnchanged
+	}
+}
+
+func hasBinding(bs []MgmtBinding, b BindingSpec) bool {
+	for _, x := range bs {
+		if x.Source == b.Exchange && x.Destination == b.Queue && x.DestinationType == "queue" && x.RoutingKey == b.Key {
+			return true
+		}
+	}
+	return false
+}
+
+// Apply declares what Plan says is missing. It is idempotent: on a broker
+// that already matches, it declares nothing and reports every object
+// unchanged. If any object conflicts it declares nothing and returns the
+// plan with an error wrapping ErrConflict: it never deletes a queue or
+// exchange to make it fit.
+func (in *Inspector) Apply(ctx context.Context, t *Topology) (*Plan, error) {
+	p, err := in.Plan(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	if p.Summary.Conflict > 0 {
+		return p, fmt.Errorf("%w: %d object(s) differ; nothing was declared", ErrConflict, p.Summary.Conflict)
+	}
+	exchanges := map[string]ExchangeSpec{}
+	for _, x := range t.Exchanges {
+		exchanges[exchangeObject(x.Name)] = x
+	}
+	queues := map[string]QueueSpec{}
+	for _, q := range t.Queues {
+		queues[queueObject(q.Name)] = q
+	}
+	bindings := map[string]BindingSpec{}
+	for _, b := range t.Bindings {
+		bindings[bindingObject(b)] = b
+	}
+	for _, s := range p.Steps {
+		if s.Action != ActionCreate && s.Action != ActionEnsure {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		var err error
+		switch s.Kind {
+		case KindExchange:
+			err = withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, exchanges[s.Object], active) })
+		case KindQueue:
+			err = withChannel(in.Conn, func(ch *amqp.Channel) error { return declareQueue(ch, queues[s.Object], active) })
+		case KindBinding:
+			err = withChannel(in.Conn, func(ch *amqp.Channel) error { return bindQueue(ch, bindings[s.Object]) })
+		}
+		if err != nil {
+			if pr, d, cerr := classify(s.Object, err); cerr == nil && pr == probeConflict {
+				return nil, fmt.Errorf("%w: declare %s: %s: want %s, have %s (changed since the plan)", ErrConflict, s.Object, d.Arg, d.Want, d.Have)
+			}
+			return nil, fmt.Errorf("declare %s: %w", s.Object, redact(err))
+		}
+	}
+	p.Applied = true
+	return p, nil
+}

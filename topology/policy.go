@@ -1,0 +1,119 @@
+package topology
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+)
+
+// overridingPolicyKeys are the policy keys that change how a queue
+// dead-letters, expires or caps messages. On dlxbridge's queues any of them
+// is drift, whether or not the queue's own argument wins: dead-letter keys
+// lose to an argument, but TTL, length and delivery limit take the lower of
+// the two (and on 4.x a positive policy delivery-limit beats -1), so a policy
+// can silently make the quarantine drop or the retry delays shorter.
+var overridingPolicyKeys = map[string]string{
+	"dead-letter-exchange":    ArgDeadLetterExchange,
+	"dead-letter-routing-key": ArgDeadLetterRK,
+	"dead-letter-strategy":    ArgDeadLetterStrategy,
+	"message-ttl":             ArgMessageTTL,
+	"delivery-limit":          ArgDeliveryLimit,
+	"max-length":              ArgMaxLength,
+	"max-length-bytes":        "x-max-length-bytes",
+	"overflow":                ArgOverflow,
+	"expires":                 "x-expires",
+}
+
+// policyProblems reports every overriding key of the policy and operator
+// policy in effect on a queue. The broker reports a queue's policy with its
+// stats, a few seconds after the queue is declared; until then the policy
+// is found by matching the vhost's policies the way the broker does.
+func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Problem {
+	type source struct {
+		name string
+		def  map[string]any
+	}
+	var sources []source
+	if have.PolicyReported && (have.Policy != "" || have.OperatorPolicy != "") {
+		// The merged definition; attribute each key to the policy that
+		// has it when we can see the policy.
+		for _, p := range []struct {
+			name     string
+			operator bool
+		}{{have.Policy, false}, {have.OperatorPolicy, true}} {
+			if p.name == "" {
+				continue
+			}
+			def := have.EffectivePolicy
+			if found := findPolicy(policies, p.name, p.operator); found != nil {
+				def = found.Definition
+			}
+			sources = append(sources, source{policyLabel(p.name, p.operator), def})
+		}
+	} else if !have.PolicyReported {
+		for _, operator := range []bool{false, true} {
+			if p := matchPolicy(policies, want.Name, operator); p != nil {
+				sources = append(sources, source{policyLabel(p.Name, operator), p.Definition})
+			}
+		}
+	}
+	var ps []Problem
+	for _, s := range sources {
+		keys := make([]string, 0, len(s.def))
+		for k := range s.def {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			arg, ok := overridingPolicyKeys[k]
+			if !ok {
+				continue
+			}
+			ps = append(ps, Problem{Kind: KindQueue, Object: queueObject(want.Name), Issue: IssuePolicy,
+				Arg: k, Want: FormatArg(want.Args[arg]), Have: FormatArg(s.def[k]), Policy: s.name})
+		}
+	}
+	return ps
+}
+
+func policyLabel(name string, operator bool) string {
+	if operator {
+		return fmt.Sprintf("operator policy '%s'", name)
+	}
+	return fmt.Sprintf("policy '%s'", name)
+}
+
+func findPolicy(ps []MgmtPolicy, name string, operator bool) *MgmtPolicy {
+	for i := range ps {
+		if ps[i].Name == name && ps[i].Operator == operator {
+			return &ps[i]
+		}
+	}
+	return nil
+}
+
+// matchPolicy picks the policy the broker would apply to a quorum queue:
+// the highest-priority one whose pattern matches and that applies to
+// queues. A pattern Go's regexp cannot compile is skipped.
+func matchPolicy(ps []MgmtPolicy, queue string, operator bool) *MgmtPolicy {
+	var best *MgmtPolicy
+	for i := range ps {
+		p := &ps[i]
+		if p.Operator != operator {
+			continue
+		}
+		switch p.ApplyTo {
+		case "queues", "all", "quorum_queues":
+		default:
+			continue
+		}
+		re, err := regexp.Compile(p.Pattern)
+		if err != nil || !re.MatchString(queue) {
+			continue
+		}
+		if best == nil || p.Priority > best.Priority || (p.Priority == best.Priority && p.Name < best.Name) {
+			best = p
+		}
+	}
+	return best
+}

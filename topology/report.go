@@ -1,0 +1,187 @@
+package topology
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Kind is the kind of broker object a step or problem is about.
+type Kind string
+
+const (
+	KindExchange Kind = "exchange"
+	KindQueue    Kind = "queue"
+	KindBinding  Kind = "binding"
+)
+
+// Action is what Apply does (or did) with one object.
+type Action string
+
+const (
+	// ActionCreate: the object is missing and will be (was) declared.
+	ActionCreate Action = "create"
+	// ActionUnchanged: the object exists exactly as configured.
+	ActionUnchanged Action = "unchanged"
+	// ActionConflict: the object exists with different arguments or type;
+	// Apply refuses to run and never deletes anything.
+	ActionConflict Action = "conflict"
+	// ActionEnsure: a binding whose existence AMQP cannot see (no
+	// management API); binding is idempotent, so Apply binds it anyway.
+	ActionEnsure Action = "ensure"
+)
+
+// Step is the plan for one object.
+type Step struct {
+	Kind   Kind     `json:"kind"`
+	Object string   `json:"object"`
+	Action Action   `json:"action"`
+	Diff   *ArgDiff `json:"diff,omitempty"`
+}
+
+// Summary counts steps by action.
+type Summary struct {
+	Create    int `json:"create"`
+	Unchanged int `json:"unchanged"`
+	Conflict  int `json:"conflict"`
+	Ensure    int `json:"ensure"`
+}
+
+// Plan says, for every exchange, queue and binding of a topology, whether
+// Apply creates it, leaves it alone, or refuses because it conflicts.
+type Plan struct {
+	BrokerVersion string `json:"broker_version"`
+	// Applied is true in the report Apply returns after declaring.
+	Applied bool `json:"applied"`
+	// BindingsChecked is false without the management API: AMQP cannot
+	// list bindings, so they are "ensure" rather than create/unchanged.
+	BindingsChecked bool    `json:"bindings_checked"`
+	Steps           []Step  `json:"steps"`
+	Summary         Summary `json:"summary"`
+}
+
+func (p *Plan) add(s Step) {
+	p.Steps = append(p.Steps, s)
+	switch s.Action {
+	case ActionCreate:
+		p.Summary.Create++
+	case ActionUnchanged:
+		p.Summary.Unchanged++
+	case ActionConflict:
+		p.Summary.Conflict++
+	case ActionEnsure:
+		p.Summary.Ensure++
+	}
+}
+
+// WriteText renders the plan for people: one line per object that is not
+// unchanged, then the counts.
+func (p *Plan) WriteText(w io.Writer) error {
+	var b strings.Builder
+	verb := map[Action]string{ActionCreate: "create", ActionConflict: "CONFLICT", ActionEnsure: "bind"}
+	if p.Applied {
+		verb = map[Action]string{ActionCreate: "created", ActionEnsure: "bound"}
+	}
+	fmt.Fprintf(&b, "broker %s\n", p.BrokerVersion)
+	for _, s := range p.Steps {
+		if s.Action == ActionUnchanged {
+			continue
+		}
+		line := fmt.Sprintf("  %-9s %s", verb[s.Action], s.Object)
+		if s.Diff != nil {
+			line += fmt.Sprintf(": %s: want %s, have %s", s.Diff.Arg, s.Diff.Want, s.Diff.Have)
+		}
+		b.WriteString(line + "\n")
+	}
+	sum := p.Summary
+	switch {
+	case p.Applied:
+		fmt.Fprintf(&b, "apply: %d created, %d unchanged", sum.Create, sum.Unchanged)
+	case sum.Conflict > 0:
+		fmt.Fprintf(&b, "plan: %d conflict(s): apply would refuse and declare nothing (conflicting objects are never deleted); %d to create, %d unchanged", sum.Conflict, sum.Create, sum.Unchanged)
+	default:
+		fmt.Fprintf(&b, "plan: %d to create, %d unchanged", sum.Create, sum.Unchanged)
+	}
+	if sum.Ensure > 0 {
+		fmt.Fprintf(&b, ", %d binding(s) ensured (not checkable without the management API)", sum.Ensure)
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// Issue is the kind of drift Verify found.
+type Issue string
+
+const (
+	IssueMissing           Issue = "missing"
+	IssueArgument          Issue = "argument differs"
+	IssueQueueType         Issue = "wrong queue type"
+	IssueExchangeType      Issue = "wrong exchange type"
+	IssueProperty          Issue = "property differs"
+	IssuePolicy            Issue = "policy overrides"
+	IssueUnexpectedBinding Issue = "unexpected binding"
+)
+
+// Problem is one difference between the broker and the config.
+type Problem struct {
+	Kind   Kind   `json:"kind"`
+	Object string `json:"object"`
+	Issue  Issue  `json:"issue"`
+	// Arg, Want and Have name the differing argument (or property, or
+	// policy key) and its two values; "none" means absent.
+	Arg  string `json:"arg,omitempty"`
+	Want string `json:"want,omitempty"`
+	Have string `json:"have,omitempty"`
+	// Policy names the policy that overrides an argument.
+	Policy string `json:"policy,omitempty"`
+}
+
+func (p Problem) String() string {
+	s := fmt.Sprintf("%s: %s", p.Object, p.Issue)
+	if p.Arg != "" {
+		s += fmt.Sprintf(": %s: want %s, have %s", p.Arg, p.Want, p.Have)
+	}
+	if p.Policy != "" {
+		s += fmt.Sprintf(" (set by %s)", p.Policy)
+	}
+	return s
+}
+
+// VerifyReport is what Verify found.
+type VerifyReport struct {
+	BrokerVersion string `json:"broker_version"`
+	// Management is true when the management API was used.
+	Management bool `json:"management"`
+	// Objects is how many exchanges, queues and bindings were checked.
+	Objects  int       `json:"objects"`
+	Problems []Problem `json:"problems"`
+	// NotChecked says what could not be checked, and why.
+	NotChecked []string `json:"not_checked,omitempty"`
+}
+
+// OK reports whether the broker matches the config.
+func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
+
+// WriteText renders the report for people.
+func (r *VerifyReport) WriteText(w io.Writer) error {
+	var b strings.Builder
+	api := "not used"
+	if r.Management {
+		api = "used"
+	}
+	fmt.Fprintf(&b, "broker %s (management API %s)\n", r.BrokerVersion, api)
+	for _, p := range r.Problems {
+		fmt.Fprintf(&b, "  DRIFT %s\n", p)
+	}
+	for _, n := range r.NotChecked {
+		fmt.Fprintf(&b, "  not checked: %s\n", n)
+	}
+	if r.OK() {
+		fmt.Fprintf(&b, "verify: ok, %d objects match the config\n", r.Objects)
+	} else {
+		fmt.Fprintf(&b, "verify: %d problem(s) in %d objects\n", len(r.Problems), r.Objects)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

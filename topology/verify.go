@@ -1,0 +1,225 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Verify compares the broker with t and reports every difference. It
+// declares nothing. With Mgmt it reads actual arguments, types, effective
+// policies and bindings; without it, it checks existence (passive declare)
+// and argument equivalence (an equivalent redeclare on a throwaway channel,
+// where the broker's 406 names the first differing argument), and lists in
+// NotChecked what AMQP cannot see.
+func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
+	r := &VerifyReport{BrokerVersion: t.Broker.String(), Management: in.Mgmt != nil, Problems: []Problem{}}
+	var err error
+	if in.Mgmt != nil {
+		err = in.verifyManagement(ctx, t, r)
+	} else {
+		err = in.verifyAMQP(ctx, t, r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (in *Inspector) verifyAMQP(ctx context.Context, t *Topology, r *VerifyReport) error {
+	for _, x := range t.Exchanges {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pr, d, err := probeExchange(in.Conn, x)
+		if err != nil {
+			return err
+		}
+		r.Objects++
+		r.addProbe(KindExchange, exchangeObject(x.Name), pr, d)
+	}
+	for _, q := range t.Queues {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pr, d, err := probeQueue(in.Conn, q)
+		if err != nil {
+			return err
+		}
+		r.Objects++
+		r.addProbe(KindQueue, queueObject(q.Name), pr, d)
+	}
+	r.NotChecked = []string{
+		"bindings: AMQP cannot list them (set broker.management_url)",
+		"policies that override queue arguments: only the management API shows them",
+		"arguments beyond the first difference per queue, and arguments the broker does not compare on redeclare: the broker names one per refused declare",
+	}
+	return nil
+}
+
+func (r *VerifyReport) addProbe(kind Kind, object string, pr probe, d *ArgDiff) {
+	switch pr {
+	case probeMissing:
+		r.Problems = append(r.Problems, Problem{Kind: kind, Object: object, Issue: IssueMissing})
+	case probeConflict:
+		r.Problems = append(r.Problems, Problem{Kind: kind, Object: object, Issue: issueFor(kind, d.Arg), Arg: d.Arg, Want: d.Want, Have: d.Have})
+	}
+}
+
+func issueFor(kind Kind, arg string) Issue {
+	switch {
+	case kind == KindQueue && arg == ArgQueueType:
+		return IssueQueueType
+	case kind == KindExchange && arg == "type":
+		return IssueExchangeType
+	case arg == "durable" || arg == "auto_delete" || arg == "internal" || arg == "exclusive":
+		return IssueProperty
+	default:
+		return IssueArgument
+	}
+}
+
+func (in *Inspector) verifyManagement(ctx context.Context, t *Topology, r *VerifyReport) error {
+	m := in.Mgmt
+	for _, x := range t.Exchanges {
+		r.Objects++
+		have, err := m.Exchange(ctx, x.Name)
+		if errors.Is(err, ErrNotFound) {
+			r.Problems = append(r.Problems, Problem{Kind: KindExchange, Object: exchangeObject(x.Name), Issue: IssueMissing})
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		r.Problems = append(r.Problems, exchangeProblems(x, have)...)
+	}
+	policies, err := m.Policies(ctx)
+	if err != nil {
+		return err
+	}
+	present := map[string]bool{}
+	for _, q := range t.Queues {
+		r.Objects++
+		have, err := m.Queue(ctx, q.Name)
+		if errors.Is(err, ErrNotFound) {
+			r.Problems = append(r.Problems, Problem{Kind: KindQueue, Object: queueObject(q.Name), Issue: IssueMissing})
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		present[q.Name] = true
+		r.Problems = append(r.Problems, queueProblems(q, have)...)
+		r.Problems = append(r.Problems, policyProblems(q, have, policies)...)
+	}
+	return in.verifyBindings(ctx, t, r, present)
+}
+
+func exchangeProblems(want ExchangeSpec, have *MgmtExchange) []Problem {
+	obj := exchangeObject(want.Name)
+	var ps []Problem
+	if have.Type != want.Kind {
+		ps = append(ps, Problem{Kind: KindExchange, Object: obj, Issue: IssueExchangeType, Arg: "type", Want: FormatArg(want.Kind), Have: FormatArg(have.Type)})
+	}
+	for _, p := range []struct {
+		name       string
+		want, have bool
+	}{{"durable", true, have.Durable}, {"auto_delete", false, have.AutoDelete}, {"internal", false, have.Internal}} {
+		if p.want != p.have {
+			ps = append(ps, Problem{Kind: KindExchange, Object: obj, Issue: IssueProperty, Arg: p.name, Want: FormatArg(p.want), Have: FormatArg(p.have)})
+		}
+	}
+	for _, d := range diffArgs(obj, nil, have.Arguments) {
+		ps = append(ps, Problem{Kind: KindExchange, Object: obj, Issue: IssueArgument, Arg: d.Arg, Want: d.Want, Have: d.Have})
+	}
+	return ps
+}
+
+func queueProblems(want QueueSpec, have *MgmtQueue) []Problem {
+	obj := queueObject(want.Name)
+	var ps []Problem
+	wrongType := have.Type != QueueTypeQuorum
+	if wrongType {
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueQueueType, Arg: ArgQueueType, Want: FormatArg(QueueTypeQuorum), Have: FormatArg(have.Type)})
+	}
+	if !have.Durable || have.AutoDelete {
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueProperty, Arg: "durable, auto_delete",
+			Want: "true, false", Have: fmt.Sprintf("%t, %t", have.Durable, have.AutoDelete)})
+	}
+	for _, d := range diffArgs(obj, want.Args, have.Arguments) {
+		if wrongType && d.Arg == ArgQueueType {
+			continue
+		}
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueArgument, Arg: d.Arg, Want: d.Want, Have: d.Have})
+	}
+	return ps
+}
+
+// verifyBindings checks that every configured binding exists, and that
+// nothing else is bound to dlxbridge's queues or from the exchanges it owns
+// (dead and retry exchanges): an extra binding there sends dead letters or
+// retries somewhere the config does not say. Work exchanges are shared with
+// other consumers, so their other bindings are not drift.
+func (in *Inspector) verifyBindings(ctx context.Context, t *Topology, r *VerifyReport, present map[string]bool) error {
+	want := map[BindingSpec]bool{}
+	for _, b := range t.Bindings {
+		want[b] = true
+	}
+	seen := map[BindingSpec]bool{}
+	unexpected := map[BindingSpec]bool{}
+	for _, q := range t.Queues {
+		if !present[q.Name] {
+			continue
+		}
+		bs, err := in.Mgmt.QueueBindings(ctx, q.Name)
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			spec := BindingSpec{Exchange: b.Source, Queue: b.Destination, Key: b.RoutingKey}
+			switch {
+			case b.Source == "": // the default exchange's implicit binding
+			case want[spec]:
+				seen[spec] = true
+			default:
+				unexpected[spec] = true
+			}
+		}
+	}
+	for _, w := range t.Work {
+		for _, x := range []string{w.DeadExchange, w.RetryExchange} {
+			bs, err := in.Mgmt.ExchangeBindings(ctx, x)
+			if errors.Is(err, ErrNotFound) {
+				continue // reported as a missing exchange
+			}
+			if err != nil {
+				return err
+			}
+			for _, b := range bs {
+				spec := BindingSpec{Exchange: b.Source, Queue: b.Destination, Key: b.RoutingKey}
+				if b.DestinationType != "queue" {
+					spec.Queue = b.DestinationType + " " + b.Destination
+				}
+				if !want[spec] {
+					unexpected[spec] = true
+				}
+			}
+		}
+	}
+	for _, b := range t.Bindings {
+		r.Objects++
+		if !seen[b] {
+			r.Problems = append(r.Problems, Problem{Kind: KindBinding, Object: bindingObject(b), Issue: IssueMissing})
+		}
+	}
+	extra := make([]BindingSpec, 0, len(unexpected))
+	for b := range unexpected {
+		extra = append(extra, b)
+	}
+	sort.Slice(extra, func(i, j int) bool { return bindingObject(extra[i]) < bindingObject(extra[j]) })
+	for _, b := range extra {
+		r.Problems = append(r.Problems, Problem{Kind: KindBinding, Object: bindingObject(b), Issue: IssueUnexpectedBinding})
+	}
+	return nil
+}
