@@ -1,0 +1,256 @@
+package triage
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Policy is a work queue's retry policy.
+type Policy struct {
+	// Tiers are the retry delays, strictly increasing and > 0: the n-th
+	// failed attempt waits Tiers[min(n-1, len(Tiers)-1)]. Required.
+	Tiers []time.Duration
+	// Lanes is the number of TTL queues per tier carrying the jitter; >= 1.
+	Lanes int
+	// Jitter spreads a tier delay d over [d, d*(1+Jitter)]; in [0, 1].
+	Jitter float64
+	// MaxAttempts is the total number of handler attempts, the first
+	// included; in [1, MaxAttemptsCeiling].
+	MaxAttempts int
+	// MaxElapsed bounds the time from the first failure to the return of
+	// the last retry. 0 disables the time budget.
+	MaxElapsed time.Duration
+	// CrashLoopDeliveries quarantines a message before the handler runs
+	// once its x-delivery-count (requeues so far) is at or over it. 0
+	// disables the check.
+	CrashLoopDeliveries int
+}
+
+// Validate reports the first invalid field, by name.
+func (p Policy) Validate() error {
+	if len(p.Tiers) == 0 {
+		return errors.New("triage: Policy.Tiers: at least one tier is required")
+	}
+	for i, d := range p.Tiers {
+		switch {
+		case d <= 0:
+			return fmt.Errorf("triage: Policy.Tiers[%d]: %s must be > 0", i, d)
+		case i > 0 && d <= p.Tiers[i-1]:
+			return fmt.Errorf("triage: Policy.Tiers[%d]: %s must be greater than Tiers[%d] (%s)", i, d, i-1, p.Tiers[i-1])
+		}
+	}
+	switch {
+	case p.Lanes < 1:
+		return fmt.Errorf("triage: Policy.Lanes: %d must be >= 1", p.Lanes)
+	case !(p.Jitter >= 0 && p.Jitter <= 1): // also rejects NaN
+		return fmt.Errorf("triage: Policy.Jitter: %v must be in [0, 1]", p.Jitter)
+	case p.MaxAttempts < 1 || p.MaxAttempts > MaxAttemptsCeiling:
+		return fmt.Errorf("triage: Policy.MaxAttempts: %d must be in [1, %d]", p.MaxAttempts, MaxAttemptsCeiling)
+	case p.MaxElapsed < 0:
+		return fmt.Errorf("triage: Policy.MaxElapsed: %s must be >= 0 (0 disables it)", p.MaxElapsed)
+	case p.CrashLoopDeliveries < 0:
+		return fmt.Errorf("triage: Policy.CrashLoopDeliveries: %d must be >= 0 (0 disables it)", p.CrashLoopDeliveries)
+	}
+	return nil
+}
+
+// Action is what the runtime does with a delivery.
+type Action string
+
+const (
+	ActionDeliver    Action = "deliver"    // hand it to the handler
+	ActionRetry      Action = "retry"      // republish to a retry lane, then ack
+	ActionQuarantine Action = "quarantine" // publish to the quarantine, then ack
+)
+
+// Verdict is a decision about one delivery.
+type Verdict struct {
+	Action Action
+	Class  Class
+	// Attempt is this attempt's number, 1-based (Attempts.Failed+1); 0 from
+	// Precheck, which does not count attempts.
+	Attempt int
+	// Tier and Lane index Policy.Tiers and the tier's lanes (ActionRetry).
+	Tier, Lane int
+	// Delay is the jittered delay (ActionRetry), inside LaneBounds(Tier, Lane).
+	Delay time.Duration
+	// Reason is for humans: logs and the quarantine envelope.
+	Reason string
+	// Notes are forged or malformed inputs met on the way.
+	Notes []string
+}
+
+// Rand is a source of uniform floats in [0, 1); *math/rand/v2.Rand
+// satisfies it.
+type Rand interface{ Float64() float64 }
+
+// Failure is a failed attempt to decide about.
+type Failure struct {
+	Class    Class
+	Hint     time.Duration // from RetryAfter, 0 if none
+	Attempts Attempts
+	Now      time.Time
+}
+
+// Decide decides what follows a failed attempt:
+//
+//  1. an invalid policy quarantines ("invalid policy: …"), never retries;
+//  2. a class that is not Retryable quarantines after this delivery;
+//  3. attempt := Failed+1; attempt >= MaxAttempts quarantines
+//     ("attempt budget exhausted (attempt/max)");
+//  4. tier := min(attempt-1, len(Tiers)-1), or with Hint > 0 the smallest
+//     tier with Tiers[tier] >= Hint (a Retry-After rounded up to an
+//     available delay, which may be shorter than the backoff schedule), or
+//     the largest tier if none is long enough (said in Reason);
+//  5. with u := rnd.Float64() in [0, 1), d := Tiers[tier]:
+//     Delay = d × (1 + Jitter×u) and Lane = min(⌊u×Lanes⌋, Lanes-1), so
+//     Delay lies in the lane's range LaneBounds(d, Jitter, Lanes, Lane) =
+//     [d(1+J·lane/L), d(1+J·(lane+1)/L)];
+//  6. with first := Attempts.FirstFailure (Now if zero), MaxElapsed > 0 and
+//     Now+Delay-first > MaxElapsed quarantines ("time budget exhausted");
+//  7. otherwise retry.
+//
+// A nil rnd uses math/rand/v2's global source. Decide never panics.
+func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
+	failed := f.Attempts.Failed
+	var n notes
+	switch {
+	case failed < 0:
+		n.add("Attempts.Failed=%d treated as 0", failed)
+		failed = 0
+	case failed > MaxAttemptsCeiling:
+		n.add("Attempts.Failed=%d clamped to %d", failed, MaxAttemptsCeiling)
+		failed = MaxAttemptsCeiling
+	}
+	v = Verdict{Action: ActionQuarantine, Class: f.Class, Attempt: failed + 1}
+	defer func() { v.Notes = n.result() }()
+
+	if err := p.Validate(); err != nil {
+		v.Reason = "invalid policy: " + err.Error()
+		return v
+	}
+	if !f.Class.Retryable() {
+		v.Reason = finalReason(f.Class)
+		return v
+	}
+	if v.Attempt >= p.MaxAttempts {
+		v.Reason = fmt.Sprintf("attempt budget exhausted (%d/%d)", v.Attempt, p.MaxAttempts)
+		return v
+	}
+
+	tier := min(v.Attempt-1, len(p.Tiers)-1)
+	var hintNote string
+	if f.Hint > 0 {
+		tier = len(p.Tiers) - 1
+		for i, d := range p.Tiers {
+			if d >= f.Hint {
+				tier = i
+				break
+			}
+		}
+		if p.Tiers[tier] < f.Hint {
+			hintNote = fmt.Sprintf("; retry-after %s exceeds the largest tier %s", f.Hint, p.Tiers[tier])
+		}
+	}
+	u := unitFloat(rnd)
+	lane := min(int(u*float64(p.Lanes)), p.Lanes-1)
+	d := p.Tiers[tier]
+	lo, hi := laneBounds(d, p.Jitter, p.Lanes, lane)
+	delay := min(max(addDur(d, scale(d, p.Jitter*u)), lo), hi)
+
+	if p.MaxElapsed > 0 {
+		first := f.Attempts.FirstFailure
+		if first.IsZero() {
+			first = f.Now
+		}
+		if elapsed := f.Now.Sub(first); addDur(elapsed, delay) > p.MaxElapsed {
+			v.Reason = fmt.Sprintf("time budget exhausted: %s since first failure + %s delay > %s",
+				elapsed.Round(time.Millisecond), delay.Round(time.Millisecond), p.MaxElapsed)
+			return v
+		}
+	}
+	v.Action, v.Tier, v.Lane, v.Delay = ActionRetry, tier, lane, delay
+	v.Reason = fmt.Sprintf("%s failure: retry %d/%d in %s (tier %d, lane %d)%s",
+		f.Class, v.Attempt+1, p.MaxAttempts, delay.Round(time.Millisecond), tier, lane, hintNote)
+	return v
+}
+
+// LaneBounds is lane's share of a tier's jitter window: with L lanes the
+// window [d, d(1+J)] is cut into L equal ranges and lane i gets
+// [d(1+J·i/L), d(1+J·(i+1)/L)]. Decide's delays lie inside these bounds
+// (unrounded; the topology rounds them to whole milliseconds outward).
+func LaneBounds(d time.Duration, jitter float64, lanes, lane int) (lo, hi time.Duration) {
+	return laneBounds(d, jitter, lanes, lane)
+}
+
+func laneBounds(d time.Duration, jitter float64, lanes, lane int) (lo, hi time.Duration) {
+	if lanes < 1 || !(jitter >= 0) {
+		return d, d
+	}
+	span := float64(d) * jitter
+	lo = addDur(d, scale(1, span*float64(lane)/float64(lanes)))
+	hi = addDur(d, scale(1, span*float64(lane+1)/float64(lanes)))
+	return lo, hi
+}
+
+// scale returns d×f as a Duration, saturating instead of overflowing.
+func scale(d time.Duration, f float64) time.Duration {
+	x := float64(d) * f
+	switch {
+	case !(x == x): // NaN
+		return 0
+	case x >= math.MaxInt64:
+		return math.MaxInt64
+	case x <= math.MinInt64:
+		return math.MinInt64
+	}
+	return time.Duration(x)
+}
+
+// addDur adds durations, saturating.
+func addDur(a, b time.Duration) time.Duration {
+	switch {
+	case b > 0 && a > math.MaxInt64-b:
+		return math.MaxInt64
+	case b < 0 && a < math.MinInt64-b:
+		return math.MinInt64
+	}
+	return a + b
+}
+
+// unitFloat draws u in [0, 1), repairing a misbehaving source.
+func unitFloat(rnd Rand) float64 {
+	var u float64
+	if rnd == nil {
+		u = rand.Float64()
+	} else {
+		u = rnd.Float64()
+	}
+	switch {
+	case !(u >= 0): // negative or NaN
+		return 0
+	case u >= 1:
+		return math.Nextafter(1, 0)
+	}
+	return u
+}
+
+// finalReason is the Reason of a non-retryable class.
+func finalReason(c Class) string {
+	switch c {
+	case ClassPermanent:
+		return "permanent failure"
+	case ClassSchema:
+		return "schema failure"
+	case ClassCrashLoop:
+		return "crash-looping"
+	case ClassExpired, ClassMaxLen, ClassRejected:
+		return "dead-lettered by the broker: " + string(c)
+	case "":
+		return "no failure class"
+	}
+	return fmt.Sprintf("unknown failure class %q", short(string(c)))
+}

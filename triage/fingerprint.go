@@ -1,0 +1,86 @@
+package triage
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// Normalization limits: input beyond maxNormalizeInput bytes is not read,
+// output is capped at MaxNormalizedLen bytes.
+const (
+	maxNormalizeInput = 4096
+	MaxNormalizedLen  = 256
+)
+
+// Replacements, applied in order. Placeholders contain no digits, quotes or
+// hex runs, so a second pass leaves them alone.
+var normalizers = []struct {
+	re   *regexp.Regexp
+	with string // "" means: use hexOrNumber
+}{
+	{regexp.MustCompile(`"(?:[^"\\]|\\.)*"|` + "`[^`]*`"), "<str>"},
+	// A single quote opens a string only after a non-word character, so
+	// apostrophes ("can't") are left alone.
+	{regexp.MustCompile(`(^|[^\pL\pN_])'[^']*'`), "${1}<str>"},
+	{regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`), "<uuid>"},
+	{regexp.MustCompile(`\[[0-9a-f:.]*:[0-9a-f:.]*\](?::\d+)?`), "<ip>"},
+	{regexp.MustCompile(`\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b`), "<ip>"},
+	{regexp.MustCompile(`\b(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+\b`), "<dur>"},
+	{regexp.MustCompile(`\b0x[0-9a-f]+\b|\b[0-9a-f]{8,}\b`), ""},
+	{regexp.MustCompile(`\d+(?:\.\d+)?`), "<n>"},
+	{regexp.MustCompile(`\s+`), " "},
+}
+
+// NormalizeMessage reduces an error message to its shape, so the same
+// failure with different ids groups together: lowercase; quoted strings →
+// <str>; UUIDs → <uuid>; IPv4/[IPv6] addresses with optional port → <ip>;
+// durations (1.5s, 2m30s) → <dur>; hex ids of 8+ digits → <hex>; other
+// numbers → <n>; whitespace collapsed and trimmed. Only the first 4 KiB
+// is read and the result is valid UTF-8 of at most MaxNormalizedLen bytes.
+func NormalizeMessage(s string) string {
+	if len(s) > maxNormalizeInput {
+		s = s[:maxNormalizeInput]
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ToLower(s)
+	for _, n := range normalizers {
+		if n.with == "" {
+			s = n.re.ReplaceAllStringFunc(s, hexOrNumber)
+			continue
+		}
+		s = n.re.ReplaceAllString(s, n.with)
+	}
+	s = strings.TrimSpace(s)
+	if len(s) > MaxNormalizedLen {
+		cut := MaxNormalizedLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = strings.TrimSpace(s[:cut])
+	}
+	return s
+}
+
+// hexOrNumber keeps long decimal ids with the other numbers, so an id
+// that grows past 8 digits does not change the fingerprint.
+func hexOrNumber(m string) string {
+	if strings.Trim(m, "0123456789") == "" {
+		return "<n>"
+	}
+	return "<hex>"
+}
+
+// Fingerprint groups failures: the first 16 hex digits of
+// sha256(class ‖ NormalizeMessage(errMsg) ‖ msgType ‖ version), fields
+// separated by NUL bytes.
+func Fingerprint(class Class, errMsg, msgType, version string) string {
+	h := sha256.New()
+	for _, part := range []string{string(class), NormalizeMessage(errMsg), msgType, version} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
