@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -50,6 +51,7 @@ type testBundle struct {
 	pubCh    *amqp.Channel
 	confirms chan amqp.Confirmation
 	settled  chan string // outcomes, in order
+	consuming chan struct{}
 }
 
 // setup declares a one-queue topology with short retry tiers. mutate may
@@ -116,7 +118,7 @@ func setup(t *testing.T, mutate func(q *config.Queue)) *testBundle {
 		t: t, env: env, file: file, queue: &file.Queues[0], topo: topo, wq: wq, registry: registry,
 		reg:      prometheus.NewRegistry(),
 		pubCh:    pubCh,
-		confirms: pubCh.NotifyPublish(make(chan amqp.Confirmation, 64)),
+		confirms: pubCh.NotifyPublish(make(chan amqp.Confirmation, 2048)),
 		settled:  make(chan string, 4096),
 	}
 	b.cfg = &Config{
@@ -129,6 +131,7 @@ func setup(t *testing.T, mutate func(q *config.Queue)) *testBundle {
 		ReconnectMin:   50 * time.Millisecond,
 		ReconnectMax:   500 * time.Millisecond,
 		WorkerVersion:  "test-1.2.3",
+		Logger:         slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 		hooks: &testHooks{
 			settled: func(queue, outcome string) { b.settled <- outcome },
 		},
@@ -137,8 +140,9 @@ func setup(t *testing.T, mutate func(q *config.Queue)) *testBundle {
 }
 
 // start builds the consumer (handlers are registered by register) and runs
-// it until the test ends, waiting until it consumes.
-func (b *testBundle) start(register func(c *Consumer)) {
+// it until the test ends (or stop is called), waiting until it consumes.
+// stop cancels Run and waits for it to return.
+func (b *testBundle) start(register func(c *Consumer)) (stop func()) {
 	b.t.Helper()
 	consuming := make(chan struct{}, 16)
 	b.cfg.hooks.consuming = func() { consuming <- struct{}{} }
@@ -151,23 +155,33 @@ func (b *testBundle) start(register func(c *Consumer)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	b.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				b.t.Errorf("Run: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					b.t.Errorf("Run: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				b.t.Errorf("Run did not return after cancel")
 			}
-		case <-time.After(15 * time.Second):
-			b.t.Errorf("Run did not return after cancel")
-		}
-	})
+		})
+	}
+	b.t.Cleanup(stop)
+	b.consuming = consuming
+	b.waitConsuming()
+	return stop
+}
+
+// waitConsuming waits for the runtime's next "consuming" signal.
+func (b *testBundle) waitConsuming() {
+	b.t.Helper()
 	select {
-	case <-consuming:
-	case err := <-done:
-		b.t.Fatalf("Run returned before consuming: %v", err)
+	case <-b.consuming:
 	case <-time.After(15 * time.Second):
-		b.t.Fatal("consumer did not start")
+		b.t.Fatal("consumer did not (re)start consuming")
 	}
 }
 

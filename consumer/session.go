@@ -199,7 +199,9 @@ func (qs *queueSession) stop(drain time.Duration) {
 	case <-done:
 	case <-timer.C:
 		qs.cancelHandler()
-		qs.qr.c.log.Warn("drain deadline passed; closing the channel with messages unsettled", "queue", qs.qr.cfg.Name)
+		if drain > 0 {
+			qs.qr.c.log.Warn("drain deadline passed; closing the channel with messages unsettled", "queue", qs.qr.cfg.Name)
+		}
 	}
 	// An ack written just before a channel close can be lost on some
 	// brokers (seen on 3.10.8); a short pause lets acks reach the wire.

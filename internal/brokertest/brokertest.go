@@ -19,8 +19,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -233,38 +233,39 @@ func (e *Env) ManagementGet(path string) []byte {
 }
 
 func (e *Env) mgmtGet(path string) ([]byte, error) {
+	return e.mgmtDo(http.MethodGet, path, http.StatusOK)
+}
+
+// mgmtDo sends an authenticated request (credentials from the AMQP URL) and
+// returns the body; a status other than want is an error.
+func (e *Env) mgmtDo(method, path string, want int) ([]byte, error) {
 	if e.ManagementURL == "" {
 		return nil, fmt.Errorf("no management API")
 	}
-	u, _ := url.Parse(e.URL)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, strings.TrimRight(e.ManagementURL, "/")+path, nil)
+	req, err := http.NewRequestWithContext(context.Background(), method, strings.TrimRight(e.ManagementURL, "/")+path, nil)
 	if err != nil {
 		return nil, err
 	}
 	user, pass := "guest", "guest"
-	if u != nil && u.User != nil {
+	if u, err := url.Parse(e.URL); err == nil && u.User != nil {
 		user = u.User.Username()
 		pass, _ = u.User.Password()
 	}
 	req.SetBasicAuth(user, pass)
+	req.Header.Set("X-Reason", "dlxbridge test")
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	var buf strings.Builder
-	if _, err := ioCopy(&buf, resp); err != nil {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, buf.String())
+	if resp.StatusCode != want {
+		return nil, fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, body)
 	}
-	return []byte(buf.String()), nil
-}
-
-
-func ioCopy(dst *strings.Builder, resp *http.Response) (int64, error) {
-	return io.Copy(dst, io.LimitReader(resp.Body, 16<<20))
+	return body, nil
 }
 
 // listPrefixed lists this test's queues and exchanges through the management
@@ -293,4 +294,48 @@ func (e *Env) listPrefixed() (queues, exchanges []string, err error) {
 		}
 	}
 	return queues, exchanges, nil
+}
+
+// CloseConnections force-closes, through the management API, every
+// connection whose client-provided name starts with namePrefix, as a broker
+// or network failure would. The management API lists a new connection only
+// after its next stats emission (up to ~5s), so it polls until at least one
+// matches or 20s pass. It returns how many it closed; the test fails without
+// a management API.
+func (e *Env) CloseConnections(namePrefix string) int {
+	e.T.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		names := e.connectionsNamed(namePrefix)
+		if len(names) > 0 || time.Now().After(deadline) {
+			for _, n := range names {
+				if _, err := e.mgmtDo(http.MethodDelete, "/api/connections/"+url.PathEscape(n), http.StatusNoContent); err != nil {
+					e.T.Fatalf("close connection %s: %v", n, err)
+				}
+			}
+			return len(names)
+		}
+		time.Sleep(250 * time.Millisecond) // polling the management API: it has no events
+	}
+}
+
+func (e *Env) connectionsNamed(namePrefix string) []string {
+	e.T.Helper()
+	body := e.ManagementGet("/api/connections?columns=name,client_properties")
+	var conns []struct {
+		Name             string `json:"name"`
+		ClientProperties struct {
+			ConnectionName string `json:"connection_name"`
+		} `json:"client_properties"`
+	}
+	if err := json.Unmarshal(body, &conns); err != nil {
+		e.T.Fatalf("connections: %v", err)
+	}
+	var names []string
+	for _, c := range conns {
+		if strings.HasPrefix(c.ClientProperties.ConnectionName, namePrefix) {
+			names = append(names, c.Name)
+		}
+	}
+	return names
 }
