@@ -38,19 +38,19 @@ const testType = "test.job"
 // testBundle is one runtime test's world: a private topology on the real
 // broker, a consumer, and signals to wait on instead of sleeping.
 type testBundle struct {
-	t        *testing.T
-	env      *brokertest.Env
-	file     *config.Config
-	queue    *config.Queue
-	topo     *topology.Topology
-	wq       *topology.WorkQueue
-	registry *schemas.Registry
-	reg      *prometheus.Registry
-	cfg      *Config
-	consumer *Consumer
-	pubCh    *amqp.Channel
-	confirms chan amqp.Confirmation
-	settled  chan string // outcomes, in order
+	t         *testing.T
+	env       *brokertest.Env
+	file      *config.Config
+	queue     *config.Queue
+	topo      *topology.Topology
+	wq        *topology.WorkQueue
+	registry  *schemas.Registry
+	reg       *prometheus.Registry
+	cfg       *Config
+	consumer  *Consumer
+	pubCh     *amqp.Channel
+	confirms  chan amqp.Confirmation
+	settled   chan string // outcomes, in order
 	consuming chan struct{}
 }
 
