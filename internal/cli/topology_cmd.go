@@ -2,11 +2,113 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/topology"
 )
 
-// runTopology: being built (issue 2).
+// runTopology: dlxbridge topology plan|apply|verify.
+//
+// The config is loaded and validated before anything dials the broker, so a
+// bad file (exit 2) declares nothing. Exit 1: verify found drift, apply was
+// refused (a conflicting object), or the broker could not be reached.
 func runTopology(ctx context.Context, env *Env, args []string) int {
-	fmt.Fprintln(env.Stderr, "dlxbridge topology: not built yet")
-	return ExitFail
+	sub, rest, ok := subcommand(env, "topology", args, "plan", "apply", "verify")
+	if !ok {
+		return ExitUsage
+	}
+	fs := newFlagSet(env, "topology "+sub, "topology "+sub+" [--config config.yaml] [--url amqp://...] [--output text|json]")
+	var c common
+	c.register(fs, env)
+	if err := fs.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: unexpected argument %q\n", sub, fs.Arg(0))
+		return ExitUsage
+	}
+	if !c.checkOutput(env) {
+		return ExitUsage
+	}
+	cfg, ok := loadConfig(env, c.configPath)
+	if !ok {
+		return ExitUsage
+	}
+	url := c.brokerURL(env)
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s\n", sub, amqpx.Redact(fmt.Sprintf(format, a...)))
+		return ExitFail
+	}
+
+	in := &topology.Inspector{}
+	if cfg.Broker.ManagementURL != "" {
+		m, err := topology.NewManagement(cfg.Broker.ManagementURL, url)
+		if err != nil {
+			return fail("%v", err)
+		}
+		in.Mgmt = m
+	}
+	conn, err := amqpx.Dial(url, "dlxbridge/topology-"+sub)
+	if err != nil {
+		return fail("connect to broker: %v", err)
+	}
+	defer conn.Close()
+	in.Conn = conn
+	topo, err := topology.BuildFor(cfg, conn)
+	if err != nil {
+		return fail("%v", err)
+	}
+
+	switch sub {
+	case "plan":
+		p, err := in.Plan(ctx, topo)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if err := render(env.Stdout, c.output, p, p.WriteText); err != nil {
+			return fail("%v", err)
+		}
+		return ExitOK
+	case "apply":
+		p, err := in.Apply(ctx, topo)
+		if p != nil {
+			if rerr := render(env.Stdout, c.output, p, p.WriteText); rerr != nil {
+				return fail("%v", rerr)
+			}
+		}
+		if err != nil {
+			return fail("%v", err)
+		}
+		return ExitOK
+	default: // verify
+		r, err := in.Verify(ctx, topo)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if err := render(env.Stdout, c.output, r, r.WriteText); err != nil {
+			return fail("%v", err)
+		}
+		if !r.OK() {
+			return ExitFail
+		}
+		return ExitOK
+	}
+}
+
+// render writes v as indented JSON or through its text method.
+func render(w io.Writer, output string, v any, text func(io.Writer) error) error {
+	if output != "json" {
+		return text(w)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

@@ -1,0 +1,248 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/topology"
+)
+
+// topoBundle is one CLI test: its broker slice and a config file whose every
+// name starts with the test's prefix, so cleanup removes it all.
+type topoBundle struct {
+	env    *brokertest.Env
+	config string
+	work   string
+}
+
+func setupTopology(t *testing.T, retryYAML string) *topoBundle {
+	t.Helper()
+	env := brokertest.Require(t)
+	if retryYAML == "" {
+		retryYAML = "tiers: [200ms, 400ms]\n      jitter: 0"
+	}
+	work := env.Name("work")
+	doc := fmt.Sprintf(`broker:
+  management_url: %q
+queues:
+  - name: %s
+    exchange:
+      name: %s
+      type: direct
+    bindings: [k]
+    delivery_limit: 3
+    retry:
+      %s
+    accepts:
+      - type: test.event
+        versions: ["1"]
+`, env.ManagementURL, work, env.Name("ex"), retryYAML)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &topoBundle{env: env, config: path, work: work}
+}
+
+// run runs dlxbridge with args against the test broker (RABBITMQ_URL).
+func (b *topoBundle) run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := &cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string {
+		if k == "RABBITMQ_URL" {
+			return b.env.URL
+		}
+		return ""
+	}}
+	code = cli.Main(context.Background(), args, env)
+	return code, out.String(), errOut.String()
+}
+
+func (b *topoBundle) mustRun(t *testing.T, wantCode int, args ...string) string {
+	t.Helper()
+	code, out, errOut := b.run(t, args...)
+	if code != wantCode {
+		t.Fatalf("dlxbridge %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, wantCode, out, errOut)
+	}
+	return out
+}
+
+func TestTopologyApplyTwiceThenVerify(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	first := b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	if !strings.Contains(first, "created   queue '"+b.work+"'") {
+		t.Errorf("first apply does not list the work queue:\n%s", first)
+	}
+	second := b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	// 3 exchanges + work, two retry lanes, quarantine; 4 bindings, which
+	// only the management API can see.
+	want := "apply: 0 created, 11 unchanged\n"
+	if b.env.ManagementURL == "" {
+		want = "apply: 0 created, 7 unchanged, 4 binding(s) ensured"
+	}
+	if !strings.Contains(second, want) {
+		t.Errorf("second apply changed something:\n%s", second)
+	}
+	plan := b.mustRun(t, cli.ExitOK, "topology", "plan", "--config", b.config, "--output", "json")
+	var p topology.Plan
+	if err := json.Unmarshal([]byte(plan), &p); err != nil {
+		t.Fatalf("plan JSON: %v\n%s", err, plan)
+	}
+	if p.Summary.Create != 0 || p.Summary.Conflict != 0 || p.Summary.Unchanged < 7 {
+		t.Errorf("plan after apply: %+v", p.Summary)
+	}
+	out := b.mustRun(t, cli.ExitOK, "topology", "verify", "--config", b.config)
+	if !strings.Contains(out, "verify: ok") {
+		t.Errorf("verify:\n%s", out)
+	}
+}
+
+func TestTopologyVerifyNamesMissingRetryQueue(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	lane := topology.RetryQueueName(b.work, 400*1e6, 0)
+	ch := b.env.Channel("saboteur")
+	if _, err := ch.QueueDelete(lane, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	out := b.mustRun(t, cli.ExitFail, "topology", "verify", "--config", b.config)
+	if !strings.Contains(out, "queue '"+lane+"': missing") {
+		t.Errorf("verify does not name the deleted retry queue %s:\n%s", lane, out)
+	}
+	if strings.Contains(out, "queue '"+topology.RetryQueueName(b.work, 200*1e6, 0)+"': missing") {
+		t.Errorf("verify names a retry queue that exists:\n%s", out)
+	}
+}
+
+func TestTopologyVerifyNamesDifferentDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	// Redeclared elsewhere with another limit (same everything else).
+	ch := b.env.Channel("saboteur")
+	if _, err := ch.QueueDelete(b.work, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	args := amqp.Table{
+		"x-queue-type": "quorum", "x-dead-letter-exchange": topology.DeadExchangeName(b.work),
+		"x-delivery-limit": 9, "x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once",
+	}
+	if _, err := ch.QueueDeclare(b.work, true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	out := b.mustRun(t, cli.ExitFail, "topology", "verify", "--config", b.config)
+	want := "queue '" + b.work + "': argument differs: x-delivery-limit: want 3, have 9"
+	if !strings.Contains(out, want) {
+		t.Errorf("verify output lacks %q:\n%s", want, out)
+	}
+	js := b.mustRun(t, cli.ExitFail, "topology", "verify", "--config", b.config, "--output", "json")
+	var r topology.VerifyReport
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatalf("verify JSON: %v\n%s", err, js)
+	}
+	found := false
+	for _, p := range r.Problems {
+		found = found || (p.Arg == "x-delivery-limit" && p.Want == "3" && p.Have == "9")
+	}
+	if !found {
+		t.Errorf("JSON problems lack the delivery limit: %+v", r.Problems)
+	}
+	// Apply refuses (exit 1), names the difference and deletes nothing.
+	code, out, errOut := b.run(t, "topology", "apply", "--config", b.config)
+	if code != cli.ExitFail || !strings.Contains(out, "x-delivery-limit: want 3, have 9") || !strings.Contains(errOut, "nothing was declared") {
+		t.Errorf("apply over a conflict: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if _, err := ch.QueueDeclarePassive(b.work, true, false, false, false, args); err != nil {
+		t.Errorf("the conflicting queue was touched: %v", err)
+	}
+}
+
+func TestTopologyTypoKeyExits2AndDeclaresNothing(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "tierz: [200ms]")
+	for _, sub := range []string{"plan", "apply", "verify"} {
+		code, out, errOut := b.run(t, "topology", sub, "--config", b.config)
+		if code != cli.ExitUsage {
+			t.Errorf("%s: exit %d, want %d", sub, code, cli.ExitUsage)
+		}
+		if want := `queues[0].retry.tierz: unknown key (did you mean "tiers"?)`; !strings.Contains(errOut, want) {
+			t.Errorf("%s: stderr lacks %q:\n%s", sub, want, errOut)
+		}
+		if out != "" {
+			t.Errorf("%s: printed a report for a bad config:\n%s", sub, out)
+		}
+	}
+	ch := b.env.Channel("check")
+	_, err := ch.QueueDeclarePassive(b.work, true, false, false, false, nil)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		t.Fatalf("work queue exists after a rejected config (err %v)", err)
+	}
+}
+
+func TestTopologyNeverPrintsThePassword(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	u, err := url.Parse(b.env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass, _ := u.User.Password()
+	secret := u.User.Username() + ":" + pass
+	if pass == "" || !strings.Contains(b.env.URL, secret) {
+		t.Skip("broker URL carries no password")
+	}
+	var outputs []string
+	for _, args := range [][]string{
+		{"topology", "plan", "--config", b.config, "--url", b.env.URL},
+		{"topology", "apply", "--config", b.config, "--url", b.env.URL},
+		{"topology", "verify", "--config", b.config, "--url", b.env.URL, "--output", "json"},
+		{"topology", "verify", "--config", b.config, "--url", strings.Replace(b.env.URL, u.Host, "127.0.0.1:1", 1)},
+		{"topology", "verify", "--config", b.config, "--url", "amqp://user:s3cr3t-pw@127.0.0.1:1/"},
+		{"topology", "plan", "--config", b.config, "--url", "amqp://user:s3cr3t-pw@[::1"},
+		{"topology", "plan", "-h"},
+	} {
+		code, out, errOut := b.run(t, args...)
+		outputs = append(outputs, out, errOut)
+		if strings.Contains(args[len(args)-1], ":1/") && code != cli.ExitFail {
+			t.Errorf("%v: exit %d, want %d for an unreachable broker", args, code, cli.ExitFail)
+		}
+	}
+	for _, o := range outputs {
+		for _, s := range []string{secret, "s3cr3t-pw"} {
+			if strings.Contains(o, s) {
+				t.Errorf("output contains the password %q:\n%s", s, o)
+			}
+		}
+	}
+}
+
+func TestTopologyBadUsage(t *testing.T) {
+	t.Parallel()
+	b := &topoBundle{}
+	for _, args := range [][]string{
+		{"topology"},
+		{"topology", "destroy"},
+		{"topology", "plan", "--output", "xml"},
+		{"topology", "plan", "extra"},
+		{"topology", "plan", "--config", filepath.Join(t.TempDir(), "missing.yaml")},
+	} {
+		if code, _, _ := b.run(t, args...); code != cli.ExitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, cli.ExitUsage)
+		}
+	}
+}

@@ -1,0 +1,42 @@
+package topology
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestPolicyOverridesAreDrift(t *testing.T) {
+	t.Parallel()
+	q := QueueSpec{Name: "orders.quarantine", Role: RoleQuarantine, Args: map[string]any{ArgQueueType: QueueTypeQuorum}}
+	policies := []MgmtPolicy{
+		{Name: "low", Pattern: "^orders", ApplyTo: "queues", Priority: 0, Definition: map[string]any{"max-length": json.Number("10")}},
+		{Name: "high", Pattern: `\.quarantine$`, ApplyTo: "all", Priority: 5, Definition: map[string]any{"message-ttl": json.Number("60000"), "ha-mode": "all"}},
+		{Name: "exchanges-only", Pattern: ".*", ApplyTo: "exchanges", Priority: 9, Definition: map[string]any{"alternate-exchange": "x"}},
+		{Name: "op", Pattern: ".*", ApplyTo: "quorum_queues", Operator: true, Definition: map[string]any{"delivery-limit": json.Number("3")}},
+	}
+
+	// Stats not in yet: the policy is found by matching, like the broker.
+	got := policyProblems(q, &MgmtQueue{Name: q.Name}, policies)
+	want := []Problem{
+		{Kind: KindQueue, Object: "queue 'orders.quarantine'", Issue: IssuePolicy, Arg: "message-ttl", Want: "none", Have: "60000", Policy: "policy 'high'"},
+		{Kind: KindQueue, Object: "queue 'orders.quarantine'", Issue: IssuePolicy, Arg: "delivery-limit", Want: "none", Have: "3", Policy: "operator policy 'op'"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("problem %d: got %v, want %v", i, got[i], want[i])
+		}
+	}
+
+	// Reported by the broker: its word wins over matching.
+	reported := &MgmtQueue{Name: q.Name, PolicyReported: true, Policy: "low", EffectivePolicy: map[string]any{"max-length": json.Number("10")}}
+	got = policyProblems(q, reported, policies)
+	if len(got) != 1 || got[0].Arg != "max-length" || got[0].Policy != "policy 'low'" {
+		t.Fatalf("reported policy: got %v", got)
+	}
+	if got := policyProblems(q, &MgmtQueue{PolicyReported: true}, policies); len(got) != 0 {
+		t.Fatalf("no policy in effect: got %v", got)
+	}
+}
