@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -103,35 +104,42 @@ func (v Violation) String() string {
 	return p + " " + v.Keyword + ": " + v.Message
 }
 
-// flatten turns jsonschema's error tree into its leaves, at most max of them,
-// each pointer prefixed with prefix (the location of the validated value in
-// the body). It reports whether leaves were left out.
+// flatten turns jsonschema's error tree into its leaves, sorted by pointer
+// and keyword so the same message always yields the same list, at most max
+// of them, each pointer prefixed with prefix (the location of the validated
+// value in the body). It reports whether leaves were left out.
 func flatten(ve *jsonschema.ValidationError, prefix string, max int) ([]Violation, bool) {
-	var out []Violation
-	truncated := false
+	var leaves []*jsonschema.ValidationError
 	var walk func(*jsonschema.ValidationError)
 	walk = func(e *jsonschema.ValidationError) {
-		if truncated {
-			return
+		if len(e.Causes) == 0 {
+			leaves = append(leaves, e)
 		}
-		if len(e.Causes) > 0 {
-			for _, c := range e.Causes {
-				walk(c)
-			}
-			return
+		for _, c := range e.Causes {
+			walk(c)
 		}
-		if len(out) >= max {
-			truncated = true
-			return
+	}
+	walk(ve)
+	sort.SliceStable(leaves, func(i, j int) bool {
+		a, b := leaves[i], leaves[j]
+		if a.InstanceLocation != b.InstanceLocation {
+			return a.InstanceLocation < b.InstanceLocation
 		}
+		return a.KeywordLocation < b.KeywordLocation
+	})
+	truncated := len(leaves) > max
+	if truncated {
+		leaves = leaves[:max]
+	}
+	out := make([]Violation, len(leaves))
+	for i, e := range leaves {
 		kw := keyword(e.KeywordLocation)
-		out = append(out, Violation{
+		out[i] = Violation{
 			Pointer: prefix + e.InstanceLocation,
 			Keyword: kw,
 			Message: capLen(redactMessage(kw, e.Message)),
-		})
+		}
 	}
-	walk(ve)
 	return out, truncated
 }
 

@@ -128,6 +128,9 @@ type Message struct {
 func (g *Gate) Check(in Input) (*Message, error) {
 	m, verr := g.check(in)
 	if verr != nil {
+		// Type and version may come from the message itself: keep a
+		// hostile one from bloating logs, headers and envelopes.
+		verr.Type, verr.Version = capLen(verr.Type), capLen(verr.Version)
 		return nil, verr
 	}
 	return m, nil
@@ -185,6 +188,11 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 	}
 
 	schema, _ := g.reg.Lookup(typ, version)
+	if len(in.Body) >= preflightMinBody {
+		if pv := preflight(schema, data, 0); pv != nil {
+			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
+		}
+	}
 	if verr := g.validate(schema, data, prefix); verr != nil {
 		verr.Type, verr.Version = typ, version
 		return nil, verr

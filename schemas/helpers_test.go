@@ -1,6 +1,7 @@
 package schemas_test
 
 import (
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -59,3 +60,5 @@ const orderV1 = `{
   "items": [{"sku": "BOOK-0042", "quantity": 1}],
   "totalCents": 3990
 }`
+
+type jsonNumber = json.Number

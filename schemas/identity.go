@@ -94,6 +94,11 @@ func versionString(v any) (string, bool) {
 	case []byte:
 		s = string(x)
 	case json.Number:
+		for _, c := range []byte(x) {
+			if c < '0' || c > '9' {
+				return "", false // a version number is a non-negative integer
+			}
+		}
 		s = string(x)
 	case int:
 		s = strconv.FormatInt(int64(x), 10)

@@ -1,0 +1,237 @@
+// Package publisher sends messages that are valid by construction: each one
+// is checked against the schema registry before it leaves the process, and
+// is confirmed by the broker (publisher confirms with mandatory set) before
+// Publish returns.
+package publisher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// HeaderIdempotencyKey carries the key handlers use to drop duplicates
+// (at-least-once delivery means duplicates happen). It defaults to the
+// message id.
+const HeaderIdempotencyKey = "idempotency-key"
+
+// ContentType is the content type of every message sent.
+const ContentType = "application/json"
+
+// Config configures a Publisher.
+type Config struct {
+	// Registry holds the schemas messages are validated against. Required.
+	Registry *schemas.Registry
+	// Identity says how consumers find a message's type and version; use the
+	// target queue's. With FromProperties the publisher names them in the
+	// AMQP type property and the version header; with FromEnvelope or
+	// FromPointer the body names them (the properties are set as well).
+	// Defaults to the AMQP type property plus the "schema-version" header.
+	Identity schemas.Identity
+	// AppID is the AMQP app-id property. Defaults to "" (unset).
+	AppID string
+	// MaxBodyBytes refuses larger bodies, as the consumer's gate would.
+	// Defaults to 1 MiB; -1 means no limit.
+	MaxBodyBytes int
+}
+
+// Message is one message to publish.
+type Message struct {
+	// Type and Version name the schema. Required with FromProperties; with
+	// FromEnvelope or FromPointer they are read from the body and, if set
+	// here too, must agree with it.
+	Type, Version string
+	// Body is the JSON body.
+	Body []byte
+	// MessageID defaults to a random UUID.
+	MessageID string
+	// IdempotencyKey defaults to MessageID.
+	IdempotencyKey string
+	// CorrelationID is optional.
+	CorrelationID string
+	// Headers are extra AMQP headers. The version header, the idempotency
+	// key and the trace context are set by the publisher and win.
+	Headers map[string]any
+}
+
+// Publisher validates and publishes messages. Safe for concurrent use:
+// validation runs concurrently, publishes are serialized on one confirm-mode
+// channel, which is reopened after a failure that closed it.
+type Publisher struct {
+	conn *amqp.Connection
+	gate *schemas.Gate
+	id   schemas.Identity
+	cfg  Config
+
+	mu     sync.Mutex
+	pub    *amqpx.Publisher // nil once broken; reopened on the next Publish
+	closed bool
+}
+
+// New opens a confirm-mode channel on conn.
+func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
+	if conn == nil {
+		return nil, errors.New("publisher: connection is required")
+	}
+	if cfg.Registry == nil {
+		return nil, errors.New("publisher: Config.Registry is required")
+	}
+	id := cfg.Identity
+	if id.From == "" {
+		id.From = schemas.FromProperties
+	}
+	if id.VersionHeader == "" {
+		id.VersionHeader = schemas.DefaultVersionHeader
+	}
+	gate, err := schemas.NewGate(schemas.GateConfig{Registry: cfg.Registry, Identity: id, MaxBodyBytes: cfg.MaxBodyBytes})
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	pub, err := amqpx.NewPublisher(conn)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub}, nil
+}
+
+// Publish validates m and, if it is valid, publishes it to exchange with
+// routing key and waits for the broker's confirm. An invalid message is
+// refused with its *schemas.ValidationError and never sent. A message no
+// queue took returns an error wrapping amqpx.ErrUnroutable; a nack returns
+// amqpx.ErrNacked. On any error the message must be treated as not sent.
+func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, m Message) error {
+	msg, err := p.prepare(ctx, m)
+	if err != nil {
+		return err
+	}
+	pub, err := p.channel()
+	if err != nil {
+		return err
+	}
+	err = pub.Publish(ctx, exchange, routingKey, msg)
+	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
+		p.retire(pub)
+	}
+	return err
+}
+
+// prepare validates m and builds the AMQP message.
+func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, error) {
+	headers := amqp.Table{}
+	for k, v := range m.Headers {
+		headers[k] = v
+	}
+	in := schemas.Input{ContentType: ContentType, Type: m.Type, Headers: map[string]any{}, Body: m.Body}
+	if m.Version != "" {
+		in.Headers[p.id.VersionHeader] = m.Version
+	}
+	valid, err := p.gate.Check(in)
+	if err != nil {
+		return amqp.Publishing{}, err
+	}
+	if p.id.From != schemas.FromProperties {
+		if m.Type != "" && m.Type != valid.Type || m.Version != "" && schemas.NormalizeVersion(m.Version) != valid.Version {
+			return amqp.Publishing{}, fmt.Errorf("publisher: message says %s v%s but its body says %s v%s", m.Type, m.Version, valid.Type, valid.Version)
+		}
+	}
+	id := m.MessageID
+	if id == "" {
+		id = newUUID()
+	}
+	key := m.IdempotencyKey
+	if key == "" {
+		key = id
+	}
+	headers[p.id.VersionHeader] = valid.Version
+	headers[HeaderIdempotencyKey] = key
+	telemetry.Inject(ctx, headers)
+	if err := headers.Validate(); err != nil {
+		return amqp.Publishing{}, fmt.Errorf("publisher: headers: %w", err)
+	}
+	return amqp.Publishing{
+		Headers:       headers,
+		ContentType:   ContentType,
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: m.CorrelationID,
+		MessageId:     id,
+		Timestamp:     time.Now().UTC(),
+		Type:          valid.Type,
+		AppId:         p.cfg.AppID,
+		Body:          m.Body,
+	}, nil
+}
+
+// channel returns the live publisher, reopening it if a failure closed it.
+func (p *Publisher) channel() (*amqpx.Publisher, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, amqpx.ErrPublisherClosed
+	}
+	if p.pub != nil {
+		return p.pub, nil
+	}
+	if p.conn.IsClosed() {
+		return nil, fmt.Errorf("publisher: %w: connection closed", amqpx.ErrPublisherClosed)
+	}
+	pub, err := amqpx.NewPublisher(p.conn)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	p.pub = pub
+	return pub, nil
+}
+
+// retire drops pub after a failure that closed its channel, unless another
+// goroutine already replaced it.
+func (p *Publisher) retire(pub *amqpx.Publisher) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pub == pub {
+		_ = pub.Close()
+		p.pub = nil
+	}
+}
+
+// Close closes the channel (not the connection). Publish fails afterwards
+// with amqpx.ErrPublisherClosed.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.pub == nil {
+		return nil
+	}
+	err := p.pub.Close()
+	p.pub = nil
+	return err
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], b[10:16])
+	return string(s[:])
+}

@@ -1,0 +1,96 @@
+package schemas
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// stdDecode is the reference: encoding/json with UseNumber.
+func stdDecode(data []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, bytes.ErrTooLarge // any error: trailing data
+	}
+	return v, nil
+}
+
+// checkAgainstStd is the decoder's contract, relative to encoding/json:
+// whatever it accepts, encoding/json decodes to the same value; whatever
+// encoding/json rejects, it rejects; its only extra rejections are the
+// documented ones, never plain syntax.
+func checkAgainstStd(t *testing.T, data []byte) {
+	t.Helper()
+	got, derr := decodeJSON(data)
+	valid := json.Valid(data)
+	switch {
+	case derr == nil && !valid:
+		t.Fatalf("%q: decoded, but encoding/json says it is not JSON", data)
+	case derr == nil:
+		want, err := stdDecode(data)
+		if err != nil {
+			t.Fatalf("%q: decoded, encoding/json failed: %v", data, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: got %#v, encoding/json %#v", data, got, want)
+		}
+	case derr.syntax && valid:
+		t.Fatalf("%q: syntax error %v, but encoding/json accepts it", data, derr)
+	case !derr.syntax && valid && utf8.Valid(data) && !strings.Contains(derr.msg, "duplicate") &&
+		!strings.Contains(derr.msg, "nesting") && !strings.Contains(derr.msg, "number") && !strings.Contains(derr.msg, "surrogate"):
+		t.Fatalf("%q: unexpected rejection %v", data, derr)
+	}
+}
+
+func TestDecodeMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for _, s := range decodeSeeds {
+		checkAgainstStd(t, []byte(s))
+	}
+}
+
+var decodeSeeds = []string{
+	`{}`, `[]`, `null`, `true`, `false`, `0`, `-0`, `-1.5e+10`, `1E-2`, `"x"`, ` {"a" : [1, 2, {"b": null}] } `,
+	`"\u00e9\ud83d\ude00\n\t\"\\\/\b\f\r"`, `"é😀"`, `{"a":1,"b":{"a":2}}`, `[[[[]]]]`,
+	`123456789012345678901234567890`, `0.1000000000000000000000000000001`,
+	// errors
+	``, ` `, `{`, `[1,]`, `{"a":1,}`, `{"a"}`, `{"a":1 "b":2}`, `01`, `1.`, `.5`, `-`, `1e`, `1e+`, `+1`,
+	`tru`, `nul`, `"abc`, `"\x"`, `"\u12"`, `"\u12zz"`, "\"a\x01\"", `[1] [2]`, `{"a":1}}`, "\xef\xbb\xbf{}",
+	// the decoder's own rejections
+	`{"a":1,"a":2}`, `{"x":{"a":1,"a":2}}`, "\"\xff\"", "\"\xc3\x28\"", `"\ud800"`, `"\udc00\ud800"`, `"\ud800\u0041"`,
+	`1e99999`, `-1e-1001`, strings.Repeat("1", 200), strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1),
+	strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
+}
+
+func TestDecodeErrorPointer(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"a":1,"a":2}`:                        "/a",
+		`{"x":[0,{"a/b":1,"a/b":2}]}`:          "/x/1/a~1b",
+		`{"x":{"y":"\ud800"}}`:                 "/x/y",
+		`[1,2,1e5000]`:                         "/2",
+		`{"note":"` + "\xff" + `"}`:            "/note",
+		`{"d":` + strings.Repeat("[", 70) + ``: "/d/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0",
+	} {
+		_, err := decodeJSON([]byte(body))
+		if err == nil || err.pointer() != want {
+			t.Errorf("%s: pointer %q, want %q (%v)", body, err.pointer(), want, err)
+		}
+	}
+}
+
+// FuzzDecode checks the decoder against encoding/json on arbitrary bytes.
+func FuzzDecode(f *testing.F) {
+	for _, s := range decodeSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkAgainstStd(t, data) })
+}
