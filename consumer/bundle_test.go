@@ -38,7 +38,7 @@ const testType = "test.job"
 // testBundle is one runtime test's world: a private topology on the real
 // broker, a consumer, and signals to wait on instead of sleeping.
 type testBundle struct {
-	t         *testing.T
+	t         testing.TB
 	env       *brokertest.Env
 	file      *config.Config
 	queue     *config.Queue
@@ -56,7 +56,7 @@ type testBundle struct {
 
 // setup declares a one-queue topology with short retry tiers. mutate may
 // change the queue config before anything is declared.
-func setup(t *testing.T, mutate func(q *config.Queue)) *testBundle {
+func setup(t testing.TB, mutate func(q *config.Queue)) *testBundle {
 	t.Helper()
 	env := brokertest.Require(t)
 	dir := t.TempDir()
@@ -299,7 +299,7 @@ func (r *recorder) count() int {
 	return len(r.calls)
 }
 
-func applyTopology(t *testing.T, conn *amqp.Connection, topo *topology.Topology) {
+func applyTopology(t testing.TB, conn *amqp.Connection, topo *topology.Topology) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

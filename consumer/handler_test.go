@@ -93,3 +93,33 @@ func TestIdempotencyKeyFallsBackToMessageID(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 }
+
+func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
+	t.Parallel()
+	in := amqp.Table{
+		"x-death":                  []any{amqp.Table{"queue": "orders", "reason": "expired", "count": int64(1)}},
+		"x-first-death-queue":      "orders",
+		"x-first-death-reason":     "expired",
+		"x-last-death-queue":       "orders",
+		"x-delivery-count":         int64(3),
+		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		triage.HeaderAttempts:      int64(2),
+		"x-custom-app-header":      "kept",
+		HeaderIdempotencyKey:       "k",
+		"dlxbridge-original-queue": "orders",
+	}
+	out := retryHeaders(in)
+	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count"} {
+		if _, ok := out[gone]; ok {
+			t.Errorf("%s survived", gone)
+		}
+	}
+	for _, kept := range []string{"traceparent", triage.HeaderAttempts, "x-custom-app-header", HeaderIdempotencyKey, "dlxbridge-original-queue"} {
+		if _, ok := out[kept]; !ok {
+			t.Errorf("%s was dropped", kept)
+		}
+	}
+	if _, ok := in["x-death"]; !ok {
+		t.Error("input modified")
+	}
+}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -29,6 +30,26 @@ const (
 	// refuses on a publish by a different user.
 	HeaderOriginalUserID = "dlxbridge-original-user-id"
 )
+
+// retryHeaders copies h without the headers the broker owns. A retry must
+// not carry them back into the work queue:
+//   - x-death: on 3.x the broker reads a client's x-death in its cycle check,
+//     and a message with an x-death entry for its own work queue without a
+//     rejection (say it expired there once and was replayed) is dropped
+//     silently when its retry lane expires. The bridge's attempt and
+//     first-failure headers carry what the retry loop needs.
+//   - x-delivery-count: a stale count from the last hop would trip the
+//     crash-loop guard on the retry's first delivery.
+func retryHeaders(h amqp.Table) amqp.Table {
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		if k == "x-death" || k == "x-delivery-count" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
 
 func idempotencyKey(d *amqp.Delivery) string {
 	switch v := d.Headers[HeaderIdempotencyKey].(type) {
@@ -106,7 +127,7 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 		first = qr.c.cfg.Now()
 	}
 	ex, key, queue := qr.origin(d)
-	p := republish(d, d.Headers, d.Body, amqp.Table{
+	p := republish(d, retryHeaders(d.Headers), d.Body, amqp.Table{
 		triage.HeaderAttempts:               int64(v.Attempt),
 		triage.HeaderFirstFailure:           first.UTC().Format(rfc3339Nano),
 		quarantine.HeaderOriginalExchange:   ex,
