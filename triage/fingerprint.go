@@ -11,8 +11,9 @@ import (
 // Normalization limits: input beyond maxNormalizeInput bytes is not read,
 // output is capped at MaxNormalizedLen bytes.
 const (
-	maxNormalizeInput = 4096
+	maxNormalizeInput = 1024
 	MaxNormalizedLen  = 256
+	maxPasses         = 8
 )
 
 // Replacements, applied in order. Placeholders contain no digits, quotes or
@@ -38,7 +39,7 @@ var normalizers = []struct {
 // failure with different ids groups together: lowercase; quoted strings →
 // <str>; UUIDs → <uuid>; IPv4/[IPv6] addresses with optional port → <ip>;
 // durations (1.5s, 2m30s) → <dur>; hex ids of 8+ digits → <hex>; other
-// numbers → <n>; whitespace collapsed and trimmed. Only the first 4 KiB
+// numbers → <n>; whitespace collapsed and trimmed. Only the first 1 KiB
 // is read and the result is valid UTF-8 of at most MaxNormalizedLen bytes.
 func NormalizeMessage(s string) string {
 	if len(s) > maxNormalizeInput {
@@ -46,12 +47,21 @@ func NormalizeMessage(s string) string {
 	}
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ToLower(s)
-	for _, n := range normalizers {
-		if n.with == "" {
-			s = n.re.ReplaceAllStringFunc(s, hexOrNumber)
-			continue
+	// Replacing one token can expose another (a quote or hex run next to
+	// a former number now sits at a word boundary), so repeat until
+	// nothing changes: the result is stable under NormalizeMessage.
+	for range maxPasses {
+		prev := s
+		for _, n := range normalizers {
+			if n.with == "" {
+				s = n.re.ReplaceAllStringFunc(s, hexOrNumber)
+				continue
+			}
+			s = n.re.ReplaceAllString(s, n.with)
 		}
-		s = n.re.ReplaceAllString(s, n.with)
+		if s == prev {
+			break
+		}
 	}
 	s = strings.TrimSpace(s)
 	if len(s) > MaxNormalizedLen {

@@ -32,6 +32,9 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	defer func() { v.Notes = n.result() }()
 
 	h := HistoryOf(in.Headers)
+	for _, note := range h.Notes {
+		n.add("%s", note)
+	}
 	if d, ok := h.Find(in.WorkQueue, ReasonDeliveryLimit); ok {
 		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop,
 			Reason: fmt.Sprintf("crash-looping: the broker dead-lettered it from %s with delivery_limit (count %d)", short(in.WorkQueue), d.Count)}

@@ -1,0 +1,221 @@
+package triage
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// retype rewrites a decoded JSON value into the types the wire and forgers
+// produce: tables as a named map type, arrays as []any, numbers as one of
+// the integer or float types chosen by mode.
+func retype(v any, mode byte) any {
+	switch x := v.(type) {
+	case map[string]any:
+		t := table{}
+		for k, e := range x {
+			t[k] = retype(e, mode)
+		}
+		return t
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = retype(e, mode+uint8(i))
+		}
+		return out
+	case float64:
+		switch mode % 8 {
+		case 0:
+			return int64(x)
+		case 1:
+			return int32(x)
+		case 2:
+			return uint64(x)
+		case 3:
+			return int8(x)
+		case 4:
+			return float32(x)
+		case 5:
+			return time.Unix(int64(x), 0)
+		case 6:
+			return myInt(x)
+		}
+		return x
+	case json.Number:
+		return x
+	case string:
+		if mode%3 == 0 {
+			return []byte(x)
+		}
+	}
+	return v
+}
+
+func FuzzParseXDeath(f *testing.F) {
+	f.Add([]byte(`[{"queue":"orders.retry.5s.l2","reason":"expired","count":3,"time":1772366400,"exchange":"orders.retry","routing-keys":["orders.retry.5s.l2"]},{"queue":"orders.retry.1s.l0","reason":"expired","count":1}]`), byte(0))
+	f.Add([]byte(`[{"queue":"orders.retry.5s.l2","reason":"expired","count":1}]`), byte(1))
+	f.Add([]byte(`[{"queue":"orders","reason":"delivery_limit","count":-1e300}]`), byte(2))
+	f.Add([]byte(`{"queue":"orders","reason":"maxlen","count":"x","time":"2026-01-01T00:00:00Z"}`), byte(3))
+	f.Add([]byte(`["x", null, 1.5, [[]], {"queue": {"a": 1}}]`), byte(4))
+	f.Add([]byte(`"x-death"`), byte(5))
+	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1e19}]`), byte(6))
+
+	f.Fuzz(func(t *testing.T, data []byte, mode byte) {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		if mode&0x80 != 0 {
+			dec.UseNumber()
+		}
+		var raw any
+		if dec.Decode(&raw) != nil {
+			raw = data // not JSON: parse the bytes themselves
+		}
+		for _, v := range []any{raw, retype(raw, mode)} {
+			h := ParseXDeath(v)
+			if len(h.Notes) > maxNotes+1 || len(h.Deaths) > maxEntries {
+				t.Fatalf("%d notes, %d entries", len(h.Notes), len(h.Deaths))
+			}
+			for _, d := range h.Deaths {
+				if d.Count < 0 || d.Count > MaxCount || d.Queue == "" || d.Reason == "" {
+					t.Fatalf("bad entry %+v", d)
+				}
+				if got, ok := h.Find(d.Queue, d.Reason); !ok || got.Queue != d.Queue || got.Reason != d.Reason {
+					t.Fatalf("Find(%q, %q) = %+v, %v", d.Queue, d.Reason, got, ok)
+				}
+			}
+			if c := h.CountWhere(nil); c < 0 {
+				t.Fatalf("CountWhere = %d", c)
+			}
+			h.Earliest()
+
+			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v}
+			a := CountAttempts(AttemptInput{Headers: headers, IsRetryQueue: func(q string) bool { return strings.Contains(q, "retry") }, Now: t0})
+			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != max(a.FromHeader, a.FromXDeath) {
+				t.Fatalf("attempts %+v", a)
+			}
+			if !a.FirstFailure.IsZero() && (a.FirstFailure.Before(minSaneTime) || a.FirstFailure.After(t0.Add(MaxClockSkew))) {
+				t.Fatalf("FirstFailure %v", a.FirstFailure)
+			}
+			Precheck(defaultPolicy, DeliveryInput{WorkQueue: "orders", Headers: headers})
+			ClassifyDeadLetter(h, headers)
+		}
+	})
+}
+
+func FuzzDecide(f *testing.F) {
+	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5)
+	f.Add(false, int64(0), int64(-1), int64(math.MaxInt64), 0, math.NaN(), -1, int64(-1), "panic", int64(-5), -3, int64(0), int64(0), 2.0)
+	f.Add(true, int64(math.MaxInt64/2), int64(math.MaxInt64/2), int64(math.MaxInt64/2), 16, 1.0, MaxAttemptsCeiling, int64(0), "timeout", int64(math.MaxInt64), math.MaxInt, int64(math.MinInt64), int64(math.MaxInt64), 0.999999)
+
+	f.Fuzz(func(t *testing.T, sane bool, d0, d1, d2 int64, lanes int, jitter float64, maxAttempts int,
+		maxElapsed int64, class string, hint int64, failed int, sinceFirst, untilNow int64, u float64) {
+		p := Policy{Lanes: lanes, Jitter: jitter, MaxAttempts: maxAttempts, MaxElapsed: time.Duration(maxElapsed)}
+		if sane { // mostly valid policies, to reach the retry paths
+			var prev int64
+			for _, d := range []int64{d0, d1, d2} {
+				prev += 1 + int64(uint64(d)%uint64(time.Hour))
+				p.Tiers = append(p.Tiers, time.Duration(prev))
+			}
+			p.Lanes = 1 + int(uint(lanes)%16)
+			p.Jitter = math.Abs(math.Mod(jitter, 1))
+			if math.IsNaN(p.Jitter) {
+				p.Jitter = 0
+			}
+			p.MaxAttempts = 1 + int(uint(maxAttempts)%20)
+			p.MaxElapsed = time.Duration(uint64(maxElapsed) % uint64(24*time.Hour))
+		} else {
+			p.Tiers = []time.Duration{time.Duration(d0), time.Duration(d1), time.Duration(d2)}[:int(uint(lanes)%4)]
+		}
+		now := t0.Add(time.Duration(untilNow % int64(100*365*24*time.Hour)))
+		fl := Failure{Class: Class(class), Hint: time.Duration(hint), Now: now,
+			Attempts: Attempts{Failed: failed, FirstFailure: now.Add(-time.Duration(sinceFirst))}}
+		if sinceFirst == 0 {
+			fl.Attempts.FirstFailure = time.Time{}
+		}
+
+		v := Decide(p, fl, fixedRand(u))
+
+		attempt := min(max(failed, 0), MaxAttemptsCeiling) + 1
+		if v.Attempt != attempt || v.Class != fl.Class {
+			t.Fatalf("Attempt %d Class %q, want %d %q", v.Attempt, v.Class, attempt, fl.Class)
+		}
+		switch v.Action {
+		case ActionQuarantine:
+			if v.Reason == "" {
+				t.Fatal("quarantine without a reason")
+			}
+			return
+		case ActionRetry:
+		default:
+			t.Fatalf("Action %q", v.Action)
+		}
+		if p.Validate() != nil || !fl.Class.Retryable() || attempt >= p.MaxAttempts {
+			t.Fatalf("retried: policy %v, class %q, attempt %d/%d", p.Validate(), fl.Class, attempt, p.MaxAttempts)
+		}
+		if v.Tier < 0 || v.Tier >= len(p.Tiers) || v.Lane < 0 || v.Lane >= p.Lanes {
+			t.Fatalf("tier %d lane %d out of range", v.Tier, v.Lane)
+		}
+		d := p.Tiers[v.Tier]
+		lo, hi := LaneBounds(d, p.Jitter, p.Lanes, v.Lane)
+		if v.Delay < d || v.Delay < lo || v.Delay > hi || float64(v.Delay) > float64(d)*(1+p.Jitter)+1 {
+			t.Fatalf("delay %s outside tier %s ×(1+%v), lane [%s, %s]", v.Delay, d, p.Jitter, lo, hi)
+		}
+		if fl.Hint > 0 && d < fl.Hint && v.Tier != len(p.Tiers)-1 {
+			t.Fatalf("hint %s not rounded up: tier %s", fl.Hint, d)
+		}
+		if p.MaxElapsed > 0 {
+			first := fl.Attempts.FirstFailure
+			if first.IsZero() {
+				first = now
+			}
+			if addDur(now.Sub(first), v.Delay) > p.MaxElapsed {
+				t.Fatalf("retry beyond the time budget")
+			}
+		}
+	})
+}
+
+func FuzzNormalizeMessage(f *testing.F) {
+	for _, s := range []string{
+		"order 123e4567-e89b-12d3-a456-426614174000 failed: dial tcp 10.0.0.1:5672",
+		`can't "quote \"x\"" 'y' ` + "`z`",
+		"timeout 1h2m3.5s 0xdeadBEEF 12345678 deadbeefcafe",
+		"\xff\xfe invalid utf8 \u0130 \u212a",
+		strings.Repeat("abcdefabc ", 40),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n := NormalizeMessage(s)
+		if !utf8.ValidString(n) || len(n) > MaxNormalizedLen || strings.ContainsAny(n, "0123456789") {
+			t.Fatalf("NormalizeMessage(%q) = %q", s, n)
+		}
+		if n != strings.TrimSpace(n) || strings.Contains(n, "  ") {
+			t.Fatalf("whitespace not collapsed: %q", n)
+		}
+		if len(n) < MaxNormalizedLen/2 && len(s) <= maxNormalizeInput {
+			if again := NormalizeMessage(n); again != n {
+				t.Fatalf("not idempotent: %q → %q → %q", s, n, again)
+			}
+		}
+		Fingerprint(ClassTransient, s, s, s)
+	})
+}
+
+func BenchmarkNormalizeMessage(b *testing.B) {
+	short := `order 123e4567-e89b-12d3-a456-426614174000 failed: dial tcp 10.0.0.12:5672: i/o timeout after 1.5s, key "k-1"`
+	long := strings.Repeat(short+" ", maxNormalizeInput/len(short)+1)
+	b.Run("short", func(b *testing.B) {
+		for b.Loop() {
+			NormalizeMessage(short)
+		}
+	})
+	b.Run("1KiB", func(b *testing.B) {
+		for b.Loop() {
+			NormalizeMessage(long)
+		}
+	})
+}
