@@ -55,7 +55,11 @@ func TestCrossVersionEquivalence(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			run := func(s hopShape) ([]step, table) {
-				return simulate(tt.policy, tt.class, s, rand.New(rand.NewPCG(1, 2)), t0, 1000)
+				return simulate(tt.policy, tt.class, s, false, rand.New(rand.NewPCG(1, 2)), t0, 1000)
+			}
+			runStripped := func(s hopShape) []step {
+				log, _ := simulate(tt.policy, tt.class, s, true, rand.New(rand.NewPCG(1, 2)), t0, 1000)
+				return log
 			}
 			old, oldH := run(always(shape310))
 			cur, curH := run(always(shape4x))
@@ -76,6 +80,11 @@ func TestCrossVersionEquivalence(t *testing.T) {
 			}
 			if !reflect.DeepEqual(old, upgraded) {
 				t.Fatalf("a mid-flight upgrade changed the verdicts:\n%+v\n%+v", old, upgraded)
+			}
+			for _, s := range []shape{shape310, shape4x} {
+				if got := runStripped(always(s)); !reflect.DeepEqual(old, got) {
+					t.Fatalf("%s with x-death stripped on republish differs:\n%+v\n%+v", s, old, got)
+				}
 			}
 
 			for i, s := range old {
@@ -122,7 +131,7 @@ func TestCrossVersionDelaysGrow(t *testing.T) {
 
 	p := Policy{Tiers: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}, Lanes: 4, Jitter: 0.2, MaxAttempts: 4}
 	for _, s := range []shape{shape310, shape4x} {
-		log, _ := simulate(p, ClassTransient, always(s), rand.New(rand.NewPCG(7, 7)), t0, 100)
+		log, _ := simulate(p, ClassTransient, always(s), false, rand.New(rand.NewPCG(7, 7)), t0, 100)
 		var prev time.Duration
 		for i, st := range log[:len(log)-1] {
 			d := st.Verdict.Delay

@@ -136,7 +136,7 @@ func TestDecideTransientThenSuccess(t *testing.T) {
 			t.Fatalf("attempt %d: %+v", attempt, v)
 		}
 		delays = append(delays, v.Delay)
-		h = retryPublish(h, v.Attempt, now)
+		h = retryPublish(h, v.Attempt, now, true)
 		now = now.Add(v.Delay)
 		h = shape4x.deadLetter(h, laneQueue(defaultPolicy.Tiers[v.Tier], v.Lane), ReasonExpired, now)
 	}

@@ -79,12 +79,21 @@ func (s shape) deadLetter(h table, queue, reason string, now time.Time) table {
 }
 
 // retryPublish returns the headers the bridge publishes a retry with:
-// the delivered headers (x-death included: the worst case for double
-// counting on 3.10) plus its own attempt and first-failure headers.
-func retryPublish(h table, failedSoFar int, now time.Time) table {
+// the delivered headers plus its own attempt and first-failure headers.
+// Kept x-death is the worst case for double counting on 3.10; the consumer
+// strips broker-owned headers (strip), which makes 3.10 show fresh history
+// like 4.x.
+func retryPublish(h table, failedSoFar int, now time.Time, strip bool) table {
 	out := maps.Clone(h)
 	if out == nil {
 		out = table{}
+	}
+	if strip {
+		for k := range out {
+			if k == HeaderXDeath || k == HeaderDeliveryCount || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+				delete(out, k)
+			}
+		}
 	}
 	out[HeaderAttempts] = int64(failedSoFar)
 	if _, ok := out[HeaderFirstFailure]; !ok {
@@ -108,7 +117,7 @@ func always(s shape) hopShape { return func(int) shape { return s } }
 // simulate runs one message that fails with class on every delivery
 // through the retry loop until it is quarantined (or maxSteps), and
 // returns the step log and the final headers.
-func simulate(p Policy, class Class, shapeOf hopShape, rnd Rand, start time.Time, maxSteps int) ([]step, table) {
+func simulate(p Policy, class Class, shapeOf hopShape, strip bool, rnd Rand, start time.Time, maxSteps int) ([]step, table) {
 	h := table{"content-type": "application/json"}
 	now := start
 	var log []step
@@ -119,7 +128,7 @@ func simulate(p Policy, class Class, shapeOf hopShape, rnd Rand, start time.Time
 		if v.Action != ActionRetry {
 			break
 		}
-		h = retryPublish(h, v.Attempt, now)
+		h = retryPublish(h, v.Attempt, now, strip)
 		now = now.Add(v.Delay)
 		h = shapeOf(hop).deadLetter(h, laneQueue(p.Tiers[v.Tier], v.Lane), ReasonExpired, now)
 	}
