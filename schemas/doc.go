@@ -15,5 +15,12 @@
 // *ValidationError with a Reason: a schema failure is never retried, it goes
 // straight to quarantine with its violations.
 //
+// Bound every array with maxItems (and open-ended objects with
+// maxProperties): the validator checks each element of an array and builds an
+// error for each one that fails, about 1 KB apiece. On bodies over 32 KiB the
+// gate enforces those two limits before validating, so an oversized array
+// costs nothing; an unbounded array of half a million bad elements still
+// costs about 500 MB of garbage within the 1 MiB default body limit.
+//
 // The package is a leaf: it imports nothing of dlxbridge and no AMQP client.
 package schemas

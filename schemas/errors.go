@@ -15,7 +15,8 @@ import (
 // metric labels.
 type Reason string
 
-// Reasons, in the order the gate checks them.
+// Reasons. The gate checks size, content type and encoding first; then, with
+// FromProperties, the identity before decoding, otherwise after.
 const (
 	ReasonTooLarge       Reason = "too_large"       // body larger than MaxBodyBytes
 	ReasonContentType    Reason = "content_type"    // not JSON (or not UTF-8)
