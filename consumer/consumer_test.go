@@ -245,8 +245,8 @@ func TestUnroutableRetryIsNotAckedAndNotLost(t *testing.T) {
 		t.Fatalf("retry publish failures = %v, want 2", got)
 	}
 	env, _ := quarantine.Read(ptr(b.quarantined()))
-	if env.Class != triage.ClassCrashLoop || env.MessageID != "m-6" {
-		t.Fatalf("class %q message %q", env.Class, env.MessageID)
+	if env.Class != triage.ClassCrashLoop || env.MessageID != "m-6" || env.Attempts != 2 {
+		t.Fatalf("class %q message %q attempts %d (want crash-loop, m-6, 2)", env.Class, env.MessageID, env.Attempts)
 	}
 	if d := b.queueDepth(b.queue.Name); d != 0 {
 		t.Fatalf("work queue holds %d, want 0", d)

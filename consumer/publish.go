@@ -10,13 +10,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // HeaderIdempotencyKey is the header a publisher sets to name a message's
 // idempotency key; the message id is used when it is absent.
-const HeaderIdempotencyKey = "idempotency-key"
+const HeaderIdempotencyKey = publisher.HeaderIdempotencyKey
 
 // Headers the bridge adds to a retried message besides the attempt count.
 const (

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+const (
+	orderV2 = `{"orderId":"6f1c2b9e-3f4a-4d7b-9a51-2c8e0f6d1a10","createdAt":"2026-11-29T10:00:00Z",
+ "customer":{"id":"c-17","email":"ada@example.com"},
+ "lineItems":[{"sku":"BOOK-001","quantity":2,"unitPrice":{"amount":"12.50","currency":"EUR"}}],
+ "total":{"amount":"25.00","currency":"EUR"}}`
+	orderV1 = `{"orderId":"0b7d6c5a-1e2f-4a3b-8c9d-0e1f2a3b4c5d","createdAt":"2026-11-29T10:01:00Z",
+ "customer":{"id":"c-18","email":"grace@example.com"},
+ "items":[{"sku":"PEN-042","quantity":3}],"totalCents":897}`
+	orderRejected = `{"orderId":"9a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c6d","createdAt":"2026-11-29T10:02:00Z",
+ "customer":{"id":"c-19","email":"closed@example.com"},
+ "lineItems":[{"sku":"BOOK-002","quantity":1,"unitPrice":{"amount":"9.99","currency":"EUR"}}],
+ "total":{"amount":"9.99","currency":"EUR"},"note":"please reject"}`
+	orderInvalid = `{"orderId":"not-a-uuid","customer":{"id":"c-20"}}`
+	email        = `{"type":"notifications.email","schemaVersion":"1","data":{
+ "notificationId":"3c2b1a09-8f7e-4d6c-b5a4-9382716f5e4d","to":"ada@example.com","template":"order-confirmation","locale":"en-GB"}}`
+)
+
+// demo publishes one message of each kind and waits for the handlers and the
+// quarantine to show the outcomes.
+func demo(ctx context.Context, o Options, registry *schemas.Registry, events <-chan string, printf func(string, ...any)) error {
+	conn, err := amqpx.Dial(o.URL, o.File.Broker.ConnectionName+"/demo-publisher")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	orders, _ := o.File.QueueByName(o.OrdersQueue)
+	notes, _ := o.File.QueueByName(o.NotificationsQueue)
+	orderPub, err := publisher.New(conn, publisher.Config{Registry: registry, AppID: "orderservice-demo"})
+	if err != nil {
+		return err
+	}
+	defer orderPub.Close()
+	notePub, err := publisher.New(conn, publisher.Config{Registry: registry, Identity: schemas.Identity{From: schemas.FromEnvelope}})
+	if err != nil {
+		return err
+	}
+	defer notePub.Close()
+
+	send := func(p *publisher.Publisher, exchange, key string, m publisher.Message) error {
+		return p.Publish(ctx, exchange, key, m)
+	}
+	steps := []struct {
+		what string
+		err  error
+	}{
+		{"orders.created v2", send(orderPub, orders.Exchange.Name, "order.created", publisher.Message{Type: "orders.created", Version: "2", Body: []byte(orderV2), MessageID: "demo-order-v2"})},
+		{"orders.created v1", send(orderPub, orders.Exchange.Name, "order.created", publisher.Message{Type: "orders.created", Version: "1", Body: []byte(orderV1), MessageID: "demo-order-v1"})},
+		{"orders.created v2 (closed account)", send(orderPub, orders.Exchange.Name, "order.created", publisher.Message{Type: "orders.created", Version: "2", Body: []byte(orderRejected), MessageID: "demo-order-rejected"})},
+		{"notifications.email", send(notePub, notes.Exchange.Name, "email", publisher.Message{Body: []byte(email), MessageID: "demo-email-1"})},
+	}
+	for _, s := range steps {
+		if s.err != nil {
+			return fmt.Errorf("publish %s: %w", s.what, s.err)
+		}
+	}
+	invalid := send(orderPub, orders.Exchange.Name, "order.created", publisher.Message{Type: "orders.created", Version: "2", Body: []byte(orderInvalid)})
+	var verr *schemas.ValidationError
+	if !errors.As(invalid, &verr) {
+		return fmt.Errorf("the invalid order was not refused: %v", invalid)
+	}
+	printf("publisher refused an invalid orders.created v2 (%d violations); nothing was sent", len(verr.Violations))
+
+	want := map[string]bool{
+		"order 6f1c2b9e-3f4a-4d7b-9a51-2c8e0f6d1a10": true,
+		"order 0b7d6c5a-1e2f-4a3b-8c9d-0e1f2a3b4c5d": true,
+		"email demo-email-1":                         true,
+	}
+	timeout := time.After(30 * time.Second)
+	for len(want) > 0 {
+		select {
+		case e := <-events:
+			delete(want, e)
+		case <-timeout:
+			return fmt.Errorf("demo: still waiting for %v", want)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// The closed-account order is quarantined right after its only attempt.
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q, err := ch.QueueDeclarePassive(orders.Quarantine.Queue, true, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		if q.Messages > 0 {
+			printf("quarantine %s holds %d message(s); inspect with the management UI", orders.Quarantine.Queue, q.Messages)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("demo: the rejected order did not reach the quarantine")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
