@@ -78,4 +78,3 @@ type Options struct {
 	// Default to "orders" and "notifications".
 	OrdersQueue, NotificationsQueue string
 }
-
