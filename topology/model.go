@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Argument names the broker understands. amqp091-go has no constants for
@@ -148,12 +149,11 @@ func compactDuration(d time.Duration) string {
 	return s
 }
 
-// LaneBounds splits [d, d*(1+jitter)] into lanes equal ranges and returns
-// lane i's range, in whole milliseconds (TTL resolution).
+// LaneBounds is lane i's delay range, triage.LaneBounds widened to whole
+// milliseconds (TTL resolution), so every delay triage draws for the lane
+// fits its queue's TTL.
 func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
-	span := float64(d) * jitter
-	lo = d + time.Duration(span*float64(i)/float64(lanes))
-	hi = d + time.Duration(span*float64(i+1)/float64(lanes))
+	lo, hi = triage.LaneBounds(d, jitter, lanes, i)
 	lo = lo.Truncate(time.Millisecond)
 	hi = time.Duration(math.Ceil(float64(hi)/float64(time.Millisecond))) * time.Millisecond
 	return lo, hi
