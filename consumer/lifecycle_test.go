@@ -16,9 +16,7 @@ import (
 func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	if b.env.ManagementURL == "" {
-		t.Skip("needs the management API to close a connection from the broker side")
-	}
+	b.env.RequireManagement() // to close a connection from the broker side
 	reconnected := make(chan error, 4)
 	b.cfg.hooks.reconnecting = func(err error) { reconnected <- err }
 	b.start(func(c *Consumer) {

@@ -80,9 +80,7 @@ func TestApplyIsIdempotentAndRefusesConflicts(t *testing.T) {
 		t.Fatalf("conflicting queue touched: %v", err)
 	}
 
-	if env.ManagementURL == "" {
-		t.Skip("no management API: argument and binding checks via HTTP not run")
-	}
+	env.RequireManagement()
 	m, err := topology.NewManagement(env.ManagementURL, env.URL)
 	if err != nil {
 		t.Fatal(err)

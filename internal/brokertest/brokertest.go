@@ -339,3 +339,17 @@ func (e *Env) connectionsNamed(namePrefix string) []string {
 	}
 	return names
 }
+
+// RequireManagement returns the management API URL, or skips the test
+// (fails it under CI=true, where .ci/run enables the plugin) when none
+// answers.
+func (e *Env) RequireManagement() string {
+	e.T.Helper()
+	if e.ManagementURL == "" {
+		if os.Getenv("CI") == "true" {
+			e.T.Fatal("no management API under CI=true (enable rabbitmq_management or set RABBITMQ_MANAGEMENT_URL)")
+		}
+		e.T.Skip("no management API answers (set RABBITMQ_MANAGEMENT_URL to run this test)")
+	}
+	return e.ManagementURL
+}
