@@ -1,0 +1,16 @@
+package consumer
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every connection, channel, worker and handler goroutine the runtime starts
+// must be gone once the tests (and their cleanups) are done.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// testcontainers' reaper, when the tests start their own broker.
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
+	)
+}
