@@ -74,10 +74,8 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// 1. Crash-loop guard: a message the broker flagged, or one delivered
 	// too often, never reaches the handler again.
-	if v := triage.Precheck(qr.policy, triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered}); v.Action == triage.ActionQuarantine {
-		// Attempts made: those of earlier hops plus this hop's deliveries
-		// that never settled (each one crashed or hung a worker).
-		v.Attempt = attempts.Failed + max(1, deliveryCount(headers))
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered, Failed: attempts.Failed}
+	if v := triage.Precheck(qr.policy, pre); v.Action == triage.ActionQuarantine {
 		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
 		return
 	}
@@ -331,24 +329,4 @@ func (qr *queueRuntime) versionLabel(t, v string) string {
 		return v
 	}
 	return "other"
-}
-
-// deliveryCount reads the quorum queue's x-delivery-count (absent on a first
-// delivery; forged or odd values count as 0).
-func deliveryCount(h map[string]any) int {
-	switch n := h[triage.HeaderDeliveryCount].(type) {
-	case int64:
-		if n > 0 && n < 1<<31 {
-			return int(n)
-		}
-	case int32:
-		if n > 0 {
-			return int(n)
-		}
-	case int:
-		if n > 0 && n < 1<<31 {
-			return n
-		}
-	}
-	return 0
 }

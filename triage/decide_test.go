@@ -178,6 +178,28 @@ func TestPolicyValidate(t *testing.T) {
 	}
 }
 
+func TestPrecheckCountsAttemptsMade(t *testing.T) {
+	t.Parallel()
+	p := defaultPolicy // CrashLoopDeliveries: 3
+	cases := []struct {
+		name    string
+		headers table
+		failed  int
+		want    int
+	}{
+		{"three deliveries of a first hop crashed", table{HeaderDeliveryCount: int64(3)}, 0, 3},
+		{"after two failed retries", table{HeaderDeliveryCount: int64(3)}, 2, 5},
+		{"broker flag without a count", table{"x-death": []any{table{"queue": workQueue, "reason": "delivery_limit", "count": int64(1)}}}, 1, 2},
+		{"forged huge count is bounded", table{HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
+	}
+	for _, c := range cases {
+		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Failed: c.failed})
+		if v.Action != ActionQuarantine || v.Attempt != c.want {
+			t.Errorf("%s: %s attempt %d, want quarantine attempt %d", c.name, v.Action, v.Attempt, c.want)
+		}
+	}
+}
+
 func TestPrecheck(t *testing.T) {
 	t.Parallel()
 

@@ -11,6 +11,9 @@ type DeliveryInput struct {
 	// Redelivered is the AMQP redelivered flag. It is informational: it
 	// says "at least twice", not how often, so it never trips the guard.
 	Redelivered bool
+	// Failed is Attempts.Failed: attempts that failed in earlier hops
+	// (retries). It only feeds Verdict.Attempt.
+	Failed int
 }
 
 // Precheck is the crash-loop guard, run before the handler. It quarantines
@@ -24,8 +27,9 @@ type DeliveryInput struct {
 //     delivery is number count+1. A negative or non-integer count is read
 //     as 0 with a note.
 //
-// Otherwise it returns ActionDeliver. Precheck does not count attempts:
-// Verdict.Attempt is 0. A message replayed from a quarantine must have its
+// Otherwise it returns ActionDeliver. On quarantine, Verdict.Attempt is the
+// attempts made: Failed plus this hop's deliveries that never settled (each
+// crashed or hung a worker), at least Failed+1. A message replayed from a quarantine must have its
 // x-death removed, or the first rule quarantines it again.
 func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	var n notes
@@ -35,11 +39,6 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	for _, note := range h.Notes {
 		n.add("%s", note)
 	}
-	if d, ok := h.Find(in.WorkQueue, ReasonDeliveryLimit); ok {
-		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop,
-			Reason: fmt.Sprintf("crash-looping: the broker dead-lettered it from %s with delivery_limit (count %d)", short(in.WorkQueue), d.Count)}
-	}
-
 	var count int64
 	if raw, present := in.Headers[HeaderDeliveryCount]; present {
 		c, res := asInt(raw)
@@ -52,9 +51,14 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 			count = c
 		}
 	}
+	attempt := max(in.Failed, 0) + int(min(max(count, 1), MaxAttemptsCeiling))
+	if d, ok := h.Find(in.WorkQueue, ReasonDeliveryLimit); ok {
+		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop, Attempt: attempt,
+			Reason: fmt.Sprintf("crash-looping: the broker dead-lettered it from %s with delivery_limit (count %d)", short(in.WorkQueue), d.Count)}
+	}
 	if p.CrashLoopDeliveries > 0 && count >= int64(p.CrashLoopDeliveries) {
 		delivered := addSat(count, 1)
-		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop,
+		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop, Attempt: attempt,
 			Reason: fmt.Sprintf("crash-looping: delivered %d times (%s)", delivered, HeaderDeliveryCount)}
 	}
 	return Verdict{Action: ActionDeliver}
