@@ -85,11 +85,11 @@ func TestReadDerivesBrokerDeadLetters(t *testing.T) {
 		queue   string
 	}{
 		{"3.10 delivery limit", amqp.Table{
-			"x-death": []any{amqp.Table{"queue": "orders", "reason": "delivery_limit", "count": int64(1), "exchange": "orders", "routing-keys": []any{"order.created"}, "time": at}},
+			"x-death":             []any{amqp.Table{"queue": "orders", "reason": "delivery_limit", "count": int64(1), "exchange": "orders", "routing-keys": []any{"order.created"}, "time": at}},
 			"x-first-death-queue": "orders", "x-first-death-reason": "delivery_limit",
 		}, triage.ClassCrashLoop, "orders"},
 		{"4.x expired, int32 count", amqp.Table{
-			"x-death": []any{amqp.Table{"queue": "orders", "reason": "expired", "count": int32(1), "exchange": "orders", "routing-keys": []any{"order.created"}, "time": at}},
+			"x-death":              []any{amqp.Table{"queue": "orders", "reason": "expired", "count": int32(1), "exchange": "orders", "routing-keys": []any{"order.created"}, "time": at}},
 			"x-first-death-reason": "expired", "x-last-death-reason": "expired",
 		}, triage.ClassExpired, "orders"},
 		{"maxlen", amqp.Table{"x-death": []any{amqp.Table{"queue": "orders", "reason": "maxlen", "count": int64(1)}}}, triage.ClassMaxLen, "orders"},
