@@ -2,13 +2,10 @@ package consumer
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/config"
 )
@@ -29,7 +26,7 @@ const benchPrefetch = 50
 
 func benchPlain(b *testing.B) {
 	tb := setup(b, nil)
-	fill(b, tb, b.N)
+	tb.publishBatch(b.N, "", tb.queue.Name)
 	ch := tb.env.Channel("plain-consumer")
 	if err := ch.Qos(benchPrefetch, 0, false); err != nil {
 		b.Fatal(err)
@@ -55,7 +52,7 @@ func benchRuntime(b *testing.B) {
 		q.Consumer.Prefetch = benchPrefetch
 		q.Consumer.Concurrency = 1
 	})
-	fill(b, tb, b.N)
+	tb.publishBatch(b.N, "", tb.queue.Name)
 	var acked atomic.Int64
 	all := make(chan struct{})
 	tb.cfg.hooks.settled = func(_, outcome string) {
@@ -92,28 +89,4 @@ func startCPU() cpuMeter { return cpuMeter{processCPU()} }
 
 func (m cpuMeter) report(b *testing.B) {
 	b.ReportMetric(float64(processCPU()-m.start)/float64(b.N), "client-cpu-ns/op")
-}
-
-// fill publishes n valid messages straight into the work queue.
-func fill(b *testing.B, tb *testBundle, n int) {
-	b.Helper()
-	for i := 0; i < n; i++ {
-		p := amqp.Publishing{
-			ContentType: "application/json",
-			Type:        testType,
-			MessageId:   fmt.Sprintf("bench-%d", i),
-			Headers:     amqp.Table{"schema-version": "1"},
-			Body:        []byte(fmt.Sprintf(`{"id":"bench-%d","note":"a realistic-ish payload of a few dozen bytes"}`, i)),
-		}
-		if err := tb.pubCh.PublishWithContext(context.Background(), "", tb.queue.Name, true, false, p); err != nil {
-			b.Fatal(err)
-		}
-		if (i+1)%1000 == 0 || i == n-1 {
-			for j := i - i%1000; j <= i; j++ {
-				if c := <-tb.confirms; !c.Ack {
-					b.Fatal("nacked")
-				}
-			}
-		}
-	}
 }

@@ -51,7 +51,7 @@ func TestBurstOfFailuresReturnsSpreadOverTime(t *testing.T) {
 			return nil
 		})))
 	})
-	b.publishBatch(n)
+	b.publishBatch(n, b.queue.Exchange.Name, "job.burst")
 	select {
 	case <-done:
 	case <-time.After(60 * time.Second):
@@ -96,29 +96,37 @@ func TestBurstOfFailuresReturnsSpreadOverTime(t *testing.T) {
 	}
 }
 
-// publishBatch publishes n valid messages and then waits for all confirms.
-func (b *testBundle) publishBatch(n int) {
+// publishBatch publishes n valid messages to exchange with key, waiting for
+// confirms every 500 messages (and at the end).
+func (b *testBundle) publishBatch(n int, exchange, key string) {
 	b.t.Helper()
+	pending := 0
+	waitConfirms := func() {
+		for ; pending > 0; pending-- {
+			select {
+			case c := <-b.confirms:
+				if !c.Ack {
+					b.t.Fatalf("publish %d nacked", c.DeliveryTag)
+				}
+			case <-time.After(30 * time.Second):
+				b.t.Fatalf("%d confirms missing", pending)
+			}
+		}
+	}
 	for i := 0; i < n; i++ {
 		p := amqp.Publishing{
 			ContentType: "application/json",
 			Type:        testType,
-			MessageId:   fmt.Sprintf("burst-%d", i),
+			MessageId:   fmt.Sprintf("batch-%d", i),
 			Headers:     amqp.Table{"schema-version": "1"},
-			Body:        []byte(fmt.Sprintf(`{"id":"burst-%d"}`, i)),
+			Body:        []byte(fmt.Sprintf(`{"id":"batch-%d","note":"a realistic-ish payload of a few dozen bytes"}`, i)),
 		}
-		if err := b.pubCh.PublishWithContext(context.Background(), b.queue.Exchange.Name, "job.burst", true, false, p); err != nil {
+		if err := b.pubCh.PublishWithContext(context.Background(), exchange, key, true, false, p); err != nil {
 			b.t.Fatalf("publish %d: %v", i, err)
 		}
-	}
-	for i := 0; i < n; i++ {
-		select {
-		case c := <-b.confirms:
-			if !c.Ack {
-				b.t.Fatalf("publish %d nacked", c.DeliveryTag)
-			}
-		case <-time.After(30 * time.Second):
-			b.t.Fatalf("only %d of %d confirms", i, n)
+		if pending++; pending == 500 {
+			waitConfirms()
 		}
 	}
+	waitConfirms()
 }

@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
@@ -138,21 +139,30 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 	})
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 
-	pctx, span := qr.c.tracer.Start(ctx, qr.wq.RetryExchange+" publish",
+	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p,
+		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
+}
+
+// tracedPublish publishes p (confirm + mandatory) inside a producer span
+// whose context it injects into p's headers, so the next consumer span
+// continues the trace.
+func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, attrs ...attribute.KeyValue) error {
+	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			telemetry.AttrSystemRabbitMQ,
 			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, qr.wq.RetryExchange),
-			attribute.String(telemetry.AttrRoutingKey, lane.RoutingKey),
-			attribute.String(telemetry.AttrMessageID, d.MessageId),
-			attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()),
-		))
+			attribute.String(telemetry.AttrDestination, exchange),
+			attribute.String(telemetry.AttrRoutingKey, key),
+			attribute.String(telemetry.AttrMessageID, p.MessageId),
+		),
+		trace.WithAttributes(attrs...))
 	defer span.End()
 	telemetry.Inject(pctx, p.Headers)
-	err := w.publish(pctx, qr.wq.RetryExchange, lane.RoutingKey, p)
+	err := w.publish(pctx, exchange, key, p)
 	if err != nil {
 		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
 	}
 	return err
 }
@@ -208,22 +218,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	p := republish(d, red.Headers, red.Body, nil)
 	env.Apply(p.Headers)
 
-	pctx, span := c.tracer.Start(ctx, qr.wq.DeadExchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			telemetry.AttrSystemRabbitMQ,
-			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, qr.wq.DeadExchange),
-			attribute.String(telemetry.AttrMessageID, d.MessageId),
-			attribute.String("dlxbridge.class", string(v.Class)),
-		))
-	defer span.End()
-	telemetry.Inject(pctx, p.Headers)
-	err := w.publish(pctx, qr.wq.DeadExchange, qr.cfg.Name, p)
-	if err != nil {
-		span.RecordError(err)
-	}
-	return err
+	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, attribute.String("dlxbridge.class", string(v.Class)))
 }
 
 // fingerprintText is what a failure is grouped by: the error, else the
