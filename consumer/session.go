@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -150,6 +149,8 @@ type queueSession struct {
 	// handlerCtx is cancelled when the drain deadline passes.
 	handlerCtx    context.Context
 	cancelHandler context.CancelFunc
+	// stopping is closed when stop begins.
+	stopping chan struct{}
 }
 
 func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
@@ -165,12 +166,32 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
+	// Buffered and always drained (amqp091-go blocks its reader on a full
+	// notify channel): one goroutine watches both until the channel closes.
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, conn: conn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel}
+	qs := &queueSession{qr: qr, conn: conn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
 	go func() {
-		if e, ok := <-chClosed; ok && e != nil {
-			lost <- fmt.Errorf("queue %q: channel closed: %v", qr.cfg.Name, e)
+		for {
+			select {
+			case e, ok := <-chClosed:
+				if ok && e != nil {
+					report(lost, fmt.Errorf("queue %q: channel closed: %v", qr.cfg.Name, e))
+				}
+				return
+			case t, ok := <-cancelled:
+				if !ok {
+					return
+				}
+				select {
+				case <-qs.stopping: // our own basic.cancel
+				default:
+					// The broker cancelled the consumer (queue deleted, or a
+					// quorum queue leader moved on some versions): start over.
+					report(lost, fmt.Errorf("queue %q: the broker cancelled consumer %s", qr.cfg.Name, t))
+				}
+			}
 		}
 	}()
 	for i := 0; i < qr.cfg.Consumer.Concurrency; i++ {
@@ -190,6 +211,7 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 // stop cancels the consumer, waits up to drain for in-flight handlers, then
 // closes the channel (the broker requeues anything unacked).
 func (qs *queueSession) stop(drain time.Duration) {
+	close(qs.stopping)
 	_ = qs.ch.Cancel(qs.tag, false)
 	done := make(chan struct{})
 	go func() { qs.workers.Wait(); close(done) }()
@@ -211,4 +233,11 @@ func (qs *queueSession) stop(drain time.Duration) {
 	qs.cancelHandler()
 }
 
-var errShutdown = errors.New("shutting down")
+// report hands a session-ending error to the session without blocking: the
+// first one ends the session, later ones have nobody to read them.
+func report(lost chan<- error, err error) {
+	select {
+	case lost <- err:
+	default:
+	}
+}
