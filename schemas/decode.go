@@ -54,8 +54,12 @@ func (e *decodeError) Error() string {
 // unpaired surrogate escapes (it would substitute U+FFFD), duplicate object
 // keys (it would keep the last), nesting deeper than MaxDepth, and number
 // literals beyond maxNumberLen or maxExponent.
+//
+// Strings without escapes and numbers are substrings of one copy of data
+// made up front: one allocation for all of them instead of one each. They
+// keep that copy (the size of the body) alive as long as any is referenced.
 func decodeJSON(data []byte) (any, *decodeError) {
-	d := decoder{data: data}
+	d := decoder{data: data, src: string(data)}
 	d.skipSpace()
 	if d.pos == len(d.data) {
 		return nil, &decodeError{msg: "empty body", syntax: true}
@@ -72,9 +76,11 @@ func decodeJSON(data []byte) (any, *decodeError) {
 }
 
 type decoder struct {
-	data []byte
-	pos  int
-	buf  []byte // scratch for strings with escapes
+	data  []byte
+	src   string // string(data): unescaped strings and numbers slice it
+	pos   int
+	buf   []byte // scratch for strings with escapes
+	stack []any  // array elements being decoded, innermost array last
 }
 
 func (d *decoder) syntaxErr(msg string) *decodeError {
@@ -192,19 +198,24 @@ func (d *decoder) array(depth int) (any, *decodeError) {
 		return nil, d.tooDeep()
 	}
 	d.pos++ // '['
-	a := []any{}
 	d.skipSpace()
 	if d.pos < len(d.data) && d.data[d.pos] == ']' {
 		d.pos++
-		return a, nil
+		return []any{}, nil
 	}
-	for {
+	// Elements go on the shared stack and are copied once into a slice of
+	// the exact length: no growing, no spare capacity.
+	if d.stack == nil {
+		d.stack = make([]any, 0, 16)
+	}
+	base := len(d.stack)
+	for n := 0; ; n++ {
 		v, err := d.value(depth)
 		if err != nil {
-			err.rpath = append(err.rpath, strconv.Itoa(len(a)))
+			err.rpath = append(err.rpath, strconv.Itoa(n))
 			return nil, err
 		}
-		a = append(a, v)
+		d.stack = append(d.stack, v)
 		d.skipSpace()
 		if d.pos >= len(d.data) {
 			return nil, d.syntaxErr("")
@@ -215,6 +226,10 @@ func (d *decoder) array(depth int) (any, *decodeError) {
 			d.skipSpace()
 		case ']':
 			d.pos++
+			a := make([]any, len(d.stack)-base)
+			copy(a, d.stack[base:])
+			clear(d.stack[base:])
+			d.stack = d.stack[:base]
 			return a, nil
 		default:
 			return nil, d.syntaxErr("expected ',' or ']' after array element")
@@ -275,11 +290,11 @@ func (d *decoder) number() (any, *decodeError) {
 		return nil, &decodeError{msg: "number literal longer than " + strconv.Itoa(maxNumberLen) + " bytes", offset: start}
 	}
 	d.pos = p
-	return json.Number(data[start:p]), nil
+	return json.Number(d.src[start:p]), nil
 }
 
 // str scans a string starting at its opening quote. The common case, no
-// escapes, is one scan and one allocation.
+// escapes, is one scan and no allocation (a substring of d.src).
 func (d *decoder) str() (string, *decodeError) {
 	d.pos++ // '"'
 	start := d.pos
@@ -289,7 +304,7 @@ func (d *decoder) str() (string, *decodeError) {
 		switch {
 		case c == '"':
 			d.pos = p + 1
-			return string(data[start:p]), nil
+			return d.src[start:p], nil
 		case c == '\\':
 			d.pos = p
 			return d.strEscaped(start)
