@@ -97,6 +97,11 @@ type file struct {
 // Load reads the embedded registry and opts.Dir and compiles every schema
 // once. On any problem it returns a *LoadError naming each broken file.
 func Load(opts LoadOptions) (*Registry, error) {
+	return load(opts, true)
+}
+
+// load is Load, with elideRefs optional for tests that compare.
+func load(opts LoadOptions, elide bool) (*Registry, error) {
 	files := map[string]file{}
 	var broken []FileError
 	if !opts.NoEmbedded {
@@ -119,7 +124,7 @@ func Load(opts LoadOptions) (*Registry, error) {
 	}
 	sort.Strings(keys)
 
-	r, compileErrs := compileAll(files, keys)
+	r, compileErrs := compileAll(files, keys, elide)
 	broken = append(broken, compileErrs...)
 	if len(broken) > 0 {
 		sort.Slice(broken, func(i, j int) bool { return broken[i].Source < broken[j].Source })
@@ -180,7 +185,7 @@ func collect(fsys fs.FS, prefix string, files map[string]file) []FileError {
 // them. A failed compile can leave the shared compiler holding a half-built
 // schema that a later file would silently reuse, so when anything failed each
 // remaining file is compiled again on its own to report it truthfully.
-func compileAll(files map[string]file, keys []string) (*Registry, []FileError) {
+func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []FileError) {
 	r := &Registry{schemas: map[string]*jsonschema.Schema{}, latest: map[string]string{}}
 	c, broken := newCompiler(files, keys)
 	failed := map[string]bool{}
@@ -213,6 +218,13 @@ func compileAll(files map[string]file, keys []string) (*Registry, []FileError) {
 			}
 		}
 		return nil, broken
+	}
+	if elide {
+		roots := make([]*jsonschema.Schema, 0, len(keys))
+		for _, k := range keys {
+			roots = append(roots, r.schemas[k])
+		}
+		elideRefs(roots)
 	}
 	sort.Slice(r.refs, func(i, j int) bool {
 		a, b := r.refs[i], r.refs[j]
@@ -328,7 +340,8 @@ func versionLess(a, b string) bool {
 }
 
 // Lookup returns the compiled schema of a type's version ("v2" and "2" both
-// work).
+// work). Schemas that say nothing but "$ref" are compiled away (see
+// elideRefs), so the KeywordLocation of its errors skips their "/$ref" step.
 func (r *Registry) Lookup(typ, version string) (*jsonschema.Schema, bool) {
 	s, ok := r.schemas[typ+"\x00"+NormalizeVersion(version)]
 	return s, ok
