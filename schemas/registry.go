@@ -246,6 +246,7 @@ func newCompiler(files map[string]file, keys []string) (*jsonschema.Compiler, []
 	c := jsonschema.NewCompiler()
 	c.Draft = jsonschema.Draft2020
 	c.AssertFormat = true
+	registerFormats(c)
 	brokenURL := map[string]string{}
 	c.LoadURL = func(u string) (io.ReadCloser, error) {
 		if src, ok := brokenURL[u]; ok {
