@@ -161,21 +161,29 @@ func (d *decoder) object(depth int) (any, *decodeError) {
 		if err != nil {
 			return nil, err
 		}
-		if _, dup := m[k]; dup {
-			return nil, &decodeError{msg: "duplicate object key", offset: keyAt, rpath: []string{escapePointer(k)}}
-		}
 		d.skipSpace()
 		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			if _, dup := m[k]; dup { // the key came first: report it
+				return nil, dupKey(k, keyAt)
+			}
 			return nil, d.syntaxErr("expected ':' after object key")
 		}
 		d.pos++
 		d.skipSpace()
 		v, err := d.value(depth)
 		if err != nil {
+			if _, dup := m[k]; dup { // the key came first: report it
+				return nil, dupKey(k, keyAt)
+			}
 			err.rpath = append(err.rpath, escapePointer(k))
 			return nil, err
 		}
-		m[k] = v
+		// One hash operation per member: a key already present leaves the
+		// length unchanged.
+		n := len(m)
+		if m[k] = v; len(m) == n {
+			return nil, dupKey(k, keyAt)
+		}
 		d.skipSpace()
 		if d.pos >= len(d.data) {
 			return nil, d.syntaxErr("")
@@ -191,6 +199,10 @@ func (d *decoder) object(depth int) (any, *decodeError) {
 			return nil, d.syntaxErr("expected ',' or '}' after object value")
 		}
 	}
+}
+
+func dupKey(k string, offset int) *decodeError {
+	return &decodeError{msg: "duplicate object key", offset: offset, rpath: []string{escapePointer(k)}}
 }
 
 func (d *decoder) array(depth int) (any, *decodeError) {
