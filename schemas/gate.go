@@ -119,7 +119,9 @@ type Message struct {
 	Version string
 	// Data is the validated value, decoded as encoding/json does with
 	// UseNumber (map[string]any, []any, string, json.Number, bool, nil).
-	// For FromEnvelope it is the envelope's "data" member.
+	// For FromEnvelope it is the envelope's "data" member. Its strings and
+	// numbers share one copy of the body: keeping any of them keeps that
+	// copy (not Input.Body) alive.
 	Data any
 }
 
