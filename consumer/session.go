@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -90,7 +91,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		return err
 	}
 	topo := topology.Build(c.cfg.File, version)
-	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	connClosed := amqpx.WatchConnection(conn)
 
 	lost := make(chan error, len(queues))
 	var runners []*queueSession
@@ -120,8 +121,10 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	var cause error
 	select {
 	case <-ctx.Done():
-	case e := <-connClosed:
-		cause = fmt.Errorf("connection closed: %v", e)
+	case cause = <-connClosed:
+		if cause == nil {
+			cause = errors.New("connection closed")
+		}
 	case e := <-lost:
 		cause = e
 	}
@@ -166,32 +169,12 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
-	// Buffered and always drained (amqp091-go blocks its reader on a full
-	// notify channel): one goroutine watches both until the channel closes.
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	cancelled := ch.NotifyCancel(make(chan string, 1))
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	qs := &queueSession{qr: qr, conn: conn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
+	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
-		for {
-			select {
-			case e, ok := <-chClosed:
-				if ok && e != nil {
-					report(lost, fmt.Errorf("queue %q: channel closed: %v", qr.cfg.Name, e))
-				}
-				return
-			case t, ok := <-cancelled:
-				if !ok {
-					return
-				}
-				select {
-				case <-qs.stopping: // our own basic.cancel
-				default:
-					// The broker cancelled the consumer (queue deleted, or a
-					// quorum queue leader moved on some versions): start over.
-					report(lost, fmt.Errorf("queue %q: the broker cancelled consumer %s", qr.cfg.Name, t))
-				}
-			}
+		if err, ok := <-watch; ok && err != nil {
+			report(lost, fmt.Errorf("queue %q: %w", qr.cfg.Name, err))
 		}
 	}()
 	for i := 0; i < qr.cfg.Consumer.Concurrency; i++ {

@@ -67,3 +67,52 @@ func TestRedact(t *testing.T) {
 		t.Fatalf("got %q want %q", got, want)
 	}
 }
+
+func TestWatchChannelReportsBrokerCancelButNotOwn(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	admin := env.Channel("admin")
+	ch := env.Channel("consumer")
+	declare := func(name string) {
+		if _, err := admin.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.Consume(name, name, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, theirs := env.Name("own"), env.Name("theirs")
+	declare(own)
+	declare(theirs)
+	stopping := make(chan struct{})
+	watch := amqpx.WatchChannel(ch, stopping)
+
+	if _, err := admin.QueueDelete(theirs, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-watch:
+		if !errors.Is(err, amqpx.ErrConsumerCancelled) {
+			t.Fatalf("got %v, want ErrConsumerCancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("broker cancel not reported")
+	}
+
+	// After stopping, our own cancel and a clean close report nothing more.
+	close(stopping)
+	if err := ch.Cancel(own, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err, ok := <-watch:
+		if ok {
+			t.Fatalf("unexpected report %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not end after Close")
+	}
+}
