@@ -63,8 +63,10 @@ func setup(t testing.TB, mutate func(q *config.Queue)) *testBundle {
 	if err := os.MkdirAll(filepath.Join(dir, testType), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, testType, "v1.json"), []byte(testJobSchema), 0o644); err != nil {
-		t.Fatal(err)
+	for _, v := range []string{"v1.json", "v2.json"} {
+		if err := os.WriteFile(filepath.Join(dir, testType, v), []byte(testJobSchema), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	jitter := 0.0
 	zero := time.Duration(0)
@@ -84,7 +86,7 @@ func setup(t testing.TB, mutate func(q *config.Queue)) *testBundle {
 				MaxElapsed:  &zero,
 			},
 			Quarantine: config.Quarantine{Queue: env.Name("work.quarantine")},
-			Accepts:    []config.Accept{{Type: testType, Versions: []string{"1"}}},
+			Accepts:    []config.Accept{{Type: testType, Versions: []string{"1", "2"}}},
 		}},
 	}
 	if mutate != nil {

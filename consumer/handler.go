@@ -37,9 +37,10 @@ type Message struct {
 	// Data is the validated JSON value (numbers as json.Number); for
 	// envelope-style messages, the envelope's "data" member.
 	Data any
-	// Body is the payload as received.
+	// Body is the payload as received. Treat it as read-only: it is the
+	// same slice the runtime republishes on a retry.
 	Body []byte
-	// Headers are the AMQP headers as received. Treat as read-only.
+	// Headers are a copy of the AMQP headers as received.
 	Headers amqp.Table
 	// MessageID, CorrelationID: AMQP properties.
 	MessageID, CorrelationID string

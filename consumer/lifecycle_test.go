@@ -11,6 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // After the broker drops the connection the runtime reconnects and resumes
@@ -161,4 +163,83 @@ func TestBrokerCancelledConsumerIsRestarted(t *testing.T) {
 	b.waitConsuming()
 	b.publishJSON(map[string]any{"id": "after"}, amqp.Publishing{MessageId: "after"})
 	b.waitOutcome(OutcomeAcked, 10*time.Second)
+}
+
+// A panicking upcaster is a classified failure like a panicking handler,
+// never a crashed process.
+func TestPanickingUpcasterEndsInQuarantine(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int32
+	b.start(func(c *Consumer) {
+		must(t, c.HandleVersion(b.queue.Name, testType, "2", HandlerFunc(func(ctx context.Context, m *Message) error {
+			calls.Add(1)
+			return nil
+		})))
+		must(t, c.Upcast(testType, "1", "2", func(data any) (any, error) {
+			var m map[string]any
+			m["upcast"] = true // nil map write: a real panic
+			return m, nil
+		}))
+	})
+	b.publishJSON(map[string]any{"id": "old"}, amqp.Publishing{MessageId: "old", Headers: amqp.Table{"schema-version": "1"}})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	env, _ := quarantine.Read(ptr(b.quarantined()))
+	if env.Class != triage.ClassPanic || calls.Load() != 0 {
+		t.Fatalf("class %q, handler calls %d; want panic and 0", env.Class, calls.Load())
+	}
+}
+
+// Abandoned handlers keep their concurrency slot until they return: with
+// every slot held by a handler that ignores its deadline, no further handler
+// starts until one of them returns.
+func TestAbandonedHandlersBoundConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Consumer.HandlerTimeout = 100 * time.Millisecond
+		q.Consumer.Concurrency = 2
+		q.Retry.MaxAttempts = 1 // a timeout goes straight to quarantine
+	})
+	release := make(chan struct{})
+	var running, maxRunning atomic.Int32
+	started := make(chan string, 16)
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for {
+				old := maxRunning.Load()
+				if n <= old || maxRunning.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			started <- m.MessageID
+			<-release // ignores ctx
+			return nil
+		})))
+	})
+	for _, id := range []string{"a", "b", "c"} {
+		b.publishJSON(map[string]any{"id": id}, amqp.Publishing{MessageId: id})
+	}
+	<-started
+	<-started
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second) // both abandoned as timeouts
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	select {
+	case id := <-started:
+		t.Fatalf("handler for %s started while both slots were held by abandoned handlers", id)
+	case <-time.After(500 * time.Millisecond): // a negative check: nothing may start
+	}
+	close(release)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the third handler never started after the slots were freed")
+	}
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+	if m := maxRunning.Load(); m > 2 {
+		t.Fatalf("%d handlers ran at once, want at most 2", m)
+	}
 }

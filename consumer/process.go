@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"time"
 
@@ -104,9 +105,11 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// 3. The handler.
 	herr := w.runHandler(ctx, &d, msg, attempts, now)
-	if w.qs.handlerCtx.Err() != nil {
-		// Shutdown passed its deadline: leave the message unsettled; the
-		// broker requeues it when the channel closes.
+	if herr != nil && w.qs.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
 		w.record(OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
 		return
@@ -124,51 +127,55 @@ func (w *worker) process(d amqp.Delivery) {
 	w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts, err: herr, msgType: msg.Type, version: msg.Version})
 }
 
-// runHandler routes, upcasts and calls the handler with a deadline,
-// recovering panics.
+// runHandler routes, upcasts and calls the handler with a deadline. The
+// upcasters and the handler run on their own goroutine under recover, so a
+// panic in either is a classified failure, never a crashed process. A
+// handler that ignores its deadline is abandoned after abandonGrace: the
+// delivery is settled as a timeout while the goroutine keeps its slot (see
+// queueRuntime.slots) until it returns, so handlers never run more than
+// Concurrency at once.
 func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.Message, attempts triage.Attempts, now time.Time) error {
 	qr := w.qs.qr
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
 		return err
 	}
-	data := gm.Data
-	for _, u := range chain {
-		if data, err = u.fn(data); err != nil {
-			return triage.Permanent(fmt.Errorf("upcast %s to v%s: %w", gm.Type, u.to, err))
-		}
-	}
-	if len(chain) > 0 {
-		if s, ok := qr.c.cfg.Registry.Lookup(gm.Type, version); ok {
-			if err := s.Validate(data); err != nil {
-				return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", gm.Type, gm.Version, version, err))
-			}
-		}
-	}
 	m := &Message{
 		Queue:           qr.cfg.Name,
 		Type:            gm.Type,
 		Version:         version,
 		OriginalVersion: gm.Version,
-		Data:            data,
+		Data:            gm.Data,
 		Body:            d.Body,
-		Headers:         d.Headers,
-		MessageID:       d.MessageId,
-		CorrelationID:   d.CorrelationId,
-		IdempotencyKey:  idempotencyKey(d),
-		Attempt:         attempts.Failed + 1,
-		ReceivedAt:      now,
+		// A copy: an abandoned handler must not share a map the runtime
+		// reads when it republishes.
+		Headers:        maps.Clone(d.Headers),
+		MessageID:      d.MessageId,
+		CorrelationID:  d.CorrelationId,
+		IdempotencyKey: idempotencyKey(d),
+		Attempt:        attempts.Failed + 1,
+		ReceivedAt:     now,
+	}
+	select {
+	case qr.slots <- struct{}{}:
+	case <-w.qs.handlerCtx.Done():
+		return w.qs.handlerCtx.Err()
 	}
 	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
 	defer cancel()
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() {
+		defer func() { <-qr.slots }()
 		defer func() {
 			if r := recover(); r != nil {
 				done <- &triage.PanicError{Value: r, Stack: debug.Stack()}
 			}
 		}()
+		if err := qr.upcast(m, chain); err != nil {
+			done <- err
+			return
+		}
 		done <- h.Handle(hctx, m)
 	}()
 	var herr error
@@ -179,7 +186,8 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.M
 		case herr = <-done:
 		case <-time.After(abandonGrace):
 			qr.c.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
-			qr.c.log.Error("handler ignored its deadline; abandoning it", "queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
+			qr.c.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+				"queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
 			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 		}
 	}
@@ -193,6 +201,29 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.M
 	}
 	qr.c.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
 	return herr
+}
+
+// upcast runs the upcaster chain on m.Data and validates the result against
+// the target version's schema. Its failures are permanent: the same input
+// always upcasts the same way.
+func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
+	if len(chain) == 0 {
+		return nil
+	}
+	data := m.Data
+	for _, u := range chain {
+		var err error
+		if data, err = u.fn(data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s to v%s: %w", m.Type, u.to, err))
+		}
+	}
+	if s, ok := qr.c.cfg.Registry.Lookup(m.Type, m.Version); ok {
+		if err := s.Validate(data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
+		}
+	}
+	m.Data = data
+	return nil
 }
 
 // settleFailure carries out a retry or quarantine verdict: publish with

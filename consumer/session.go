@@ -26,6 +26,9 @@ type queueRuntime struct {
 	redact  quarantine.Redaction
 	router  *router
 	accepts map[string]map[string]bool
+	// slots bounds running handlers to Concurrency across sessions: a
+	// handler holds a slot until it returns, even after it was abandoned.
+	slots chan struct{}
 
 	// Set per session (topology names depend only on the config, but the
 	// broker version is read on connect).
@@ -75,6 +78,7 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 		policy:  policy,
 		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields},
 		accepts: acceptSet,
+		slots:   make(chan struct{}, q.Consumer.Concurrency),
 	}, nil
 }
 
