@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -242,4 +243,37 @@ func TestAbandonedHandlersBoundConcurrency(t *testing.T) {
 	if m := maxRunning.Load(); m > 2 {
 		t.Fatalf("%d handlers ran at once, want at most 2", m)
 	}
+}
+
+// Retries and quarantines publish on their own connection; losing it ends
+// the session (after a drain) and the runtime comes back with both.
+func TestLosingThePublishingConnectionRecovers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.env.RequireManagement()
+	reconnected := make(chan error, 4)
+	b.cfg.hooks.reconnecting = func(err error) { reconnected <- err }
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			if m.Attempt == 1 {
+				return errors.New("retry me")
+			}
+			return nil
+		})))
+	})
+	if n := b.env.CloseConnections(b.cfg.ConnectionName + "/publish"); n != 1 {
+		t.Fatalf("closed %d publishing connections, want 1", n)
+	}
+	select {
+	case err := <-reconnected:
+		if !strings.Contains(err.Error(), "publishing connection") {
+			t.Fatalf("cause %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("losing the publishing connection went unnoticed")
+	}
+	b.waitConsuming()
+	b.publishJSON(map[string]any{"id": "p"}, amqp.Publishing{MessageId: "p"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
 }

@@ -20,10 +20,13 @@ import (
 )
 
 // worker processes deliveries one at a time; it owns a confirm publisher on
-// the session's connection for retries and quarantine.
+// the session's publishing connection for retries and quarantine.
 type worker struct {
 	qs  *queueSession
 	pub *amqpx.Publisher
+	// pubFailures counts consecutive failed retry/quarantine publishes; it
+	// drives the pause before a requeue.
+	pubFailures int
 }
 
 func (w *worker) close() {
@@ -257,8 +260,16 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 			kind = "quarantine"
 		}
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
-		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err)
+		pause := w.publishBackoff()
+		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause)
 		span.SetStatus(codes.Error, kind+" publish failed")
+		// Requeued messages keep their place and come straight back: pause
+		// (this worker only) so a broker that can't take publishes right
+		// now doesn't burn the message's deliveries in a hot loop.
+		select {
+		case <-time.After(pause):
+		case <-w.qs.handlerCtx.Done():
+		}
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
 		if rerr := d.Reject(true); rerr != nil {
@@ -267,6 +278,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		w.record(OutcomeRequeued)
 		return
 	}
+	w.pubFailures = 0
 	if !w.ack(d) {
 		return
 	}
@@ -280,6 +292,14 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
 		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
 	}
+}
+
+// publishBackoff is the pause after the n-th consecutive failed publish:
+// 100ms doubling up to 10s, with full jitter on the upper half.
+func (w *worker) publishBackoff() time.Duration {
+	w.pubFailures++
+	d := min(100*time.Millisecond<<min(w.pubFailures-1, 10), 10*time.Second)
+	return d/2 + time.Duration(w.qs.qr.c.cfg.Rand()*float64(d/2))
 }
 
 // record counts a settled delivery and signals tests.
@@ -309,7 +329,7 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 	if w.pub != nil {
 		return w.pub, nil
 	}
-	p, err := amqpx.NewPublisher(w.qs.conn)
+	p, err := amqpx.NewPublisher(w.qs.pubConn)
 	if err != nil {
 		return nil, err
 	}

@@ -82,20 +82,37 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 	}, nil
 }
 
-// session runs one connection's lifetime: it returns when ctx ends (after
-// draining) or when the connection or any consume channel is lost.
+// session runs one connection pair's lifetime: it returns when ctx ends
+// (after draining) or when a connection or any consume channel is lost.
+//
+// Retries and quarantines are published on a connection of their own: when
+// a resource alarm blocks publishing connections, the broker stops reading
+// from them, and acks sent on a shared connection would stall with them.
 func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	conn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	pubConn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName+"/publish")
+	if err != nil {
+		return err
+	}
+	defer pubConn.Close()
+	amqpx.WatchBlocked(pubConn, func(b amqp.Blocking) {
+		if b.Active {
+			c.log.Warn("the broker blocked publishing (resource alarm): retries and quarantines wait, then requeue", "reason", b.Reason)
+		} else {
+			c.log.Info("the broker unblocked publishing")
+		}
+	})
 	version, err := topology.VersionFromProperties(conn.Properties)
 	if err != nil {
 		return err
 	}
 	topo := topology.Build(c.cfg.File, version)
 	connClosed := amqpx.WatchConnection(conn)
+	pubClosed := amqpx.WatchConnection(pubConn)
 
 	lost := make(chan error, len(queues))
 	var runners []*queueSession
@@ -108,7 +125,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 				qr.isRetry[l.Queue] = true
 			}
 		}
-		qs, err := startQueueSession(ctx, conn, qr, lost)
+		qs, err := startQueueSession(ctx, conn, pubConn, qr, lost)
 		if err != nil {
 			for _, r := range runners {
 				r.stop(0)
@@ -122,6 +139,10 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		h.consuming()
 	}
 
+	// Drain unless the consuming connection itself is gone: after losing the
+	// publishing connection or one queue's channel, the other queues can
+	// still finish and ack what they hold.
+	drain := c.cfg.DrainTimeout
 	var cause error
 	select {
 	case <-ctx.Done():
@@ -129,12 +150,13 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		if cause == nil {
 			cause = errors.New("connection closed")
 		}
-	case e := <-lost:
-		cause = e
-	}
-	drain := c.cfg.DrainTimeout
-	if cause != nil {
-		drain = 0 // the channel is gone: nothing can be settled any more
+		drain = 0 // nothing can be acked any more
+	case cause = <-pubClosed:
+		if cause == nil {
+			cause = errors.New("publishing connection closed")
+		}
+		cause = fmt.Errorf("publishing connection: %w", cause)
+	case cause = <-lost:
 	}
 	var wg sync.WaitGroup
 	for _, r := range runners {
@@ -149,7 +171,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 // connection.
 type queueSession struct {
 	qr      *queueRuntime
-	conn    *amqp.Connection
+	pubConn *amqp.Connection // for retry and quarantine publishes
 	ch      *amqp.Channel
 	tag     string
 	workers sync.WaitGroup
@@ -160,7 +182,7 @@ type queueSession struct {
 	stopping chan struct{}
 }
 
-func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
+func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
@@ -174,7 +196,7 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, conn: conn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
+	qs := &queueSession{qr: qr, pubConn: pubConn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -188,6 +210,13 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 			w := &worker{qs: qs}
 			defer w.close()
 			for d := range deliveries {
+				select {
+				case <-qs.stopping:
+					// Prefetched but not started: leave it unsettled; the
+					// broker requeues it when the channel closes.
+					continue
+				default:
+				}
 				w.process(d)
 			}
 		}()
@@ -199,7 +228,9 @@ func startQueueSession(ctx context.Context, conn *amqp.Connection, qr *queueRunt
 // closes the channel (the broker requeues anything unacked).
 func (qs *queueSession) stop(drain time.Duration) {
 	close(qs.stopping)
-	_ = qs.ch.Cancel(qs.tag, false)
+	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
+	// drain deadline hostage. Close below ends it either way.
+	go func() { _ = qs.ch.Cancel(qs.tag, false) }()
 	done := make(chan struct{})
 	go func() { qs.workers.Wait(); close(done) }()
 	timer := time.NewTimer(drain)

@@ -66,3 +66,14 @@ func WatchChannel(ch *amqp.Channel, ignoreCancel <-chan struct{}) <-chan error {
 	}()
 	return out
 }
+
+// WatchBlocked calls f for every connection.blocked / connection.unblocked
+// the broker sends (resource alarms), until conn closes.
+func WatchBlocked(conn *amqp.Connection, f func(amqp.Blocking)) {
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocked {
+			f(b)
+		}
+	}()
+}

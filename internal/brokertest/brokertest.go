@@ -296,16 +296,16 @@ func (e *Env) listPrefixed() (queues, exchanges []string, err error) {
 }
 
 // CloseConnections force-closes, through the management API, every
-// connection whose client-provided name starts with namePrefix, as a broker
-// or network failure would. The management API lists a new connection only
+// connection whose client-provided name is name, as a broker or network
+// failure would. The management API lists a new connection only
 // after its next stats emission (up to ~5s), so it polls until at least one
 // matches or 20s pass. It returns how many it closed; the test fails without
 // a management API.
-func (e *Env) CloseConnections(namePrefix string) int {
+func (e *Env) CloseConnections(name string) int {
 	e.T.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		names := e.connectionsNamed(namePrefix)
+		names := e.connectionsNamed(name)
 		if len(names) > 0 || time.Now().After(deadline) {
 			for _, n := range names {
 				if _, err := e.mgmtDo(http.MethodDelete, "/api/connections/"+url.PathEscape(n), http.StatusNoContent); err != nil {
@@ -318,7 +318,7 @@ func (e *Env) CloseConnections(namePrefix string) int {
 	}
 }
 
-func (e *Env) connectionsNamed(namePrefix string) []string {
+func (e *Env) connectionsNamed(name string) []string {
 	e.T.Helper()
 	body := e.ManagementGet("/api/connections?columns=name,client_properties")
 	var conns []struct {
@@ -332,7 +332,7 @@ func (e *Env) connectionsNamed(namePrefix string) []string {
 	}
 	var names []string
 	for _, c := range conns {
-		if strings.HasPrefix(c.ClientProperties.ConnectionName, namePrefix) {
+		if c.ClientProperties.ConnectionName == name {
 			names = append(names, c.Name)
 		}
 	}
