@@ -287,3 +287,35 @@ func must(t testing.TB, err error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A message whose own headers nearly fill a frame still gets quarantined
+// with its envelope: the largest of its headers is dropped (and noted)
+// instead of the broker closing the connection over an oversized frame.
+func TestOversizedHeadersAreTrimmedNotFatal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Quarantine.Redact.Headers = []string{HeaderIdempotencyKey} })
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("no"))
+		})))
+	})
+	huge := strings.Repeat("h", 130_500) // fits the producer's frame (131072), not with the envelope added
+	b.publishJSON(map[string]any{"id": "big"}, amqp.Publishing{MessageId: "big", Headers: amqp.Table{
+		"x-app-blob": huge, HeaderIdempotencyKey: "secret-key",
+	}})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	d := b.quarantined()
+	env, _ := quarantine.Read(&d)
+	if _, kept := d.Headers["x-app-blob"]; kept {
+		t.Fatal("the oversized header was kept")
+	}
+	if !strings.Contains(strings.Join(env.Notes, "; "), "x-app-blob dropped") {
+		t.Fatalf("notes %v do not mention the dropped header", env.Notes)
+	}
+	if env.IdempotencyKey != quarantine.Redacted || d.Headers[HeaderIdempotencyKey] != quarantine.Redacted {
+		t.Fatalf("idempotency key leaked: envelope %q header %v", env.IdempotencyKey, d.Headers[HeaderIdempotencyKey])
+	}
+	if got := testutil.ToFloat64(b.consumer.metrics.reconnects); got != 0 {
+		t.Fatalf("the runtime reconnected %v times: the connection was lost", got)
+	}
+}

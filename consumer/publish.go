@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 
@@ -138,6 +139,10 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 		HeaderLastError:                     quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes),
 	})
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
+	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
+		notes := append(priorNotes(d), dropNotes(dropped)...)
+		(&quarantine.Envelope{Notes: notes}).ApplyNotes(p.Headers)
+	}
 
 	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p,
 		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
@@ -202,6 +207,9 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	if env.FirstFailureAt.IsZero() {
 		env.FirstFailureAt = now
 	}
+	if red.Headers[HeaderIdempotencyKey] == quarantine.Redacted {
+		env.IdempotencyKey = quarantine.Redacted // redaction covers the envelope's copy too
+	}
 	if f.validation != nil {
 		for _, vi := range f.validation.Violations {
 			env.Validation = append(env.Validation, quarantine.Violation{Pointer: vi.Pointer, Keyword: vi.Keyword, Message: vi.Message})
@@ -216,9 +224,50 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	}
 
 	p := republish(d, red.Headers, red.Body, nil)
+	env.Notes = append(priorNotes(d), env.Notes...)
 	env.Apply(p.Headers)
+	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
+		env.Notes = append(env.Notes, dropNotes(dropped)...)
+		env.ApplyNotes(p.Headers)
+	}
 
 	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, attribute.String("dlxbridge.class", string(v.Class)))
+}
+
+// fitHeaders trims the message's own headers (largest first) until the
+// table fits a frame of the publishing connection: a header frame over
+// frame_max makes the broker close the whole connection, which would requeue
+// everything in flight on it. The bridge's headers, trace context and the
+// schema version header are never dropped.
+func (w *worker) fitHeaders(h amqp.Table) []string {
+	qr := w.qs.qr
+	budget := quarantine.HeaderBudget(w.qs.pubConn.Config.FrameSize)
+	dropped := quarantine.FitHeaders(h, budget, func(k string) bool {
+		return strings.HasPrefix(k, "dlxbridge-") || k == telemetry.HeaderTraceparent || k == telemetry.HeaderTracestate || k == qr.cfg.Message.VersionHeader
+	})
+	if len(dropped) > 0 {
+		qr.c.log.Warn("dropped headers so the message fits a frame", "queue", qr.cfg.Name, "headers", dropped)
+	}
+	return dropped
+}
+
+func dropNotes(dropped []string) []string {
+	notes := make([]string, len(dropped))
+	for i, k := range dropped {
+		notes[i] = "header " + quarantine.Truncate(k, 64) + " dropped: the message's headers would not fit a frame"
+	}
+	return notes
+}
+
+// priorNotes are the notes an earlier hop recorded on the message.
+func priorNotes(d *amqp.Delivery) []string {
+	if s, ok := d.Headers[quarantine.HeaderNotes].(string); ok {
+		var notes []string
+		if json.Unmarshal([]byte(s), &notes) == nil {
+			return notes
+		}
+	}
+	return nil
 }
 
 // fingerprintText is what a failure is grouped by: the error, else the

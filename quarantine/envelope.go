@@ -84,6 +84,7 @@ const (
 	MaxErrorBytes      = 2048
 	MaxValidationBytes = 8192
 	MaxNotesBytes      = 2048
+	MaxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
 	EnvelopeVersion    = 1
 )
 
@@ -158,7 +159,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(HeaderOriginalExchange, e.OriginalExchange)
 	set(HeaderOriginalRoutingKey, e.OriginalRouting)
 	set(HeaderOriginalQueue, e.OriginalQueue)
-	set(HeaderIdempotencyKey, e.IdempotencyKey)
+	set(HeaderIdempotencyKey, Truncate(e.IdempotencyKey, MaxKeyBytes))
 	set(HeaderMessageType, e.MessageType)
 	set(HeaderSchemaVersion, e.SchemaVersion)
 	set(HeaderValidationErrors, encodeViolations(e.Validation))
@@ -168,6 +169,13 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
 	set(HeaderRedactionFailed, e.RedactionFailed)
 	set(HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
+}
+
+// ApplyNotes writes only the notes header (after Apply, when notes grew).
+func (e *Envelope) ApplyNotes(h amqp.Table) {
+	if n := encodeStrings(e.Notes, MaxNotesBytes); n != "" {
+		h[HeaderNotes] = n
+	}
 }
 
 // Truncate cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
