@@ -58,9 +58,11 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// reconnects. Default to 100ms and 30s.
 	ReconnectMin, ReconnectMax time.Duration
-	// Rand draws retry jitter, a float in [0, 1). Defaults to math/rand/v2.
+	// Rand draws retry jitter, a float in [0, 1). Workers call it
+	// concurrently, so it must be safe for concurrent use. Defaults to
+	// math/rand/v2's Float64.
 	Rand func() float64
-	// Now is the clock. Defaults to time.Now.
+	// Now is the clock; called concurrently. Defaults to time.Now.
 	Now func() time.Time
 
 	// Test hooks, nil in production.

@@ -64,6 +64,12 @@ type Attempts struct {
 // 1, so the sum is 1 and the header carries n. Both give n, and taking the
 // max means neither source can lower the count below the other.
 //
+// The dlxbridge runtime itself strips x-death from its retries (a 3.x broker
+// silently drops a retry whose client-sent x-death names its work queue), so
+// with it the x-death sum is at most 1 and the header is the counter; the
+// x-death term is the floor for messages other publishers move through the
+// lanes with their history intact.
+//
 // The header must be a non-negative integer (any integer type, or an
 // integral float); a negative or non-integer value is ignored with a note,
 // and a value over MaxAttemptsCeiling is clamped to it with a note. The
