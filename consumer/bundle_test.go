@@ -54,11 +54,16 @@ type testBundle struct {
 	consuming chan struct{}
 }
 
-// setup declares a one-queue topology with short retry tiers. mutate may
-// change the queue config before anything is declared.
+// setup declares a one-queue topology with short retry tiers on the shared
+// broker. mutate may change the queue config before anything is declared.
 func setup(t testing.TB, mutate func(q *config.Queue)) *testBundle {
 	t.Helper()
-	env := brokertest.Require(t)
+	return setupOn(t, brokertest.Require(t), mutate)
+}
+
+// setupOn is setup on the broker of env (e.g. a private node's).
+func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *testBundle {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, testType), 0o755); err != nil {
 		t.Fatal(err)

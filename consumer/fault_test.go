@@ -1,0 +1,471 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// faultN is how many messages TestBrokerRestartAndCrashLoseNothing sends.
+const faultN = 500
+
+// faultKind is what the handler does with message i: most succeed, some fail
+// once (a retry through a TTL lane, then success), some fail permanently
+// (quarantine).
+func faultKind(i int) string {
+	switch i % 10 {
+	case 3, 6:
+		return "transient-once"
+	case 7:
+		return "permanent"
+	default:
+		return "ok"
+	}
+}
+
+// A private node is stopped cleanly and, later, SIGKILLed and started again
+// while messages are being published, handled, retried through the TTL lanes
+// and quarantined. Every message must end up handled successfully or in the
+// quarantine: no loss. Duplicates (at-least-once) are counted and logged.
+func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault injection on a private broker node: skipped in -short")
+	}
+	testStart := time.Now()
+	node := brokertest.StartPrivateNode(t)
+	b := setupOn(t, node.Env(t), func(q *config.Queue) {
+		q.Consumer.Prefetch = 20
+		q.Consumer.Concurrency = 4
+		q.Consumer.HandlerTimeout = 5 * time.Second
+		// Each fault requeues what was unacked and raises its delivery
+		// count; leave room so a message caught by both faults is still
+		// handled rather than quarantined as a crash loop.
+		q.DeliveryLimit = 10
+		q.Consumer.CrashLoopDeliveries = 8
+	})
+	l := newFaultLedger()
+
+	var reconnects atomic.Int32
+	reconnectCauses := make(chan string, 64)
+	b.cfg.hooks.reconnecting = func(err error) {
+		reconnects.Add(1)
+		select {
+		case reconnectCauses <- fmt.Sprint(err):
+		default:
+		}
+	}
+	var outcomesMu sync.Mutex
+	outcomes := map[string]int{}
+	b.cfg.hooks.settled = func(_, outcome string) {
+		outcomesMu.Lock()
+		outcomes[outcome]++
+		outcomesMu.Unlock()
+	}
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			i, err := strconv.Atoi(strings.TrimPrefix(m.MessageID, "m-"))
+			if err != nil {
+				return triage.Permanent(fmt.Errorf("unexpected message id %q", m.MessageID))
+			}
+			l.call(m.MessageID)
+			time.Sleep(20 * time.Millisecond) // some work: ~200 messages/s, so faults land mid-flight
+			switch faultKind(i) {
+			case "permanent":
+				return triage.Permanent(errors.New("permanently bad"))
+			case "transient-once":
+				if m.Attempt == 1 {
+					return errors.New("transiently bad")
+				}
+			}
+			l.succeeded(m.MessageID)
+			return nil
+		})))
+	})
+
+	// The test's own publisher must not lose messages either: every
+	// message is published with confirm + mandatory, and republished on a
+	// fresh connection until confirmed.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := &faultPublisher{url: b.env.URL, name: b.env.Prefix + "/fault-publisher", exchange: b.queue.Exchange.Name, pace: 5 * time.Millisecond}
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- pub.publishAll(ctx, faultN) }()
+
+	// Fault 1: a clean stop of the node, then start. Fault 2: SIGKILL, then
+	// start. Each is triggered by progress, so handlers, retry lanes and
+	// the publisher are busy when it lands.
+	faults := []struct {
+		name   string
+		inject func()
+	}{
+		{"stop+start", node.Stop},
+		{"SIGKILL+start", node.Kill},
+	}
+	for _, f := range faults {
+		target := l.successCount() + 100
+		if !l.waitFor(func() bool { return l.nSuccess >= target }, 60*time.Second) {
+			t.Fatalf("before %s: only %d successful handler calls, want %d", f.name, l.successCount(), target)
+		}
+		for len(b.consuming) > 0 { // drop stale consuming signals
+			<-b.consuming
+		}
+		before := snapshotDepths(t, b)
+		atFault, published := l.successCount(), pub.confirmed.Load()
+		t0 := time.Now()
+		f.inject()
+		down := time.Now()
+		node.Start()
+		up := time.Now()
+		b.waitConsuming()
+		consuming := time.Now()
+		n0 := l.successCount()
+		if !l.waitFor(func() bool { return l.nSuccess > n0 }, 30*time.Second) {
+			t.Fatalf("after %s: no handler success within 30s of consuming again", f.name)
+		}
+		t.Logf("%s at %d handler successes, %d messages confirmed to the publisher, %d in retry lanes, %d ready in the work queue: "+
+			"node down after %s, up after %s; runtime consuming %s after that, next success %s later; recovered %s after the fault",
+			f.name, atFault, published, before.lanes, before.work,
+			down.Sub(t0).Round(time.Millisecond), up.Sub(t0).Round(time.Millisecond),
+			consuming.Sub(up).Round(time.Millisecond), time.Since(consuming).Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
+	}
+
+	// Collect the quarantine (the node is up for good now) until every
+	// message is accounted for: succeeded in a handler, or quarantined.
+	qctx, qcancel := context.WithCancel(ctx)
+	qDone := make(chan error, 1)
+	go func() {
+		qDone <- readQuarantine(qctx, b.env.URL, b.env.Prefix+"/quarantine-reader", b.wq.Quarantine, l)
+	}()
+	accounted := l.waitFor(func() bool { return len(l.accounted) == faultN }, 90*time.Second)
+	if !accounted {
+		cancel() // a publisher still retrying would never return
+	}
+	if err := <-pubDone; err != nil {
+		t.Errorf("publisher: %v", err)
+	}
+	// Let in-flight duplicates settle before counting them: the work queue
+	// and the retry lanes drain (ready counts; bounded, not required).
+	drainDeadline := time.Now().Add(10 * time.Second)
+	for d := snapshotDepths(t, b); d.work+d.lanes > 0 && time.Now().Before(drainDeadline); d = snapshotDepths(t, b) {
+		time.Sleep(100 * time.Millisecond) // polling the broker; no event to wait on
+	}
+	qcancel()
+	if err := <-qDone; err != nil {
+		t.Errorf("quarantine reader: %v", err)
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var missing, permNotQuarantined, okQuarantined []string
+	var dupSuccess, dupQuarantine, both, transientRetried int
+	for i := range faultN {
+		id := fmt.Sprintf("m-%04d", i)
+		s, q := l.successes[id], l.quarantined[id]
+		if s == 0 && q == 0 {
+			missing = append(missing, id)
+		}
+		if s > 1 {
+			dupSuccess++
+		}
+		if q > 1 {
+			dupQuarantine++
+		}
+		if s > 0 && q > 0 {
+			both++
+		}
+		switch faultKind(i) {
+		case "permanent":
+			if q == 0 {
+				permNotQuarantined = append(permNotQuarantined, id)
+			}
+		default:
+			if q > 0 {
+				okQuarantined = append(okQuarantined, id+"("+strings.Join(l.classes[id], ",")+")")
+			}
+			if faultKind(i) == "transient-once" && s > 0 {
+				transientRetried++
+			}
+		}
+	}
+	outcomesMu.Lock()
+	outs := maps.Clone(outcomes)
+	outcomesMu.Unlock()
+	t.Logf("N=%d: %d handler calls, %d ids succeeded (%d after a retry), %d ids quarantined; duplicates: %d ids succeeded more than once, %d quarantined more than once, %d both succeeded and quarantined; publisher: %d failed attempts retried, %d messages sent more than once; runtime reconnects %d; outcomes %v; total %s",
+		faultN, l.nCalls, countNonZero(l.successes), transientRetried, countNonZero(l.quarantined), dupSuccess, dupQuarantine, both,
+		pub.retried.Load(), pub.resent.Load(), reconnects.Load(), outs, time.Since(testStart).Round(time.Millisecond))
+	if len(okQuarantined) > 0 {
+		t.Logf("quarantined although the handler would succeed (at-least-once side effect, not a loss): %v", okQuarantined)
+	}
+	if !accounted || len(missing) > 0 {
+		t.Errorf("LOST %d of %d messages (neither handled successfully nor quarantined): %v", len(missing), faultN, missing)
+	}
+	if len(permNotQuarantined) > 0 {
+		t.Errorf("%d permanent failures are not in the quarantine: %v", len(permNotQuarantined), permNotQuarantined)
+	}
+	if reconnects.Load() < int32(len(faults)) {
+		t.Errorf("runtime reconnected %d times, want at least %d (one per fault)", reconnects.Load(), len(faults))
+	}
+	close(reconnectCauses)
+	var causes []string
+	for c := range reconnectCauses {
+		causes = append(causes, c)
+	}
+	t.Logf("reconnect causes: %q", causes)
+}
+
+// faultLedger records what happened to each message id.
+type faultLedger struct {
+	mu          sync.Mutex
+	calls       map[string]int
+	successes   map[string]int
+	quarantined map[string]int
+	classes     map[string][]string
+	accounted   map[string]bool
+	nCalls      int
+	nSuccess    int
+	changed     chan struct{} // one waiter: waitFor
+}
+
+func newFaultLedger() *faultLedger {
+	return &faultLedger{
+		calls: map[string]int{}, successes: map[string]int{}, quarantined: map[string]int{},
+		classes: map[string][]string{}, accounted: map[string]bool{}, changed: make(chan struct{}, 1),
+	}
+}
+
+func (l *faultLedger) call(id string) {
+	l.mu.Lock()
+	l.calls[id]++
+	l.nCalls++
+	l.mu.Unlock()
+}
+
+func (l *faultLedger) succeeded(id string) {
+	l.mu.Lock()
+	l.successes[id]++
+	l.nSuccess++
+	l.accounted[id] = true
+	l.mu.Unlock()
+	l.notify()
+}
+
+func (l *faultLedger) inQuarantine(id string, class triage.Class) {
+	l.mu.Lock()
+	l.quarantined[id]++
+	l.classes[id] = append(l.classes[id], string(class))
+	l.accounted[id] = true
+	l.mu.Unlock()
+	l.notify()
+}
+
+func (l *faultLedger) successCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nSuccess
+}
+
+func (l *faultLedger) notify() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor waits until cond (called with l.mu held) holds, or within passes.
+func (l *faultLedger) waitFor(cond func() bool, within time.Duration) bool {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	for {
+		l.mu.Lock()
+		ok := cond()
+		l.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-l.changed:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+func countNonZero(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		if v > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// faultPublisher publishes m-0000… one at a time with confirm + mandatory,
+// and retries each on a fresh connection until the broker confirms it.
+type faultPublisher struct {
+	url, name, exchange string
+	pace                time.Duration // between messages
+	confirmed           atomic.Int64
+	retried             atomic.Int64 // failed attempts (dial, channel or publish) that were retried
+	resent              atomic.Int64 // messages sent again after a send that was not confirmed
+}
+
+func (p *faultPublisher) publishAll(ctx context.Context, n int) error {
+	var conn *amqp.Connection
+	var pub *amqpx.Publisher
+	drop := func() {
+		if pub != nil {
+			_ = pub.Close()
+			pub = nil
+		}
+		if conn != nil {
+			_ = conn.Close()
+			conn = nil
+		}
+	}
+	defer drop()
+	for i := range n {
+		select {
+		case <-time.After(p.pace):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		id := fmt.Sprintf("m-%04d", i)
+		msg := amqp.Publishing{
+			ContentType:  "application/json",
+			Type:         testType,
+			MessageId:    id,
+			DeliveryMode: amqp.Persistent,
+			Headers:      amqp.Table{"schema-version": "1"},
+			Body:         []byte(`{"id":"` + id + `"}`),
+		}
+		sent := false
+		for attempt := 0; ; attempt++ {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if attempt > 0 {
+				p.retried.Add(1)
+				select {
+				case <-time.After(100 * time.Millisecond): // the node may be down: don't spin
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if pub == nil {
+				var err error
+				if conn, err = amqpx.Dial(p.url, p.name); err != nil {
+					conn = nil
+					continue
+				}
+				if pub, err = amqpx.NewPublisher(conn); err != nil {
+					drop()
+					continue
+				}
+			}
+			if sent {
+				p.resent.Add(1) // the broker may have it already: a possible duplicate
+			}
+			sent = true
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := pub.Publish(pctx, p.exchange, "job.fault", msg)
+			cancel()
+			if err == nil {
+				p.confirmed.Add(1)
+				break
+			}
+			if !errors.Is(err, amqpx.ErrNacked) && !errors.Is(err, amqpx.ErrUnroutable) {
+				drop()
+			}
+		}
+	}
+	return nil
+}
+
+// readQuarantine consumes the quarantine (acking) and records each message
+// until ctx ends.
+func readQuarantine(ctx context.Context, url, name, queue string, l *faultLedger) error {
+	conn, err := amqpx.Dial(url, name)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(100, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("quarantine consumer closed")
+			}
+			env, _ := quarantine.Read(&d)
+			l.inQuarantine(d.MessageId, env.Class)
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type depths struct{ work, lanes int }
+
+// snapshotDepths reads the ready counts of the work queue and of all its
+// retry lanes on a short-lived connection.
+func snapshotDepths(t testing.TB, b *testBundle) depths {
+	t.Helper()
+	conn, err := amqpx.Dial(b.env.URL, b.env.Prefix+"/depths")
+	if err != nil {
+		t.Fatalf("dial for queue depths: %v", err)
+	}
+	defer conn.Close()
+	depth := func(q string) int {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatalf("channel for queue depths: %v", err)
+		}
+		defer ch.Close()
+		st, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("passive declare %s: %v", q, err)
+		}
+		return st.Messages
+	}
+	d := depths{work: depth(b.wq.Name)}
+	var lanes []string
+	for _, tier := range b.wq.Tiers {
+		for _, lane := range tier.Lanes {
+			lanes = append(lanes, lane.Queue)
+		}
+	}
+	for _, q := range slices.Compact(lanes) {
+		d.lanes += depth(q)
+	}
+	return d
+}

@@ -1,0 +1,319 @@
+package brokertest
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Node is a private, throwaway RabbitMQ node for fault tests: it runs beside
+// the system broker under its own node name, ports and data directory (all
+// in t.TempDir()), so a test may stop, restart or kill it. It is stopped when
+// the test ends. Never point fault injection at the shared broker.
+type Node struct {
+	// Name is the Erlang node name, e.g. dlxfault1a2b3c@localhost.
+	Name string
+	// URL is the AMQP URL of the node (guest over loopback).
+	URL string
+
+	t       testing.TB
+	dir     string
+	sbin    string   // directory holding rabbitmq-server and rabbitmqctl
+	environ []string // environment for both scripts
+
+	mu       sync.Mutex
+	pid      int  // OS pid of the beam process, 0 when not running
+	launched bool // a start was issued and not yet followed by a stop or kill
+}
+
+// sbinCandidates are where the scripts that run a node as the calling user
+// live. Debian's /usr/sbin wrappers re-run everything as the rabbitmq user
+// (with its HOME and cookie) when called by root, so the scripts they wrap
+// come first.
+var sbinCandidates = []string{"/usr/lib/rabbitmq/bin"}
+
+func findSbin() string {
+	for _, d := range sbinCandidates {
+		if isExec(filepath.Join(d, "rabbitmq-server")) && isExec(filepath.Join(d, "rabbitmqctl")) {
+			return d
+		}
+	}
+	if p, err := exec.LookPath("rabbitmq-server"); err == nil {
+		d := filepath.Dir(p)
+		if isExec(filepath.Join(d, "rabbitmqctl")) {
+			return d
+		}
+	}
+	return ""
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// StartPrivateNode starts a private node and waits until it accepts AMQP
+// connections. Without an installed rabbitmq-server it skips the test, or
+// fails it under CI=true (.ci/run installs the server).
+func StartPrivateNode(t testing.TB) *Node {
+	t.Helper()
+	sbin := findSbin()
+	if sbin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("rabbitmq-server is not installed under CI=true: the fault tests need it to run a private node")
+		}
+		t.Skip("rabbitmq-server is not installed: the fault tests need it to run a private node")
+	}
+	dir := t.TempDir()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	name := "dlxfault" + hex.EncodeToString(r[:]) + "@localhost"
+	amqpPort, distPort := freePort(t), freePort(t)
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte("log.file.level = warning\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		// Nothing of the caller's broker settings (nor its HOME, which
+		// holds the system node's cookie) may leak into the private node.
+		if !strings.HasPrefix(kv, "RABBITMQ_") && !strings.HasPrefix(kv, "HOME=") && !strings.HasPrefix(kv, "ERL_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env,
+		"HOME="+dir, // rabbitmq-server and rabbitmqctl share the cookie created here
+		"RABBITMQ_NODENAME="+name,
+		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
+		"RABBITMQ_NODE_PORT="+strconv.Itoa(amqpPort),
+		"RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE="+filepath.Join(dir, "node.pid"),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(dir, "advanced.config"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_CONF_ENV_FILE=/dev/null",
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
+		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
+	)
+	n := &Node{
+		Name:    name,
+		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort),
+		t:       t,
+		dir:     dir,
+		sbin:    sbin,
+		environ: env,
+	}
+	t.Cleanup(n.cleanup)
+	n.Start()
+	return n
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Env returns an Env on this node for t: names, named connections. Nothing
+// is deleted at cleanup: the node and its data go away with the test.
+func (n *Node) Env(t testing.TB) *Env {
+	t.Helper()
+	e := &Env{T: t, URL: n.URL, Prefix: prefixFor(t.Name())}
+	if v, ok := e.Dial("probe").Properties["version"].(string); ok {
+		e.ServerVersion = v
+	}
+	return e
+}
+
+// Start boots the node (first start, or after Stop or Kill; its data is
+// kept) and waits until it has started.
+func (n *Node) Start() {
+	n.t.Helper()
+	n.mu.Lock()
+	n.launched = true
+	n.mu.Unlock()
+	if out, err := n.run(30*time.Second, "rabbitmq-server", "-detached"); err != nil {
+		n.t.Fatalf("start %s: %v\n%s%s", n.Name, err, out, n.logTail())
+	}
+	// await_startup fails at once while the node is not yet registered
+	// with epmd; retry it until the deadline.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, err := n.ctl(15*time.Second, "await_startup", "--timeout", "10")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("node %s did not start: %v\n%s%s", n.Name, err, out, n.logTail())
+		}
+		time.Sleep(200 * time.Millisecond) // no event to wait on before the node registers
+	}
+	pid, err := n.osPid()
+	if err != nil {
+		n.t.Fatalf("pid of node %s: %v", n.Name, err)
+	}
+	n.mu.Lock()
+	n.pid = pid
+	n.mu.Unlock()
+}
+
+// osPid asks the running node for the pid of its beam process.
+func (n *Node) osPid() (int, error) {
+	out, err := n.ctl(15*time.Second, "eval", "os:getpid().")
+	if err != nil {
+		return 0, fmt.Errorf("%v: %s", err, out)
+	}
+	return strconv.Atoi(strings.Trim(strings.TrimSpace(string(out)), `"`))
+}
+
+// Stop shuts the node down cleanly (rabbitmqctl stop) and waits until its
+// process is gone; it is killed if it does not exit within 30s.
+func (n *Node) Stop() {
+	n.t.Helper()
+	if err := n.stop(); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// Kill crashes the node: SIGKILL to the beam process, no shutdown at all.
+func (n *Node) Kill() {
+	n.t.Helper()
+	n.mu.Lock()
+	pid := n.pid
+	n.pid, n.launched = 0, false
+	n.mu.Unlock()
+	if pid == 0 {
+		n.t.Fatalf("kill %s: not running", n.Name)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		n.t.Fatalf("kill %s (pid %d): %v", n.Name, pid, err)
+	}
+	if !waitGone(pid, 10*time.Second) {
+		n.t.Fatalf("node %s (pid %d) still alive after SIGKILL", n.Name, pid)
+	}
+}
+
+func (n *Node) stop() error {
+	n.mu.Lock()
+	pid, launched := n.pid, n.launched
+	n.pid, n.launched = 0, false
+	n.mu.Unlock()
+	if pid == 0 && launched {
+		// A start that failed half-way may have left a node running.
+		if p, err := n.osPid(); err == nil {
+			pid = p
+		}
+	}
+	if pid == 0 {
+		return nil
+	}
+	out, err := n.ctl(30*time.Second, "stop")
+	if waitGone(pid, 30*time.Second) {
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	if !waitGone(pid, 10*time.Second) {
+		return fmt.Errorf("node %s (pid %d) survives stop and SIGKILL", n.Name, pid)
+	}
+	return fmt.Errorf("node %s did not stop within 30s (killed it): %v %s", n.Name, err, out)
+}
+
+func (n *Node) cleanup() {
+	if err := n.stop(); err != nil {
+		n.t.Error(err)
+	}
+	if n.t.Failed() {
+		n.t.Logf("private node %s log:%s", n.Name, n.logTail())
+	}
+}
+
+// waitGone polls until pid has exited (or is a zombie nobody reaps yet).
+func waitGone(pid int, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if !alive(pid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond) // a process exit of a non-child has no event
+	}
+}
+
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return !os.IsNotExist(err) // no /proc: trust kill(0)
+	}
+	// "pid (comm) S ...": a zombie (Z) holds no ports or files any more.
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
+}
+
+// ctl runs rabbitmqctl -n <node> args.
+func (n *Node) ctl(timeout time.Duration, args ...string) ([]byte, error) {
+	return n.run(timeout, "rabbitmqctl", append([]string{"-n", n.Name, "-q"}, args...)...)
+}
+
+func (n *Node) run(timeout time.Duration, script string, args ...string) ([]byte, error) {
+	// Output goes to a file, not a pipe: a daemon the script leaves behind
+	// (the detached node, epmd) would hold a pipe open and stall Wait.
+	f, err := os.CreateTemp(n.dir, "cmd-*.out")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(n.sbin, script), args...)
+	cmd.Env = n.environ
+	cmd.Dir = n.dir // erl may drop files (crash dumps) in its working directory
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	timer := time.AfterFunc(timeout, func() { _ = cmd.Process.Kill() })
+	err = cmd.Wait()
+	timer.Stop()
+	out, _ := os.ReadFile(f.Name())
+	return out, err
+}
+
+// logTail returns the last lines of the node's log, for failure messages.
+func (n *Node) logTail() string {
+	b, err := os.ReadFile(filepath.Join(n.dir, "log", n.Name+".log"))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return "\n" + strings.Join(lines, "\n")
+}
