@@ -183,12 +183,15 @@ func (b *testBundle) start(register func(c *Consumer)) (stop func()) {
 }
 
 // waitConsuming waits for the runtime's next "consuming" signal.
-func (b *testBundle) waitConsuming() {
+func (b *testBundle) waitConsuming() { b.waitConsumingWithin(15 * time.Second) }
+
+// waitConsumingWithin waits up to d for the next "consuming" signal.
+func (b *testBundle) waitConsumingWithin(d time.Duration) {
 	b.t.Helper()
 	select {
 	case <-b.consuming:
-	case <-time.After(15 * time.Second):
-		b.t.Fatal("consumer did not (re)start consuming")
+	case <-time.After(d):
+		b.t.Fatalf("consumer did not (re)start consuming within %s", d)
 	}
 }
 

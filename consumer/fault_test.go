@@ -83,8 +83,18 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 			if err != nil {
 				return triage.Permanent(fmt.Errorf("unexpected message id %q", m.MessageID))
 			}
+			// Park at the fault gate: the fault lands while handlers are in
+			// flight and messages wait in the queue, however fast or slow
+			// this machine is.
+			if gate := l.gate(); gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			l.call(m.MessageID)
-			time.Sleep(20 * time.Millisecond) // some work: ~200 messages/s, so faults land mid-flight
+			time.Sleep(5 * time.Millisecond) // some work
 			switch faultKind(i) {
 			case "permanent":
 				return triage.Permanent(errors.New("permanently bad"))
@@ -118,9 +128,14 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 		{"SIGKILL+start", node.Kill},
 	}
 	for _, f := range faults {
+		// After 100 more successes, handlers park at the gate; the fault is
+		// injected once one is parked (so deliveries are unacked in flight
+		// and the publisher keeps filling the queue), and the gate opens
+		// when the node is back.
 		target := l.successCount() + 100
-		if !l.waitFor(func() bool { return l.nSuccess >= target }, 60*time.Second) {
-			t.Fatalf("before %s: only %d successful handler calls, want %d", f.name, l.successCount(), target)
+		l.closeGateAt(target)
+		if !l.waitFor(func() bool { return l.parked > 0 }, 90*time.Second) {
+			t.Fatalf("before %s: no handler reached the gate (%d successes, want %d)", f.name, l.successCount(), target)
 		}
 		for len(b.consuming) > 0 { // drop stale consuming signals
 			<-b.consuming
@@ -132,11 +147,12 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 		down := time.Now()
 		node.Start()
 		up := time.Now()
-		b.waitConsuming()
+		l.openGate()
+		b.waitConsumingWithin(60 * time.Second) // reconnect backoff tops out at ReconnectMax, but a loaded machine is slow
 		consuming := time.Now()
 		n0 := l.successCount()
-		if !l.waitFor(func() bool { return l.nSuccess > n0 }, 30*time.Second) {
-			t.Fatalf("after %s: no handler success within 30s of consuming again", f.name)
+		if !l.waitFor(func() bool { return l.nSuccess > n0 }, 60*time.Second) {
+			t.Fatalf("after %s: no handler success within 60s of consuming again", f.name)
 		}
 		t.Logf("%s at %d handler successes, %d messages confirmed to the publisher, %d in retry lanes, %d ready in the work queue: "+
 			"node down after %s, up after %s; runtime consuming %s after that, next success %s later; recovered %s after the fault",
@@ -239,6 +255,9 @@ type faultLedger struct {
 	accounted   map[string]bool
 	nCalls      int
 	nSuccess    int
+	gateAt      int           // handlers park once nSuccess reaches it...
+	gateCh      chan struct{} // ...on this channel, until it is closed (nil: no gate)
+	parked      int           // handlers that reached the current gate
 	changed     chan struct{} // one waiter: waitFor
 }
 
@@ -272,6 +291,43 @@ func (l *faultLedger) inQuarantine(id string, class triage.Class) {
 	l.accounted[id] = true
 	l.mu.Unlock()
 	l.notify()
+}
+
+// closeGateAt makes handlers park (see gate) once n handler calls have
+// succeeded.
+func (l *faultLedger) closeGateAt(n int) {
+	l.mu.Lock()
+	l.gateAt, l.gateCh, l.parked = n, make(chan struct{}), 0
+	l.mu.Unlock()
+}
+
+// gate returns the channel a handler must wait on, or nil to go ahead.
+func (l *faultLedger) gate() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gateCh == nil || l.nSuccess < l.gateAt {
+		return nil
+	}
+	l.parked++
+	l.notifyLocked()
+	return l.gateCh
+}
+
+// openGate lets parked and later handlers through.
+func (l *faultLedger) openGate() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gateCh != nil {
+		close(l.gateCh)
+		l.gateCh = nil
+	}
+}
+
+func (l *faultLedger) notifyLocked() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
 }
 
 func (l *faultLedger) successCount() int {

@@ -32,6 +32,7 @@ type Node struct {
 	dir     string
 	sbin    string   // directory holding rabbitmq-server and rabbitmqctl
 	environ []string // environment for both scripts
+	pidFile string   // the node writes its OS pid here at boot
 
 	mu       sync.Mutex
 	pid      int  // OS pid of the beam process, 0 when not running
@@ -112,6 +113,7 @@ func StartPrivateNode(t testing.TB) *Node {
 		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
 	)
 	n := &Node{
+		pidFile: filepath.Join(dir, "node.pid"),
 		Name:    name,
 		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort),
 		t:       t,
@@ -153,14 +155,19 @@ func (n *Node) Start() {
 	n.mu.Lock()
 	n.launched = true
 	n.mu.Unlock()
+	// The node writes its pid file at boot; a file left by an earlier run
+	// would name a dead process.
+	_ = os.Remove(n.pidFile)
 	if out, err := n.run(30*time.Second, "rabbitmq-server", "-detached"); err != nil {
 		n.t.Fatalf("start %s: %v\n%s%s", n.Name, err, out, n.logTail())
 	}
 	// await_startup fails at once while the node is not yet registered
 	// with epmd; retry it until the deadline.
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous bounds: on a loaded 2-core machine each rabbitmqctl call boots
+	// an Erlang VM of its own and can take many seconds.
+	deadline := time.Now().Add(120 * time.Second)
 	for {
-		out, err := n.ctl(15*time.Second, "await_startup", "--timeout", "10")
+		out, err := n.ctl(60*time.Second, "await_startup", "--timeout", "30")
 		if err == nil {
 			break
 		}
@@ -178,9 +185,15 @@ func (n *Node) Start() {
 	n.mu.Unlock()
 }
 
-// osPid asks the running node for the pid of its beam process.
+// osPid reads the pid of the node's beam process from the pid file the node
+// writes at boot, else asks the node.
 func (n *Node) osPid() (int, error) {
-	out, err := n.ctl(15*time.Second, "eval", "os:getpid().")
+	if b, err := os.ReadFile(n.pidFile); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			return pid, nil
+		}
+	}
+	out, err := n.ctl(60*time.Second, "eval", "os:getpid().")
 	if err != nil {
 		return 0, fmt.Errorf("%v: %s", err, out)
 	}
