@@ -248,6 +248,9 @@ func TestUnroutableRetryIsNotAckedAndNotLost(t *testing.T) {
 	if env.Class != triage.ClassCrashLoop || env.MessageID != "m-6" || env.Attempts != 2 {
 		t.Fatalf("class %q message %q attempts %d (want crash-loop, m-6, 2)", env.Class, env.MessageID, env.Attempts)
 	}
+	if notes := strings.Join(env.Notes, "; "); !strings.Contains(notes, "2 retry/quarantine publishes of this message failed") || !strings.Contains(notes, "unroutable") {
+		t.Fatalf("notes %q do not say the publishes failed", notes)
+	}
 	if d := b.queueDepth(b.queue.Name); d != 0 {
 		t.Fatalf("work queue holds %d, want 0", d)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -80,6 +82,9 @@ func (w *worker) process(d amqp.Delivery) {
 	// too often, never reaches the handler again.
 	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered, Failed: attempts.Failed}
 	if v := triage.Precheck(qr.policy, pre); v.Action == triage.ActionQuarantine {
+		if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+			attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+		}
 		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
 		return
 	}
@@ -260,6 +265,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 			kind = "quarantine"
 		}
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
+		qr.publishFailures.add(d.MessageId, err.Error())
 		pause := w.publishBackoff()
 		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause)
 		span.SetStatus(codes.Error, kind+" publish failed")
@@ -380,4 +386,49 @@ func (qr *queueRuntime) versionLabel(t, v string) string {
 		return v
 	}
 	return "other"
+}
+
+// failureMemo is a small bounded map from message id to the last publish
+// failure and how many there were. Safe for concurrent use.
+type failureMemo struct {
+	mu sync.Mutex
+	m  map[string]memoEntry
+}
+
+type memoEntry struct {
+	last  string
+	count int
+}
+
+const failureMemoSize = 1024
+
+func (f *failureMemo) add(id, why string) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]memoEntry{}
+	}
+	if _, ok := f.m[id]; !ok && len(f.m) >= failureMemoSize {
+		for k := range f.m { // evict an arbitrary entry: it only enriches a note
+			delete(f.m, k)
+			break
+		}
+	}
+	e := f.m[id]
+	f.m[id] = memoEntry{last: quarantine.Truncate(why, 256), count: e.count + 1}
+}
+
+// take returns and forgets what is known about id.
+func (f *failureMemo) take(id string) (string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, ok := f.m[id]
+	if !ok {
+		return "", 0
+	}
+	delete(f.m, id)
+	return e.last, e.count
 }

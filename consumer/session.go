@@ -29,6 +29,11 @@ type queueRuntime struct {
 	// slots bounds running handlers to Concurrency across sessions: a
 	// handler holds a slot until it returns, even after it was abandoned.
 	slots chan struct{}
+	// publishFailures remembers, by message id, why this process last
+	// failed to publish a message's retry or quarantine copy, so that when
+	// the crash-loop guard later quarantines it the envelope says the broker
+	// refused publishes rather than leaving a bare "crash-loop".
+	publishFailures failureMemo
 
 	// Set per session (topology names depend only on the config, but the
 	// broker version is read on connect).
