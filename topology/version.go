@@ -61,8 +61,3 @@ func (v BrokerVersion) AtLeast(major, minor int) bool {
 // HasDefaultDeliveryLimit: 4.0+ applies a delivery limit of 20 to every
 // quorum queue unless it is set to -1.
 func (v BrokerVersion) HasDefaultDeliveryLimit() bool { return v.Major >= 4 }
-
-// NackRequeueCounts: from 4.3 basic.nack(requeue=true) no longer raises the
-// delivery count; basic.reject(requeue=true) still does. The runtime uses
-// reject for a requeue it wants counted.
-func (v BrokerVersion) NackRequeueCounts() bool { return !v.AtLeast(4, 3) }
