@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
