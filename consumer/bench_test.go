@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 )
 
 // BenchmarkThroughput compares a no-op handler through the full runtime

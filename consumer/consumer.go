@@ -25,7 +25,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -33,7 +33,8 @@ import (
 type Config struct {
 	// URL is the AMQP URL. Required.
 	URL string
-	// File is the loaded, validated config.yaml. Required.
+	// File is the configuration: from config.Load, or built in code and
+	// finished with its Complete method. Required.
 	File *config.Config
 	// Registry is the compiled schema registry. Required.
 	Registry *schemas.Registry

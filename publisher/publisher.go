@@ -28,6 +28,22 @@ const HeaderIdempotencyKey = "idempotency-key"
 // ContentType is the content type of every message sent.
 const ContentType = "application/json"
 
+// Errors Publish returns; match them with errors.Is. On any error the message
+// must be treated as not sent.
+var (
+	// ErrUnroutable: no queue took the message. The broker returned it
+	// (basic.return, as the publisher sets mandatory); it still acks such a
+	// message, so without mandatory it would have vanished silently.
+	ErrUnroutable = amqpx.ErrUnroutable
+	// ErrNacked: the broker refused the message (basic.nack), e.g. a full
+	// queue with x-overflow=reject-publish.
+	ErrNacked = amqpx.ErrNacked
+	// ErrClosed: Close was called, or the channel or connection closed
+	// under the publish. After a closed channel the next Publish opens a new
+	// one; after Close or a closed connection every Publish fails.
+	ErrClosed = amqpx.ErrPublisherClosed
+)
+
 // Config configures a Publisher.
 type Config struct {
 	// Registry holds the schemas messages are validated against. Required.
@@ -107,8 +123,8 @@ func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 // Publish validates m and, if it is valid, publishes it to exchange with
 // routing key and waits for the broker's confirm. An invalid message is
 // refused with its *schemas.ValidationError and never sent. A message no
-// queue took returns an error wrapping amqpx.ErrUnroutable; a nack returns
-// amqpx.ErrNacked. On any error the message must be treated as not sent.
+// queue took returns an error wrapping ErrUnroutable; a nack returns
+// ErrNacked. On any error the message must be treated as not sent.
 func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, m Message) error {
 	msg, err := p.prepare(ctx, m)
 	if err != nil {
@@ -204,7 +220,7 @@ func (p *Publisher) retire(pub *amqpx.Publisher) {
 }
 
 // Close closes the channel (not the connection). Publish fails afterwards
-// with amqpx.ErrPublisherClosed.
+// with ErrClosed.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -11,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/schemas"
@@ -194,14 +193,42 @@ func TestPublishUnroutable(t *testing.T) {
 	m := publisher.Message{Type: "orders.created", Version: "1", Body: []byte(orderV1)}
 	ctx := context.Background()
 	err := b.pub.Publish(ctx, lonely, "order.created", m)
-	if !errors.Is(err, amqpx.ErrUnroutable) {
+	if !errors.Is(err, publisher.ErrUnroutable) {
 		t.Fatalf("want ErrUnroutable, got %v", err)
 	}
 	// A routing key nobody bound is the same failure.
-	if err := b.pub.Publish(ctx, b.ex, "order.unheard-of", m); !errors.Is(err, amqpx.ErrUnroutable) {
+	if err := b.pub.Publish(ctx, b.ex, "order.unheard-of", m); !errors.Is(err, publisher.ErrUnroutable) {
 		t.Fatalf("want ErrUnroutable, got %v", err)
 	}
 	// The publisher still works afterwards.
+	if err := b.pub.Publish(ctx, b.ex, "order.created", m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A full queue with x-overflow=reject-publish nacks the message, and the
+// caller can tell that apart with publisher.ErrNacked.
+func TestPublishNacked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, schemas.Identity{})
+	full := b.env.Name("full")
+	b.env.TrackQueue(full)
+	args := amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"}
+	if _, err := b.ch.QueueDeclare(full, false, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ch.QueueBind(full, "order.full", b.ex, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	m := publisher.Message{Type: "orders.created", Version: "1", Body: []byte(orderV1)}
+	ctx := context.Background()
+	if err := b.pub.Publish(ctx, b.ex, "order.full", m); err != nil {
+		t.Fatalf("first message into an empty queue: %v", err)
+	}
+	if err := b.pub.Publish(ctx, b.ex, "order.full", m); !errors.Is(err, publisher.ErrNacked) {
+		t.Fatalf("want ErrNacked from a full queue, got %v", err)
+	}
+	// A nack leaves the channel usable.
 	if err := b.pub.Publish(ctx, b.ex, "order.created", m); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +247,7 @@ func TestPublishReopensAfterClosedChannel(t *testing.T) {
 		t.Fatalf("publish after a closed channel: %v", err)
 	}
 	_ = b.pub.Close()
-	if err := b.pub.Publish(ctx, b.ex, "order.created", m); !errors.Is(err, amqpx.ErrPublisherClosed) {
+	if err := b.pub.Publish(ctx, b.ex, "order.created", m); !errors.Is(err, publisher.ErrClosed) {
 		t.Fatalf("publish after Close: %v", err)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 

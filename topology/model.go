@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -159,7 +159,8 @@ func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Dura
 	return lo, hi
 }
 
-// Build turns a validated config into the topology for a broker version.
+// Build turns a complete config (from config.Load, or after Config.Complete)
+// into the topology for a broker version.
 func Build(cfg *config.Config, v BrokerVersion) *Topology {
 	t := &Topology{Broker: v}
 	seenEx := map[string]bool{}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/config"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 

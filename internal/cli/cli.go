@@ -11,8 +11,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/config"
 )
 
 // Exit codes.

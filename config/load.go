@@ -76,11 +76,20 @@ func Parse(data []byte) (*Config, error) {
 	if err := root.Decode(&cfg); err != nil {
 		return nil, Errors{{Msg: decodeMessage(err)}}
 	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.Complete(); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// Complete fills every unset field of c with its default and validates the
+// result: what Load and Parse do once the file is read. A Config built in
+// code goes through it before it is handed to consumer or topology. On any
+// problem it returns Errors listing all of them. Calling it again changes
+// nothing.
+func (c *Config) Complete() error {
+	c.ApplyDefaults()
+	return c.Validate()
 }
 
 func decodeMessage(err error) string {

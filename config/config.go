@@ -7,7 +7,8 @@
 // Load never returns a half-valid config: either every problem is reported
 // (one FieldError per problem, each naming the field's path such as
 // "queues[1].retry.tiers[0]"), or the returned config has all defaults applied
-// and passes Validate.
+// and passes Validate. A Config built in code gets the same defaults and
+// checks from Complete.
 package config
 
 import (

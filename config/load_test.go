@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 )
 
 // queueDoc is a valid one-queue config with extra lines added to the queue.
@@ -213,7 +213,7 @@ func TestBadDocuments(t *testing.T) {
 func TestShippedConfigLoads(t *testing.T) {
 	t.Parallel()
 	_, file, _, _ := runtime.Caller(0)
-	path := filepath.Join(filepath.Dir(file), "..", "..", "config.yaml")
+	path := filepath.Join(filepath.Dir(file), "..", "config.yaml")
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatalf("shipped config.yaml: %v", err)

@@ -1,0 +1,62 @@
+package apicheck
+
+import (
+	"strings"
+	"testing"
+)
+
+// layers ranks the public packages: a package may import public packages of
+// a lower rank only, so dependencies point one way. Leaves first.
+var layers = map[string]int{
+	"config":     0, // the file format, defaults and rules
+	"schemas":    0, // the registry and the gate
+	"triage":     0, // pure decisions
+	"topology":   1, // the declarative model; uses config and triage
+	"quarantine": 1, // the envelope; uses triage
+	"publisher":  1, // the validating publisher; uses schemas
+	"consumer":   2, // the runtime; uses all of them
+}
+
+// Nothing public may import these, whatever its rank.
+var forbidden = []string{"internal/cli", "internal/brokertest", "cmd/", "examples/"}
+
+// triage decides; it must not know AMQP, Prometheus or OpenTelemetry.
+var impure = []string{"github.com/rabbitmq/", "github.com/prometheus/", "go.opentelemetry.io/"}
+
+func TestDependenciesPointOneWay(t *testing.T) {
+	t.Parallel()
+	for _, p := range publicPackages(t) {
+		name := strings.TrimPrefix(p.ImportPath, module+"/")
+		rank, ok := layers[name]
+		if !ok {
+			t.Errorf("%s: a public package without a rank; add it to layers", name)
+			continue
+		}
+		for _, imp := range p.Imports {
+			dep, ours := strings.CutPrefix(imp, module+"/")
+			if !ours {
+				continue
+			}
+			for _, f := range forbidden {
+				if strings.HasPrefix(dep, f) {
+					t.Errorf("%s imports %s", name, dep)
+				}
+			}
+			if isInternal(imp) {
+				continue // shared plumbing
+			}
+			if r, ok := layers[dep]; ok && r >= rank {
+				t.Errorf("%s (rank %d) imports %s (rank %d): dependencies must point to lower ranks", name, rank, dep, r)
+			}
+		}
+		if name == "triage" {
+			for _, dep := range p.Deps {
+				for _, bad := range impure {
+					if strings.HasPrefix(dep, bad) {
+						t.Errorf("triage depends on %s; it must stay pure", dep)
+					}
+				}
+			}
+		}
+	}
+}
