@@ -312,7 +312,7 @@ func TestOversizedHeadersAreTrimmedNotFatal(t *testing.T) {
 	if _, kept := d.Headers["x-app-blob"]; kept {
 		t.Fatal("the oversized header was kept")
 	}
-	if !strings.Contains(strings.Join(env.Notes, "; "), "x-app-blob dropped") {
+	if !strings.Contains(strings.Join(env.Notes, "; "), "header x-app-blob (130500 bytes) dropped") {
 		t.Fatalf("notes %v do not mention the dropped header", env.Notes)
 	}
 	if env.IdempotencyKey != quarantine.Redacted || d.Headers[HeaderIdempotencyKey] != quarantine.Redacted {

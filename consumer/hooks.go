@@ -6,4 +6,7 @@ type testHooks struct {
 	consuming    func()
 	reconnecting func(err error)
 	settled      func(queue, outcome string)
+	// frameMax, if set, replaces the publishing connection's frame_max in
+	// quarantine.Fit.
+	frameMax int
 }

@@ -255,9 +255,32 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	case triage.ActionRetry:
 		err = w.publishRetry(ctx, d, f)
 		outcome = OutcomeRetried
+		if errors.Is(err, quarantine.ErrNoFit) {
+			// A retry may not drop the producer's headers (see fitRank):
+			// park it instead, where they may give way.
+			f.verdict.Action = triage.ActionQuarantine
+			f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
+			v = f.verdict
+			err = w.publishQuarantine(ctx, span, d, f)
+			outcome = OutcomeQuarantined
+		}
 	default:
 		err = w.publishQuarantine(ctx, span, d, f)
 		outcome = OutcomeQuarantined
+	}
+	if errors.Is(err, quarantine.ErrNoFit) {
+		// Not even the bare envelope fits (a frame_max far below the
+		// default): nothing was sent. Reject without requeue: the broker
+		// dead-letters the message as received into the quarantine, with
+		// x-death as its record.
+		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
+		if rerr := d.Reject(false); rerr != nil {
+			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
+			return
+		}
+		w.record(OutcomeQuarantined)
+		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		return
 	}
 	if err != nil {
 		kind := "retry"

@@ -139,19 +139,18 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 		HeaderLastError:                     quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes),
 	})
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
-	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
-		notes := append(priorNotes(d), dropNotes(dropped)...)
-		(&quarantine.Envelope{Notes: notes}).ApplyNotes(p.Headers)
-	}
-
-	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p,
+	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true),
 		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
 }
 
 // tracedPublish publishes p (confirm + mandatory) inside a producer span
 // whose context it injects into p's headers, so the next consumer span
-// continues the trace.
-func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, attrs ...attribute.KeyValue) error {
+// continues the trace. Last, p is fitted to one frame of the publishing
+// connection (quarantine.Fit, with rank): a header frame over frame_max
+// makes the broker close the whole connection, which would requeue
+// everything in flight on it. A publish that cannot fit is never sent: the
+// error wraps quarantine.ErrNoFit.
+func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, attrs ...attribute.KeyValue) error {
 	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
@@ -164,7 +163,10 @@ func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp
 		trace.WithAttributes(attrs...))
 	defer span.End()
 	telemetry.Inject(pctx, p.Headers)
-	err := w.publish(pctx, exchange, key, p)
+	err := w.fit(&p, rank)
+	if err == nil {
+		err = w.publish(pctx, exchange, key, p)
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -226,37 +228,57 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	p := republish(d, red.Headers, red.Body, nil)
 	env.Notes = append(priorNotes(d), env.Notes...)
 	env.Apply(p.Headers)
-	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
-		env.Notes = append(env.Notes, dropNotes(dropped)...)
-		env.ApplyNotes(p.Headers)
-	}
-
-	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, attribute.String("dlxbridge.class", string(v.Class)))
+	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), attribute.String("dlxbridge.class", string(v.Class)))
 }
 
-// fitHeaders trims the message's own headers (largest first) until the
-// table fits a frame of the publishing connection: a header frame over
-// frame_max makes the broker close the whole connection, which would requeue
-// everything in flight on it. The bridge's headers, trace context and the
-// schema version header are never dropped.
-func (w *worker) fitHeaders(h amqp.Table) []string {
+// fit makes p fit one frame of the publishing connection and logs what it
+// dropped or cut.
+func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) error {
 	qr := w.qs.qr
-	budget := quarantine.HeaderBudget(w.qs.pubConn.Config.FrameSize)
-	dropped := quarantine.FitHeaders(h, budget, func(k string) bool {
-		return strings.HasPrefix(k, "dlxbridge-") || k == telemetry.HeaderTraceparent || k == telemetry.HeaderTracestate || k == qr.cfg.Message.VersionHeader
-	})
-	if len(dropped) > 0 {
-		qr.c.log.Warn("dropped headers so the message fits a frame", "queue", qr.cfg.Name, "headers", dropped)
+	frameMax := w.qs.pubConn.Config.FrameSize
+	if h := qr.c.cfg.hooks; h != nil && h.frameMax > 0 {
+		frameMax = h.frameMax
 	}
-	return dropped
+	changed, err := quarantine.Fit(p, frameMax, rank)
+	switch {
+	case err != nil:
+		qr.c.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
+	case len(changed) > 0:
+		qr.c.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
+	}
+	return err
 }
 
-func dropNotes(dropped []string) []string {
-	notes := make([]string, len(dropped))
-	for i, k := range dropped {
-		notes[i] = "header " + quarantine.Truncate(k, 64) + " dropped: the message's headers would not fit a frame"
+// fitRank says which of a republish's headers quarantine.Fit may drop or
+// cut first (see quarantine.Rank for the order). A retry must reach the
+// handler as the producer sent it, so on a retry every header the producer
+// set travels unchanged (FixedHeader), except trace context, which only
+// tracing reads and which the bridge re-injects anyway; only the bridge's
+// own headers give way. A retry that still cannot fit is quarantined
+// instead (see settleFailure), where the producer's headers may go too.
+func (qr *queueRuntime) fitRank(retry bool) func(string) quarantine.Rank {
+	return func(k string) quarantine.Rank {
+		switch k {
+		case telemetry.HeaderTraceparent, telemetry.HeaderTracestate, "baggage":
+			return quarantine.TraceHeader
+		case HeaderLastError:
+			return quarantine.DetailHeader
+		case quarantine.HeaderEnvelope, quarantine.HeaderSource, quarantine.HeaderClass, quarantine.HeaderReason,
+			quarantine.HeaderFingerprint, quarantine.HeaderAttempts, quarantine.HeaderFirstFailureAt,
+			quarantine.HeaderOriginalExchange, quarantine.HeaderOriginalRoutingKey, quarantine.HeaderOriginalQueue,
+			quarantine.HeaderIdempotencyKey, HeaderOriginalExpiration, HeaderOriginalUserID:
+			return quarantine.EssentialHeader
+		}
+		switch {
+		case retry:
+			return quarantine.FixedHeader
+		case k == qr.cfg.Message.VersionHeader || k == HeaderIdempotencyKey:
+			return quarantine.IdentityHeader
+		case strings.HasPrefix(k, "dlxbridge-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-"):
+			return quarantine.DetailHeader
+		}
+		return quarantine.ProducerHeader
 	}
-	return notes
 }
 
 // priorNotes are the notes an earlier hop recorded on the message.

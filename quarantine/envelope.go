@@ -74,9 +74,14 @@ const (
 	// HeaderRedactionFailed says why configured body redaction could not be
 	// applied (e.g. the body is not JSON).
 	HeaderRedactionFailed = "dlxbridge-redaction-failed"
-	// HeaderNotes carries triage notes (forged or malformed headers seen),
-	// as a JSON array.
+	// HeaderNotes carries triage notes (forged or malformed headers seen,
+	// headers dropped to fit a frame), as a JSON array.
 	HeaderNotes = "dlxbridge-notes"
+	// HeaderDropped lists what was dropped or cut so that a retry or
+	// quarantine publish fits one frame, as a JSON array of
+	// "header:<name>" and "property:<name>" (see Fit); absent when nothing
+	// was. It is kept across hops.
+	HeaderDropped = "dlxbridge-dropped"
 )
 
 // Limits that keep the envelope well inside one frame.
@@ -127,6 +132,7 @@ type Envelope struct {
 	Redacted         []string     `json:"redacted,omitempty"`
 	RedactionFailed  string       `json:"redaction_failed,omitempty"`
 	Notes            []string     `json:"notes,omitempty"`
+	Dropped          []string     `json:"dropped,omitempty"`
 }
 
 // Apply writes the envelope into headers (which must be non-nil), over any
@@ -209,17 +215,28 @@ func encodeViolations(vs []Violation) string {
 	return string(b)
 }
 
+// encodeStrings keeps as many of the newest (last) strings as fit limit
+// bytes of JSON: notes are appended hop after hop, and the latest say most
+// about the message as it is now. Linear in the input, which may come from
+// a producer's header.
 func encodeStrings(ss []string, limit int) string {
 	if len(ss) == 0 {
 		return ""
 	}
-	for n := len(ss); n > 0; n-- {
-		b, err := json.Marshal(ss[:n])
-		if err == nil && len(b) <= limit {
-			return string(b)
+	size, from := 1, len(ss) // "[", then each string with its "," or "]"
+	for from > 0 {
+		b, _ := json.Marshal(ss[from-1])
+		if size+len(b)+1 > limit {
+			break
 		}
+		size += len(b) + 1
+		from--
 	}
-	return `["too large to record"]`
+	if from == len(ss) {
+		return `["too large to record"]`
+	}
+	b, _ := json.Marshal(ss[from:])
+	return string(b)
 }
 
 // Read returns the envelope recorded in a quarantined message's headers. A
@@ -253,6 +270,7 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 		_ = json.Unmarshal([]byte(str(h, HeaderRedacted)), &env.Redacted)
 		env.RedactionFailed = str(h, HeaderRedactionFailed)
 		_ = json.Unmarshal([]byte(str(h, HeaderNotes)), &env.Notes)
+		_ = json.Unmarshal([]byte(str(h, HeaderDropped)), &env.Dropped)
 		return env, true
 	}
 	hist := triage.ParseXDeath(h["x-death"])
