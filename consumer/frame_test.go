@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/internal/config"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
