@@ -35,7 +35,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Build(cfg, v), nil
+	return Build(cfg, v)
 }
 
 // Plan probes every object of t on throwaway channels and says what Apply
