@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -218,5 +219,44 @@ func TestBuildSharesWhatTheConfigShares(t *testing.T) {
 		if !found {
 			t.Errorf("%s is not bound to the shared quarantine", dead)
 		}
+	}
+}
+
+// The shipped config's capacity, counted from what Build declares (the
+// numbers docs/topology.md quotes): 1 work queue + tiers × lanes retry lanes
+// + 1 quarantine per work queue.
+func TestTotalsOfTheShippedConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load("../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := topology.Build(cfg, mustVersion(t, "4.0.5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := topo.Totals()
+	want := topology.Totals{WorkQueues: 2, QuorumQueues: 29, Exchanges: 6, Bindings: 31, PerWorkQueue: []topology.WorkQueueTotals{
+		{Name: "orders", QuorumQueues: 18, RetryLanes: 16, Exchanges: 3, Bindings: 19},
+		{Name: "notifications", QuorumQueues: 11, RetryLanes: 9, Exchanges: 3, Bindings: 12},
+	}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("totals\n got %+v\nwant %+v", got, want)
+	}
+	// Shared objects count once, for the first queue naming them.
+	shared, err := topology.Build(twoQueueConfig(func(a, b *config.Queue) {
+		a.Exchange.Name, b.Exchange.Name = "events", "events"
+		a.Quarantine.Queue, b.Quarantine.Queue = "parked", "parked"
+	}), mustVersion(t, "3.10.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := shared.Totals()
+	var q, x, bnd int
+	for _, w := range st.PerWorkQueue {
+		q, x, bnd = q+w.QuorumQueues, x+w.Exchanges, bnd+w.Bindings
+	}
+	if q != st.QuorumQueues || x != st.Exchanges || bnd != st.Bindings || st.PerWorkQueue[1].QuorumQueues != 17 || st.PerWorkQueue[1].Exchanges != 2 {
+		t.Errorf("shared objects miscounted: %+v", st)
 	}
 }

@@ -59,6 +59,9 @@ const (
 type ExchangeSpec struct {
 	Name string
 	Kind string // direct, topic, fanout, headers
+	// Owner is the work queue that declares it; for a shared work
+	// exchange, the first work queue that names it.
+	Owner string
 }
 
 // QueueSpec is one quorum queue to declare, with its exact arguments for the
@@ -127,6 +130,64 @@ func (t *Topology) WorkQueue(name string) (*WorkQueue, bool) {
 	return nil, false
 }
 
+// Totals counts what a topology declares, in all and per work queue: the
+// capacity it costs on the broker (each quorum queue holds file handles and
+// memory; see docs/topology.md, "Capacity").
+type Totals struct {
+	WorkQueues   int `json:"work_queues"`
+	QuorumQueues int `json:"quorum_queues"`
+	Exchanges    int `json:"exchanges"`
+	Bindings     int `json:"bindings"`
+	// PerWorkQueue counts what each work queue declares. A shared
+	// quarantine or work exchange counts for the first queue naming it.
+	PerWorkQueue []WorkQueueTotals `json:"per_work_queue"`
+}
+
+// WorkQueueTotals counts what one work queue declares.
+type WorkQueueTotals struct {
+	Name string `json:"name"`
+	// QuorumQueues includes the work queue, its retry lanes and its
+	// quarantine.
+	QuorumQueues int `json:"quorum_queues"`
+	RetryLanes   int `json:"retry_lanes"`
+	Exchanges    int `json:"exchanges"`
+	Bindings     int `json:"bindings"`
+}
+
+// Totals counts t's objects.
+func (t *Topology) Totals() Totals {
+	tot := Totals{WorkQueues: len(t.Work), QuorumQueues: len(t.Queues), Exchanges: len(t.Exchanges), Bindings: len(t.Bindings)}
+	per := map[string]*WorkQueueTotals{}
+	// A binding belongs to the work queue whose dead or retry exchange it
+	// leaves, else (the work exchange's bindings) to the queue it reaches.
+	bindingOwner := map[string]string{}
+	for _, w := range t.Work {
+		tot.PerWorkQueue = append(tot.PerWorkQueue, WorkQueueTotals{Name: w.Name})
+		bindingOwner[w.DeadExchange] = w.Name
+		bindingOwner[w.RetryExchange] = w.Name
+	}
+	for i := range tot.PerWorkQueue {
+		per[tot.PerWorkQueue[i].Name] = &tot.PerWorkQueue[i]
+	}
+	for _, q := range t.Queues {
+		per[q.Owner].QuorumQueues++
+		if q.Role == RoleRetry {
+			per[q.Owner].RetryLanes++
+		}
+	}
+	for _, x := range t.Exchanges {
+		per[x.Owner].Exchanges++
+	}
+	for _, b := range t.Bindings {
+		owner, ok := bindingOwner[b.Exchange]
+		if !ok {
+			owner = b.Queue
+		}
+		per[owner].Bindings++
+	}
+	return tot
+}
+
 // Name helpers. Names are derived in one place, config.Queue.Names, which
 // config validation checks for collisions; these are its builders.
 
@@ -187,7 +248,7 @@ func Build(cfg *config.Config, v BrokerVersion) (*Topology, error) {
 				return nil, err
 			}
 			if n.Kind == config.KindExchange && isNew {
-				t.Exchanges = append(t.Exchanges, ExchangeSpec{Name: n.Name, Kind: n.ExchangeType})
+				t.Exchanges = append(t.Exchanges, ExchangeSpec{Name: n.Name, Kind: n.ExchangeType, Owner: qc.Name})
 			}
 			switch n.Role {
 			case config.RoleDeadExchange:

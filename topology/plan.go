@@ -67,7 +67,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 // the equivalence probe (an active redeclare) only runs on objects that
 // exist, where an equivalent declare is a no-op.
 func (in *Inspector) Plan(ctx context.Context, t *Topology) (*Plan, error) {
-	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError}
+	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError, Totals: t.Totals()}
 	missing := map[string]bool{} // "exchange name" / "queue name" that will be created
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {

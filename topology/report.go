@@ -62,6 +62,8 @@ type Plan struct {
 	Summary         Summary `json:"summary"`
 	// NotChecked says what the plan could not tell, and why.
 	NotChecked []string `json:"not_checked,omitempty"`
+	// Totals counts everything the topology declares, existing or not.
+	Totals Totals `json:"totals"`
 }
 
 // Complete reports whether the plan could check everything.
@@ -116,8 +118,18 @@ func (p *Plan) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, ", %d binding(s) ensured (not checkable without the management API)", sum.Ensure)
 	}
 	b.WriteString("\n")
+	if !p.Applied {
+		p.Totals.writeText(&b)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func (t Totals) writeText(b *strings.Builder) {
+	fmt.Fprintf(b, "totals: %d quorum queues, %d exchanges, %d bindings for %d work queue(s)\n", t.QuorumQueues, t.Exchanges, t.Bindings, t.WorkQueues)
+	for _, w := range t.PerWorkQueue {
+		fmt.Fprintf(b, "  %s: %d quorum queues (%d retry lanes), %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, w.Exchanges, w.Bindings)
+	}
 }
 
 // Issue is the kind of drift Verify found.

@@ -119,6 +119,14 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 	if p.Summary.Create != 0 || p.Summary.Conflict != 0 || p.Summary.Unchanged < 7 {
 		t.Errorf("plan after apply: %+v", p.Summary)
 	}
+	// The work queue, two retry lanes, the quarantine.
+	if tot := p.Totals; tot.QuorumQueues != 4 || tot.Exchanges != 3 || tot.Bindings != 4 || len(tot.PerWorkQueue) != 1 || tot.PerWorkQueue[0].RetryLanes != 2 {
+		t.Errorf("plan totals: %+v", tot)
+	}
+	text := b.mustRun(t, checked, "topology", "plan", "--config", b.config)
+	if want := "totals: 4 quorum queues, 3 exchanges, 4 bindings for 1 work queue(s)\n  " + b.work + ": 4 quorum queues (2 retry lanes)"; !strings.Contains(text, want) {
+		t.Errorf("plan text lacks %q:\n%s", want, text)
+	}
 	out := b.mustRun(t, checked, "topology", "verify", "--config", b.config)
 	if checked == cli.ExitOK && !strings.Contains(out, "verify: ok") {
 		t.Errorf("verify:\n%s", out)
