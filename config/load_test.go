@@ -150,6 +150,21 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"versions empty", "queues:\n  - name: q\n    exchange: {name: x}\n    accepts: [{type: a}]\n", "queues[0].accepts[0].versions", "at least one version"},
 		{"version format", "queues:\n  - name: q\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1.2']}]\n", "queues[0].accepts[0].versions[0]", "a version is a whole number"},
 		{"name collision", queueDoc("") + "  - name: orders.retry\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[1].name", `"orders.retry" is also used by queues[0].name`},
+		// The collision from the hardening issue: b's quarantine was named
+		// like one of a's retry lanes, validation let it through, and the
+		// lane (which dead-letters into a after its TTL) took b's dead
+		// letters.
+		{"quarantine named like another queue's retry lane", twoQueues("", "quarantine: {queue: a.retry.1s.l0}"),
+			"queues[1].quarantine.queue", `"a.retry.1s.l0" is also used by queues[0].retry.tiers[0] (retry lane 0 of 1s)`},
+		{"work queue named like another queue's retry lane", twoQueues("retry: {tiers: [2s], jitter: 0}", "") + entry("a.retry.2s.l0", ""),
+			"queues[2].name", `"a.retry.2s.l0" is also used by queues[0].retry.tiers[0] (retry lane 0 of 2s)`},
+		{"retry lane named like another queue's quarantine", twoQueues("quarantine: {queue: b.retry.5s.l3}", ""),
+			"queues[1].retry.tiers[1]", `its retry lane "b.retry.5s.l3" is also used by queues[0].quarantine.queue (quarantine)`},
+		{"work exchange is another queue's dead-letter exchange", twoQueues("", "exchange: {name: a.dead}"),
+			"queues[1].exchange.name", `"a.dead" is also used by queues[0].name (fanout dead-letter exchange)`},
+		{"shared work exchange with two types", twoQueues("exchange: {name: x, type: topic}", "exchange: {name: x, type: direct}"),
+			"queues[1].exchange.name", `"x" is also used by queues[0].exchange.name (topic work exchange)`},
+		{"binding key twice", queueDoc("bindings: [k, k]"), "queues[0].bindings[1]", `"k" is listed twice`},
 		{"quarantine collides with a work queue", queueDoc("") + "  - name: b\n    exchange: {name: x}\n    quarantine: {queue: orders}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[1].quarantine.queue", `"orders" is also used by queues[0].name`},
 	}
 	for _, tt := range tests {

@@ -126,19 +126,14 @@ func (c *Config) Validate() error {
 	if len(c.Queues) == 0 {
 		add("queues", "at least one queue is required")
 	}
-	// Every name dlxbridge declares, to catch collisions between queues.
-	declared := map[string]string{}
-	claim := func(name, path string) {
-		if prev, ok := declared[name]; ok && prev != path {
-			add(path, "name %q is also used by %s", name, prev)
-			return
-		}
-		declared[name] = path
-	}
-	quarantineOwners := map[string]bool{}
+	// Every name dlxbridge declares, to catch two objects with one name.
+	claims := nameClaims{}
 	for i := range c.Queues {
 		q := &c.Queues[i]
 		p := fmt.Sprintf("queues[%d]", i)
+		// derivable: the fields names are derived from are sound, so the
+		// names can be checked for collisions.
+		derivable := false
 		if q.Name == "" {
 			add(p+".name", "is required")
 		} else if !nameRE.MatchString(q.Name) {
@@ -146,23 +141,30 @@ func (c *Config) Validate() error {
 		} else if strings.HasPrefix(q.Name, "amq.") {
 			add(p+".name", "names starting with \"amq.\" are reserved by the broker")
 		} else {
-			claim(q.Name, p+".name")
-			for _, suffix := range []string{".retry", ".dead"} {
-				claim(q.Name+suffix, p+".name")
-			}
+			derivable = true
 		}
 		if q.Exchange.Name == "" {
 			add(p+".exchange.name", "is required (the default exchange can't be bound)")
+			derivable = false
 		} else if !nameRE.MatchString(q.Exchange.Name) || strings.HasPrefix(q.Exchange.Name, "amq.") {
 			add(p+".exchange.name", "%q is not a name dlxbridge can declare", q.Exchange.Name)
+			derivable = false
 		}
 		switch q.Exchange.Type {
 		case "direct", "topic", "fanout", "headers":
 		default:
 			add(p+".exchange.type", "must be direct, topic, fanout or headers, not %q", q.Exchange.Type)
+			derivable = false
 		}
 		if len(q.Bindings) == 0 {
 			add(p+".bindings", "at least one binding key is required")
+		}
+		seenKey := map[string]bool{}
+		for j, k := range q.Bindings {
+			if seenKey[k] {
+				add(fmt.Sprintf("%s.bindings[%d]", p, j), "%q is listed twice", k)
+			}
+			seenKey[k] = true
 		}
 		if q.DeliveryLimit < 1 {
 			add(p+".delivery_limit", "must be >= 1 (the broker's backstop for crash-looping messages; it can't be disabled)")
@@ -194,10 +196,13 @@ func (c *Config) Validate() error {
 			switch {
 			case d <= 0:
 				add(tp, "must be > 0")
+				derivable = false
 			case d%time.Millisecond != 0:
 				add(tp, "must be a whole number of milliseconds (queue TTLs are in ms)")
+				derivable = false
 			case j > 0 && d <= q.Retry.Tiers[j-1]:
 				add(tp, "must be greater than the tier before it (%s)", q.Retry.Tiers[j-1])
+				derivable = false
 			}
 		}
 		if j := q.Retry.JitterValue(); j < 0 || j > 1 {
@@ -205,6 +210,7 @@ func (c *Config) Validate() error {
 		}
 		if q.Retry.Lanes < 1 || q.Retry.Lanes > MaxLanes {
 			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
+			derivable = false
 		}
 		if q.Retry.MaxAttempts < 1 {
 			add(rp+".max_attempts", "must be >= 1")
@@ -215,11 +221,19 @@ func (c *Config) Validate() error {
 		qp := p + ".quarantine"
 		if !nameRE.MatchString(q.Quarantine.Queue) || strings.HasPrefix(q.Quarantine.Queue, "amq.") {
 			add(qp+".queue", "%q is not a name dlxbridge can declare", q.Quarantine.Queue)
-		} else if !quarantineOwners[q.Quarantine.Queue] {
-			// A shared quarantine is claimed once; it may not collide with a
-			// work or retry name.
-			quarantineOwners[q.Quarantine.Queue] = true
-			claim(q.Quarantine.Queue, qp+".queue")
+			derivable = false
+		}
+		if derivable {
+			for _, n := range q.Names() {
+				path := p + "." + n.Field
+				if prev, clash := claims.add(path, n); clash {
+					what := ""
+					if n.Role != RoleWorkQueue && n.Role != RoleWorkExchange && n.Role != RoleQuarantine {
+						what = "its " + string(n.Role) + " "
+					}
+					add(path, "%s%q is also used by %s (%s); two objects can't share a name", what, n.Name, prev.path, prev.n.Describe())
+				}
+			}
 		}
 		if q.Quarantine.Retention < 0 {
 			add(qp+".retention", "must be >= 0")

@@ -110,7 +110,10 @@ func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *t
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo := topology.Build(file, version)
+	topo, err := topology.Build(file, version)
+	if err != nil {
+		t.Fatal(err)
+	}
 	applyTopology(t, setupConn, topo)
 	wq, _ := topo.WorkQueue(file.Queues[0].Name)
 

@@ -290,7 +290,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			backoff = c.cfg.ReconnectMin // it ran a good while: start over
 		}
 		wait := backoff/2 + time.Duration(c.cfg.Rand()*float64(backoff/2))
-		c.log.Warn("connection lost; reconnecting", "error", err, "in", wait)
+		c.log.Warn("connection lost; reconnecting", "error", err, "in", wait.String())
 		if h := c.cfg.hooks; h != nil && h.reconnecting != nil {
 			h.reconnecting(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -194,11 +195,17 @@ func TestSchemaInvalidMessageNeverReachesHandler(t *testing.T) {
 	}
 }
 
+// A handler panic is retried, then quarantined. Its stack reaches the log
+// (every time) and the envelope (truncated); it used to be captured and
+// thrown away. Durations in the log read "150ms", not 150000000, also
+// through a JSON handler.
 func TestPanickingHandlerEndsInQuarantine(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
+	b := setup(t, nil) // tiers 150ms, 450ms; max_attempts 3
+	var logs syncBuffer
+	b.cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var calls atomic.Int32
-	b.start(func(c *Consumer) {
+	stop := b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 			calls.Add(1)
 			var m2 map[string]int
@@ -211,8 +218,29 @@ func TestPanickingHandlerEndsInQuarantine(t *testing.T) {
 	b.waitOutcome(OutcomeRetried, 10*time.Second)
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 	env, _ := quarantine.Read(ptr(b.quarantined()))
+	stop()
 	if env.Class != triage.ClassPanic || env.Attempts != 3 || calls.Load() != 3 || !strings.Contains(env.Error, "nil map") {
 		t.Fatalf("class %q attempts %d calls %d error %q", env.Class, env.Attempts, calls.Load(), env.Error)
+	}
+	const handlerFrame = "consumer.TestPanickingHandlerEndsInQuarantine"
+	if s := env.Stack; !strings.Contains(s, handlerFrame) || len(s) > quarantine.MaxStackBytes || strings.Contains(s, "runtime/debug.Stack") {
+		t.Errorf("envelope stack (%d bytes) lacks the handler's frame or keeps the recovery frames:\n%s", len(s), s)
+	}
+	retries := logs.records(t, "retry scheduled")
+	if len(retries) != 2 {
+		t.Fatalf("%d retry log lines, want 2", len(retries))
+	}
+	for i, want := range []string{"150ms", "450ms"} {
+		if got := retries[i]["delay"]; got != want {
+			t.Errorf("retry %d logged delay %#v, want %q", i+1, got, want)
+		}
+		if s, _ := retries[i]["stack"].(string); !strings.Contains(s, handlerFrame) {
+			t.Errorf("retry %d log has no stack: %v", i+1, retries[i])
+		}
+	}
+	q := logs.records(t, "quarantined")
+	if s, _ := q[0]["stack"].(string); len(q) != 1 || !strings.Contains(s, handlerFrame) {
+		t.Errorf("quarantine log lines %v: want one with the stack", q)
 	}
 }
 

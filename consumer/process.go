@@ -249,6 +249,9 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		span.RecordError(f.err)
 	}
 	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	if st := panicStack(f.err); st != "" {
+		log = log.With("stack", st)
+	}
 	var err error
 	var outcome string
 	switch v.Action {
@@ -290,7 +293,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
 		qr.publishFailures.add(d.MessageId, err.Error())
 		pause := w.publishBackoff()
-		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause)
+		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause.String())
 		span.SetStatus(codes.Error, kind+" publish failed")
 		// Requeued messages keep their place and come straight back: pause
 		// (this worker only) so a broker that can't take publishes right
@@ -315,7 +318,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
 	if outcome == OutcomeRetried {
 		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
-		log.Info("retry scheduled", "delay", v.Delay, "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
+		log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
 	} else {
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
@@ -389,6 +392,15 @@ const publishTimeout = 30 * time.Second
 type randFunc func() float64
 
 func (f randFunc) Float64() float64 { return f() }
+
+// panicStack is the truncated stack of a handler or upcaster panic, or "".
+func panicStack(err error) string {
+	var pe *triage.PanicError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	return quarantine.PanicStack(pe.Stack)
+}
 
 func errString(err error) string {
 	if err == nil {

@@ -205,6 +205,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 		Redacted:         red.Changed,
 		RedactionFailed:  red.Failed,
 		Notes:            f.attempts.Notes,
+		Stack:            panicStack(f.err),
 	}
 	if env.FirstFailureAt.IsZero() {
 		env.FirstFailureAt = now

@@ -115,7 +115,10 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	if err != nil {
 		return err
 	}
-	topo := topology.Build(c.cfg.File, version)
+	topo, err := topology.Build(c.cfg.File, version)
+	if err != nil {
+		return err
+	}
 	connClosed := amqpx.WatchConnection(conn)
 	pubClosed := amqpx.WatchConnection(pubConn)
 

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -82,6 +83,9 @@ const (
 	// "header:<name>" and "property:<name>" (see Fit); absent when nothing
 	// was. It is kept across hops.
 	HeaderDropped = "dlxbridge-dropped"
+	// HeaderStack is the stack of a handler panic (class panic), from the
+	// panicking frame down, at most MaxStackBytes (see PanicStack).
+	HeaderStack = "dlxbridge-stack"
 )
 
 // Limits that keep the envelope well inside one frame.
@@ -90,6 +94,7 @@ const (
 	MaxValidationBytes = 8192
 	MaxNotesBytes      = 2048
 	MaxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
+	MaxStackBytes      = 4096
 	EnvelopeVersion    = 1
 )
 
@@ -133,6 +138,7 @@ type Envelope struct {
 	RedactionFailed  string       `json:"redaction_failed,omitempty"`
 	Notes            []string     `json:"notes,omitempty"`
 	Dropped          []string     `json:"dropped,omitempty"`
+	Stack            string       `json:"stack,omitempty"`
 }
 
 // Apply writes the envelope into headers (which must be non-nil), over any
@@ -175,6 +181,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
 	set(HeaderRedactionFailed, e.RedactionFailed)
 	set(HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
+	set(HeaderStack, Truncate(e.Stack, MaxStackBytes))
 }
 
 // ApplyNotes writes only the notes header (after Apply, when notes grew).
@@ -196,6 +203,36 @@ func Truncate(s string, n int) string {
 	}
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
+	}
+	return s[:cut] + mark
+}
+
+// PanicStack turns a stack captured in a deferred recover
+// (runtime/debug.Stack) into what the envelope and the log keep: the
+// goroutine line and the frames from the one that panicked down, without
+// the recovery frames above the panic call, cut at a line boundary to at
+// most MaxStackBytes.
+func PanicStack(stack []byte) string {
+	s := string(stack)
+	// debug.Stack lists the recovering frames first, then "panic(...)" and
+	// its source line, then the frame that panicked.
+	if i := strings.Index(s, "\npanic("); i >= 0 {
+		head, _, _ := strings.Cut(s, "\n")
+		rest := s[i+1:]
+		if _, after, ok := strings.Cut(rest, "\n"); ok { // the panic( line
+			if _, after, ok = strings.Cut(after, "\n"); ok { // its source line
+				s = head + "\n" + after
+			}
+		}
+	}
+	s = strings.TrimRight(s, "\n")
+	if len(s) <= MaxStackBytes {
+		return s
+	}
+	const mark = "\n…[truncated]"
+	cut := strings.LastIndexByte(s[:MaxStackBytes-len(mark)+1], '\n')
+	if cut < 0 {
+		return Truncate(s, MaxStackBytes)
 	}
 	return s[:cut] + mark
 }
@@ -271,6 +308,7 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 		env.RedactionFailed = str(h, HeaderRedactionFailed)
 		_ = json.Unmarshal([]byte(str(h, HeaderNotes)), &env.Notes)
 		_ = json.Unmarshal([]byte(str(h, HeaderDropped)), &env.Dropped)
+		env.Stack = str(h, HeaderStack)
 		return env, true
 	}
 	hist := triage.ParseXDeath(h["x-death"])

@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		Validation: []Violation{{Pointer: "/total", Keyword: "required", Message: "missing"}},
 		TraceID:    "4bf92f3577b34da6a3ce929d0e0e4736", WorkerHost: "h", WorkerVersion: "v1",
 		Redacted: []string{"header:authorization"}, Notes: []string{"dlxbridge-attempts=-1 ignored"},
+		Stack: "goroutine 7 [running]:\nmain.handler()\n\t/src/main.go:12 +0x1d",
 	}
 	h := amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 	in.Apply(h)
@@ -37,7 +39,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		got.OriginalRouting != in.OriginalRouting || got.SchemaVersion != in.SchemaVersion ||
 		len(got.Validation) != 1 || got.Validation[0] != in.Validation[0] ||
 		got.TraceID != in.TraceID || got.Traceparent != in.Traceparent || got.MessageID != "m" ||
-		len(got.Redacted) != 1 || len(got.Notes) != 1 {
+		len(got.Redacted) != 1 || len(got.Notes) != 1 || got.Stack != in.Stack {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, in)
 	}
 }
@@ -49,10 +51,10 @@ func TestApplyBoundsEveryHeader(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		vs = append(vs, Violation{Pointer: "/items/" + strings.Repeat("x", 20), Keyword: "type", Message: huge[:100]})
 	}
-	e := Envelope{Reason: huge, Error: huge, Validation: vs, Notes: []string{huge, huge}}
+	e := Envelope{Reason: huge, Error: huge, Validation: vs, Notes: []string{huge, huge}, Stack: huge}
 	h := amqp.Table{}
 	e.Apply(h)
-	for k, limit := range map[string]int{HeaderReason: MaxErrorBytes, HeaderError: MaxErrorBytes, HeaderValidationErrors: MaxValidationBytes, HeaderNotes: MaxNotesBytes} {
+	for k, limit := range map[string]int{HeaderReason: MaxErrorBytes, HeaderError: MaxErrorBytes, HeaderValidationErrors: MaxValidationBytes, HeaderNotes: MaxNotesBytes, HeaderStack: MaxStackBytes} {
 		s, _ := h[k].(string)
 		if len(s) == 0 || len(s) > limit || !utf8.ValidString(s) {
 			t.Errorf("%s: %d bytes (limit %d), valid UTF-8 %v", k, len(s), limit, utf8.ValidString(s))
@@ -105,5 +107,40 @@ func TestReadDerivesBrokerDeadLetters(t *testing.T) {
 	}
 	if _, ok := Read(&amqp.Delivery{}); ok {
 		t.Error("a plain message read as an envelope")
+	}
+}
+
+// deepPanic panics depth frames down, so its stack is long.
+func deepPanic(depth int) {
+	if depth == 0 {
+		var m map[string]int
+		m["boom"]++
+	}
+	deepPanic(depth - 1)
+}
+
+func recoveredStack(depth int) (stack []byte) {
+	defer func() {
+		if recover() != nil {
+			stack = debug.Stack()
+		}
+	}()
+	deepPanic(depth)
+	return nil
+}
+
+func TestPanicStackKeepsThePanickingFrames(t *testing.T) {
+	t.Parallel()
+	short := PanicStack(recoveredStack(1))
+	if !strings.HasPrefix(short, "goroutine ") || !strings.Contains(short, "quarantine.deepPanic") ||
+		strings.Contains(short, "runtime/debug.Stack") || strings.Contains(short, "\npanic(") {
+		t.Errorf("short stack: want the goroutine line and the panicking frames, without the recovery:\n%s", short)
+	}
+	long := PanicStack(recoveredStack(500))
+	if len(long) > MaxStackBytes || !strings.HasSuffix(long, "…[truncated]") || !strings.Contains(long, "quarantine.deepPanic") || !utf8.ValidString(long) {
+		t.Errorf("long stack: %d bytes (limit %d):\n%s", len(long), MaxStackBytes, long)
+	}
+	if PanicStack(nil) != "" {
+		t.Error("no stack should give an empty string")
 	}
 }

@@ -7,6 +7,9 @@
 // otherwise, formats such as uuid, date-time and email asserted) and is a
 // resource at URL(type, version), so files $ref each other relatively, e.g.
 // "../common/v1.json#/$defs/money". Nothing is ever fetched from the network.
+// A file whose root only holds "$defs" (and annotations), like
+// common/v1.json, is shared definitions (Ref.Kind KindDefinitions), not a
+// message type.
 //
 // The Gate runs before any handler: it checks the body size and content type,
 // finds the message's type and version (see Identity), decodes the body once

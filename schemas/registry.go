@@ -41,6 +41,47 @@ type Ref struct {
 	// Source is where the file came from: "embedded:<type>/v<N>.json" or a
 	// path under LoadOptions.Dir.
 	Source string `json:"source"`
+	// Kind is KindMessage, or KindDefinitions for a file that only holds
+	// shared definitions (see Definitions).
+	Kind string `json:"kind"`
+}
+
+// Kinds of schema file.
+const (
+	// KindMessage: the schema of a message type's version.
+	KindMessage = "message"
+	// KindDefinitions: shared definitions that message schemas $ref, such
+	// as common/v1.json; not a message type.
+	KindDefinitions = "definitions"
+)
+
+// annotationKeywords assert nothing about an instance.
+var annotationKeywords = map[string]bool{
+	"$schema": true, "$id": true, "$comment": true, "$anchor": true, "$dynamicAnchor": true, "$vocabulary": true,
+	"$defs": true, "definitions": true,
+	"title": true, "description": true, "examples": true, "default": true, "deprecated": true, "readOnly": true, "writeOnly": true,
+}
+
+// Definitions reports whether a schema file only holds shared definitions:
+// its root has "$defs" (or "definitions") and nothing that asserts anything
+// about an instance. Such a schema accepts every message, so it is a
+// library for $refs, never a message type.
+func Definitions(data []byte) bool {
+	var root map[string]json.RawMessage
+	if json.Unmarshal(data, &root) != nil {
+		return false
+	}
+	_, defs := root["$defs"]
+	_, legacy := root["definitions"]
+	if !defs && !legacy {
+		return false
+	}
+	for k := range root {
+		if !annotationKeywords[k] {
+			return false
+		}
+	}
+	return true
 }
 
 // LoadOptions says where the registry comes from.
@@ -204,7 +245,11 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 			continue
 		}
 		r.schemas[k] = s
-		r.refs = append(r.refs, Ref{Type: f.typ, Version: f.version, Source: f.source})
+		kind := KindMessage
+		if Definitions(f.data) {
+			kind = KindDefinitions
+		}
+		r.refs = append(r.refs, Ref{Type: f.typ, Version: f.version, Source: f.source, Kind: kind})
 	}
 	if len(broken) > 0 {
 		for _, k := range keys {
@@ -360,7 +405,8 @@ func (r *Registry) Latest(typ string) (string, bool) {
 	return v, ok
 }
 
-// Refs lists every schema, sorted by type then numeric version.
+// Refs lists every schema, message types and definitions, sorted by type
+// then numeric version.
 func (r *Registry) Refs() []Ref {
 	return append([]Ref(nil), r.refs...)
 }

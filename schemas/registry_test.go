@@ -116,3 +116,30 @@ func TestLoadMissingDir(t *testing.T) {
 		t.Fatal("want an error for a missing dir")
 	}
 }
+
+// common/v1.json only holds $defs for other schemas: it is listed as
+// definitions, not as a message type. A file with $defs and a root that
+// asserts something is a message type.
+func TestDefinitionsAreNotMessageTypes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, dir, "shared/v1.json", `{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "x", "$defs": {"id": {"type": "string"}}}`)
+	writeFile(t, dir, "typed/v1.json", `{"$defs": {"id": {"type": "string"}}, "type": "object", "properties": {"id": {"$ref": "#/$defs/id"}}}`)
+	writeFile(t, dir, "anything/v1.json", `{}`)
+	r, err := schemas.Load(schemas.LoadOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{}
+	for _, ref := range r.Refs() {
+		kinds[ref.Type] = ref.Kind
+	}
+	for typ, want := range map[string]string{
+		"common": schemas.KindDefinitions, "shared": schemas.KindDefinitions,
+		"typed": schemas.KindMessage, "anything": schemas.KindMessage, "orders.created": schemas.KindMessage,
+	} {
+		if kinds[typ] != want {
+			t.Errorf("%s: kind %q, want %q", typ, kinds[typ], want)
+		}
+	}
+}

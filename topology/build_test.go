@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -57,7 +58,10 @@ func TestBuildIsVersionAware(t *testing.T) {
 	} {
 		t.Run(tc.version, func(t *testing.T) {
 			v := mustVersion(t, tc.version)
-			topo := topology.Build(cfg, v)
+			topo, err := topology.Build(cfg, v)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if topo.Broker != v {
 				t.Fatalf("topology built for %v, want %v", topo.Broker, v)
 			}
@@ -93,7 +97,10 @@ func TestBuildIsVersionAware(t *testing.T) {
 
 func TestRetryLanesReturnToTheirOwnWorkQueue(t *testing.T) {
 	t.Parallel()
-	topo := topology.Build(shortConfig(t, "p", 3), mustVersion(t, "3.10.8"))
+	topo, err := topology.Build(shortConfig(t, "p", 3), mustVersion(t, "3.10.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	w, ok := topo.WorkQueue("p.work")
 	if !ok || len(w.Tiers) != 2 {
 		t.Fatalf("work queue %+v", w)
@@ -133,4 +140,123 @@ func fmtArgs(m map[string]any) string {
 		parts[i] = k + "=" + topology.FormatArg(m[k])
 	}
 	return strings.Join(parts, " ")
+}
+
+// twoQueueConfig is queues a and b, defaulted but not validated, so Build
+// sees what a caller that skips validation would hand it.
+func twoQueueConfig(edit func(a, b *config.Queue)) *config.Config {
+	cfg := &config.Config{Queues: []config.Queue{
+		{Name: "a", Exchange: config.Exchange{Name: "a"}, Accepts: []config.Accept{{Type: "t", Versions: []string{"1"}}}},
+		{Name: "b", Exchange: config.Exchange{Name: "b"}, Accepts: []config.Accept{{Type: "t", Versions: []string{"1"}}}},
+	}}
+	edit(&cfg.Queues[0], &cfg.Queues[1])
+	cfg.ApplyDefaults()
+	return cfg
+}
+
+// The collision from the hardening issue: b's quarantine named like a's
+// first retry lane. Build kept the first object, so b's dead letters went to
+// a's TTL lane and from there into a. It must refuse instead.
+func TestBuildRefusesTwoObjectsWithOneName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		edit func(a, b *config.Queue)
+		want []string
+	}{
+		{"quarantine named like a retry lane", func(a, b *config.Queue) { b.Quarantine.Queue = "a.retry.1s.l0" },
+			[]string{`queue "a.retry.1s.l0"`, `retry lane 0 of 1s of queue "a"`, `quarantine of queue "b"`}},
+		{"work exchange named like a dead-letter exchange", func(a, b *config.Queue) { b.Exchange.Name = "a.dead" },
+			[]string{`exchange "a.dead"`, `dead-letter exchange of queue "a"`, `work exchange of queue "b"`}},
+		{"one exchange, two types", func(a, b *config.Queue) {
+			a.Exchange = config.Exchange{Name: "x", Type: "topic"}
+			b.Exchange = config.Exchange{Name: "x", Type: "direct"}
+		}, []string{`exchange "x"`, "topic work exchange", "direct work exchange"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			topo, err := topology.Build(twoQueueConfig(tc.edit), mustVersion(t, "3.10.8"))
+			if err == nil {
+				t.Fatalf("Build accepted it: %d queues %d exchanges", len(topo.Queues), len(topo.Exchanges))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestBuildSharesWhatTheConfigShares(t *testing.T) {
+	t.Parallel()
+	cfg := twoQueueConfig(func(a, b *config.Queue) {
+		a.Exchange.Name, b.Exchange.Name = "events", "events"
+		a.Quarantine.Queue, b.Quarantine.Queue = "parked", "parked"
+	})
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := topology.Build(cfg, mustVersion(t, "4.0.5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for _, x := range topo.Exchanges {
+		count["exchange "+x.Name]++
+	}
+	for _, q := range topo.Queues {
+		count["queue "+q.Name]++
+	}
+	if count["exchange events"] != 1 || count["queue parked"] != 1 {
+		t.Errorf("shared objects declared %d and %d times, want once", count["exchange events"], count["queue parked"])
+	}
+	for _, dead := range []string{"a.dead", "b.dead"} {
+		found := false
+		for _, b := range topo.Bindings {
+			found = found || (b.Exchange == dead && b.Queue == "parked")
+		}
+		if !found {
+			t.Errorf("%s is not bound to the shared quarantine", dead)
+		}
+	}
+}
+
+// The shipped config's capacity, counted from what Build declares (the
+// numbers docs/topology.md quotes): 1 work queue + tiers × lanes retry lanes
+// + 1 quarantine per work queue.
+func TestTotalsOfTheShippedConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load("../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := topology.Build(cfg, mustVersion(t, "4.0.5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := topo.Totals()
+	want := topology.Totals{WorkQueues: 2, QuorumQueues: 29, Exchanges: 6, Bindings: 31, PerWorkQueue: []topology.WorkQueueTotals{
+		{Name: "orders", QuorumQueues: 18, RetryLanes: 16, Exchanges: 3, Bindings: 19},
+		{Name: "notifications", QuorumQueues: 11, RetryLanes: 9, Exchanges: 3, Bindings: 12},
+	}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("totals\n got %+v\nwant %+v", got, want)
+	}
+	// Shared objects count once, for the first queue naming them.
+	shared, err := topology.Build(twoQueueConfig(func(a, b *config.Queue) {
+		a.Exchange.Name, b.Exchange.Name = "events", "events"
+		a.Quarantine.Queue, b.Quarantine.Queue = "parked", "parked"
+	}), mustVersion(t, "3.10.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := shared.Totals()
+	var q, x, bnd int
+	for _, w := range st.PerWorkQueue {
+		q, x, bnd = q+w.QuorumQueues, x+w.Exchanges, bnd+w.Bindings
+	}
+	if q != st.QuorumQueues || x != st.Exchanges || bnd != st.Bindings || st.PerWorkQueue[1].QuorumQueues != 17 || st.PerWorkQueue[1].Exchanges != 2 {
+		t.Errorf("shared objects miscounted: %+v", st)
+	}
 }

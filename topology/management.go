@@ -106,6 +106,20 @@ type MgmtPolicy struct {
 	Operator   bool           `json:"-"`
 }
 
+// Ping checks that the management API answers with these credentials.
+func (m *Management) Ping(ctx context.Context) error {
+	var who struct {
+		Name string `json:"name"`
+	}
+	if err := m.get(ctx, "/api/whoami", &who); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("management API at %s: /api/whoami not found", m.BaseURL)
+		}
+		return err
+	}
+	return nil
+}
+
 // Queue reads one queue; ErrNotFound if it does not exist.
 func (m *Management) Queue(ctx context.Context, name string) (*MgmtQueue, error) {
 	var raw map[string]json.RawMessage

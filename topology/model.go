@@ -22,7 +22,6 @@ package topology
 import (
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -60,6 +59,9 @@ const (
 type ExchangeSpec struct {
 	Name string
 	Kind string // direct, topic, fanout, headers
+	// Owner is the work queue that declares it; for a shared work
+	// exchange, the first work queue that names it.
+	Owner string
 }
 
 // QueueSpec is one quorum queue to declare, with its exact arguments for the
@@ -128,25 +130,76 @@ func (t *Topology) WorkQueue(name string) (*WorkQueue, bool) {
 	return nil, false
 }
 
-// Name helpers: the only place derived names are built.
+// Totals counts what a topology declares, in all and per work queue: the
+// capacity it costs on the broker (each quorum queue holds file handles and
+// memory; see docs/topology.md, "Capacity").
+type Totals struct {
+	WorkQueues   int `json:"work_queues"`
+	QuorumQueues int `json:"quorum_queues"`
+	Exchanges    int `json:"exchanges"`
+	Bindings     int `json:"bindings"`
+	// PerWorkQueue counts what each work queue declares. A shared
+	// quarantine or work exchange counts for the first queue naming it.
+	PerWorkQueue []WorkQueueTotals `json:"per_work_queue"`
+}
+
+// WorkQueueTotals counts what one work queue declares.
+type WorkQueueTotals struct {
+	Name string `json:"name"`
+	// QuorumQueues includes the work queue, its retry lanes and its
+	// quarantine.
+	QuorumQueues int `json:"quorum_queues"`
+	RetryLanes   int `json:"retry_lanes"`
+	Exchanges    int `json:"exchanges"`
+	Bindings     int `json:"bindings"`
+}
+
+// Totals counts t's objects.
+func (t *Topology) Totals() Totals {
+	tot := Totals{WorkQueues: len(t.Work), QuorumQueues: len(t.Queues), Exchanges: len(t.Exchanges), Bindings: len(t.Bindings)}
+	per := map[string]*WorkQueueTotals{}
+	// A binding belongs to the work queue whose dead or retry exchange it
+	// leaves, else (the work exchange's bindings) to the queue it reaches.
+	bindingOwner := map[string]string{}
+	for _, w := range t.Work {
+		tot.PerWorkQueue = append(tot.PerWorkQueue, WorkQueueTotals{Name: w.Name})
+		bindingOwner[w.DeadExchange] = w.Name
+		bindingOwner[w.RetryExchange] = w.Name
+	}
+	for i := range tot.PerWorkQueue {
+		per[tot.PerWorkQueue[i].Name] = &tot.PerWorkQueue[i]
+	}
+	for _, q := range t.Queues {
+		per[q.Owner].QuorumQueues++
+		if q.Role == RoleRetry {
+			per[q.Owner].RetryLanes++
+		}
+	}
+	for _, x := range t.Exchanges {
+		per[x.Owner].Exchanges++
+	}
+	for _, b := range t.Bindings {
+		owner, ok := bindingOwner[b.Exchange]
+		if !ok {
+			owner = b.Queue
+		}
+		per[owner].Bindings++
+	}
+	return tot
+}
+
+// Name helpers. Names are derived in one place, config.Queue.Names, which
+// config validation checks for collisions; these are its builders.
 
 // DeadExchangeName is where the broker dead-letters work queue q's messages.
-func DeadExchangeName(q string) string { return q + ".dead" }
+func DeadExchangeName(q string) string { return config.DeadExchangeName(q) }
 
 // RetryExchangeName is where the bridge publishes q's delayed retries.
-func RetryExchangeName(q string) string { return q + ".retry" }
+func RetryExchangeName(q string) string { return config.RetryExchangeName(q) }
 
 // RetryQueueName names lane of a tier with delay d of work queue q.
 func RetryQueueName(q string, d time.Duration, lane int) string {
-	return fmt.Sprintf("%s.retry.%s.l%d", q, compactDuration(d), lane)
-}
-
-// compactDuration prints 500ms, 5s, 2m, 1h30m: stable and readable in names.
-func compactDuration(d time.Duration) string {
-	s := d.String()
-	s = strings.Replace(s, "m0s", "m", 1)
-	s = strings.Replace(s, "h0m", "h", 1)
-	return s
+	return config.RetryQueueName(q, d, lane)
 }
 
 // LaneBounds is lane i's delay range, triage.LaneBounds widened to whole
@@ -160,57 +213,56 @@ func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Dura
 }
 
 // Build turns a complete config (from config.Load, or after Config.Complete)
-// into the topology for a broker version.
-func Build(cfg *config.Config, v BrokerVersion) *Topology {
+// into the topology for a broker version. Every object comes from
+// config.Queue.Names. Two objects with one name are an error, never "keep the
+// first": the only names several queues may share are a work exchange (with
+// one type) and a quarantine.
+func Build(cfg *config.Config, v BrokerVersion) (*Topology, error) {
 	t := &Topology{Broker: v}
-	seenEx := map[string]bool{}
-	addEx := func(name, kind string) {
-		if !seenEx[name] {
-			seenEx[name] = true
-			t.Exchanges = append(t.Exchanges, ExchangeSpec{Name: name, Kind: kind})
-		}
+	type owned struct {
+		n     config.DerivedName
+		owner string
 	}
-	seenQ := map[string]bool{}
-	addQ := func(q QueueSpec) {
-		if !seenQ[q.Name] {
-			seenQ[q.Name] = true
-			t.Queues = append(t.Queues, q)
+	seen := map[string]owned{} // kind + " " + name
+	// first reports whether n is new, and fails when it collides.
+	first := func(owner string, n config.DerivedName) (bool, error) {
+		key := n.Kind + " " + n.Name
+		prev, ok := seen[key]
+		switch {
+		case !ok:
+			seen[key] = owned{n, owner}
+			return true, nil
+		case n.SharableWith(prev.n):
+			return false, nil
+		default:
+			return false, fmt.Errorf("topology: %s %q would be declared twice: as the %s of queue %q and as the %s of queue %q",
+				n.Kind, n.Name, prev.n.Describe(), prev.owner, n.Describe(), owner)
 		}
 	}
 	for i := range cfg.Queues {
 		qc := &cfg.Queues[i]
-		w := WorkQueue{
-			Name:          qc.Name,
-			Exchange:      qc.Exchange.Name,
-			DeadExchange:  DeadExchangeName(qc.Name),
-			RetryExchange: RetryExchangeName(qc.Name),
-			Quarantine:    qc.Quarantine.Queue,
-		}
-		addEx(qc.Exchange.Name, qc.Exchange.Type)
-		addEx(w.DeadExchange, "fanout")
-		addEx(w.RetryExchange, "direct")
-
-		workArgs := map[string]any{
-			ArgQueueType:          QueueTypeQuorum,
-			ArgDeadLetterExchange: w.DeadExchange,
-			ArgDeliveryLimit:      int64(qc.DeliveryLimit),
-		}
-		if qc.MaxLength > 0 {
-			workArgs[ArgMaxLength] = int64(qc.MaxLength)
-			workArgs[ArgOverflow] = OverflowReject
-		}
-		v.addAtLeastOnce(workArgs)
-		addQ(QueueSpec{Name: qc.Name, Role: RoleWork, Owner: qc.Name, Args: workArgs})
-		for _, key := range qc.Bindings {
-			t.Bindings = append(t.Bindings, BindingSpec{Exchange: qc.Exchange.Name, Queue: qc.Name, Key: key})
-		}
-
+		w := WorkQueue{Name: qc.Name, Exchange: qc.Exchange.Name, Quarantine: qc.Quarantine.Queue}
 		jitter := qc.Retry.JitterValue()
-		for _, d := range qc.Retry.Tiers {
-			tier := RetryTier{Delay: d}
-			for lane := 0; lane < qc.Retry.Lanes; lane++ {
-				lo, hi := LaneBounds(d, jitter, qc.Retry.Lanes, lane)
-				name := RetryQueueName(qc.Name, d, lane)
+		for _, n := range qc.Names() {
+			isNew, err := first(qc.Name, n)
+			if err != nil {
+				return nil, err
+			}
+			if n.Kind == config.KindExchange && isNew {
+				t.Exchanges = append(t.Exchanges, ExchangeSpec{Name: n.Name, Kind: n.ExchangeType, Owner: qc.Name})
+			}
+			switch n.Role {
+			case config.RoleDeadExchange:
+				w.DeadExchange = n.Name
+			case config.RoleRetryExchange:
+				w.RetryExchange = n.Name
+			case config.RoleWorkQueue:
+				t.Queues = append(t.Queues, QueueSpec{Name: n.Name, Role: RoleWork, Owner: qc.Name, Args: workArgs(qc, w.DeadExchange, v)})
+				for _, key := range qc.Bindings {
+					t.Bindings = append(t.Bindings, BindingSpec{Exchange: qc.Exchange.Name, Queue: n.Name, Key: key})
+				}
+			case config.RoleRetryLane:
+				lo, hi := LaneBounds(n.Delay, jitter, qc.Retry.Lanes, n.Lane)
 				args := map[string]any{
 					ArgQueueType:          QueueTypeQuorum,
 					ArgMessageTTL:         hi.Milliseconds(),
@@ -218,31 +270,53 @@ func Build(cfg *config.Config, v BrokerVersion) *Topology {
 					ArgDeadLetterRK:       qc.Name,
 				}
 				v.addAtLeastOnce(args)
-				addQ(QueueSpec{Name: name, Role: RoleRetry, Owner: qc.Name, Args: args})
-				t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.RetryExchange, Queue: name, Key: name})
-				tier.Lanes = append(tier.Lanes, RetryLane{Queue: name, RoutingKey: name, MinDelay: lo, MaxDelay: hi})
+				t.Queues = append(t.Queues, QueueSpec{Name: n.Name, Role: RoleRetry, Owner: qc.Name, Args: args})
+				t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.RetryExchange, Queue: n.Name, Key: n.Name})
+				if n.Tier == len(w.Tiers) {
+					w.Tiers = append(w.Tiers, RetryTier{Delay: n.Delay})
+				}
+				w.Tiers[n.Tier].Lanes = append(w.Tiers[n.Tier].Lanes, RetryLane{Queue: n.Name, RoutingKey: n.Name, MinDelay: lo, MaxDelay: hi})
+			case config.RoleQuarantine:
+				if isNew {
+					t.Queues = append(t.Queues, QueueSpec{Name: n.Name, Role: RoleQuarantine, Owner: qc.Name, Args: quarantineArgs(v)})
+				}
+				t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.DeadExchange, Queue: n.Name, Key: ""})
 			}
-			w.Tiers = append(w.Tiers, tier)
 		}
-
-		qArgs := map[string]any{
-			ArgQueueType: QueueTypeQuorum,
-			// A full quarantine refuses publishes (the bridge then keeps the
-			// original unacked) instead of dropping its oldest message.
-			ArgOverflow: OverflowReject,
-		}
-		if v.HasDefaultDeliveryLimit() {
-			// 4.x applies a delivery limit of 20 to every quorum queue; the
-			// quarantine has no DLX, so an over-limit message would be
-			// dropped. -1 disables it (never sent to 3.x, where it
-			// dead-letters on the first requeue).
-			qArgs[ArgDeliveryLimit] = int64(-1)
-		}
-		addQ(QueueSpec{Name: w.Quarantine, Role: RoleQuarantine, Owner: qc.Name, Args: qArgs})
-		t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.DeadExchange, Queue: w.Quarantine, Key: ""})
 		t.Work = append(t.Work, w)
 	}
-	return t
+	return t, nil
+}
+
+func workArgs(qc *config.Queue, deadExchange string, v BrokerVersion) map[string]any {
+	args := map[string]any{
+		ArgQueueType:          QueueTypeQuorum,
+		ArgDeadLetterExchange: deadExchange,
+		ArgDeliveryLimit:      int64(qc.DeliveryLimit),
+	}
+	if qc.MaxLength > 0 {
+		args[ArgMaxLength] = int64(qc.MaxLength)
+		args[ArgOverflow] = OverflowReject
+	}
+	v.addAtLeastOnce(args)
+	return args
+}
+
+func quarantineArgs(v BrokerVersion) map[string]any {
+	args := map[string]any{
+		ArgQueueType: QueueTypeQuorum,
+		// A full quarantine refuses publishes (the bridge then keeps the
+		// original unacked) instead of dropping its oldest message.
+		ArgOverflow: OverflowReject,
+	}
+	if v.HasDefaultDeliveryLimit() {
+		// 4.x applies a delivery limit of 20 to every quorum queue; the
+		// quarantine has no DLX, so an over-limit message would be
+		// dropped. -1 disables it (never sent to 3.x, where it
+		// dead-letters on the first requeue).
+		args[ArgDeliveryLimit] = int64(-1)
+	}
+	return args
 }
 
 // addAtLeastOnce turns on at-least-once dead-lettering where the broker has

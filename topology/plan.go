@@ -20,6 +20,30 @@ var ErrConflict = errors.New("topology conflicts with the broker")
 type Inspector struct {
 	Conn *amqp.Connection
 	Mgmt *Management
+	// MgmtError says why a configured management API is not used (set by
+	// UseManagement); reports carry it. Empty when none was configured.
+	MgmtError string
+}
+
+// UseManagement checks that m answers and, if it does, sets Mgmt. If it
+// does not (the plugin is not enabled, a wrong port, refused credentials),
+// the inspector goes on with AMQP alone, its reports say why, and the error
+// is returned for the caller to warn with.
+func (in *Inspector) UseManagement(ctx context.Context, m *Management) error {
+	if err := m.Ping(ctx); err != nil {
+		in.Mgmt, in.MgmtError = nil, err.Error()
+		return err
+	}
+	in.Mgmt, in.MgmtError = m, ""
+	return nil
+}
+
+// withoutMgmt says why a check that needs the management API did not run.
+func (in *Inspector) withoutMgmt() string {
+	if in.MgmtError != "" {
+		return "the management API did not answer"
+	}
+	return "set broker.management_url"
 }
 
 // Version reads the broker's version from the connection's server
@@ -35,7 +59,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Build(cfg, v), nil
+	return Build(cfg, v)
 }
 
 // Plan probes every object of t on throwaway channels and says what Apply
@@ -43,7 +67,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 // the equivalence probe (an active redeclare) only runs on objects that
 // exist, where an equivalent declare is a no-op.
 func (in *Inspector) Plan(ctx context.Context, t *Topology) (*Plan, error) {
-	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil}
+	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError, Totals: t.Totals()}
 	missing := map[string]bool{} // "exchange name" / "queue name" that will be created
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
@@ -92,6 +116,9 @@ func (in *Inspector) Plan(ctx context.Context, t *Topology) (*Plan, error) {
 			}
 		}
 		p.add(Step{Kind: KindBinding, Object: bindingObject(b), Action: act})
+	}
+	if p.Summary.Ensure > 0 {
+		p.NotChecked = append(p.NotChecked, fmt.Sprintf("whether %d binding(s) of existing objects exist: AMQP cannot list bindings, so apply binds them again, which is idempotent (%s)", p.Summary.Ensure, in.withoutMgmt()))
 	}
 	return p, nil
 }

@@ -55,10 +55,19 @@ type Plan struct {
 	Applied bool `json:"applied"`
 	// BindingsChecked is false without the management API: AMQP cannot
 	// list bindings, so they are "ensure" rather than create/unchanged.
-	BindingsChecked bool    `json:"bindings_checked"`
+	BindingsChecked bool `json:"bindings_checked"`
+	// ManagementError says why a configured management API was not used.
+	ManagementError string  `json:"management_error,omitempty"`
 	Steps           []Step  `json:"steps"`
 	Summary         Summary `json:"summary"`
+	// NotChecked says what the plan could not tell, and why.
+	NotChecked []string `json:"not_checked,omitempty"`
+	// Totals counts everything the topology declares, existing or not.
+	Totals Totals `json:"totals"`
 }
+
+// Complete reports whether the plan could check everything.
+func (p *Plan) Complete() bool { return len(p.NotChecked) == 0 }
 
 func (p *Plan) add(s Step) {
 	p.Steps = append(p.Steps, s)
@@ -93,6 +102,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 		}
 		b.WriteString(line + "\n")
 	}
+	if !p.Applied {
+		writeNotChecked(&b, p.ManagementError, p.NotChecked)
+	}
 	sum := p.Summary
 	switch {
 	case p.Applied:
@@ -106,8 +118,18 @@ func (p *Plan) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, ", %d binding(s) ensured (not checkable without the management API)", sum.Ensure)
 	}
 	b.WriteString("\n")
+	if !p.Applied {
+		p.Totals.writeText(&b)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+func (t Totals) writeText(b *strings.Builder) {
+	fmt.Fprintf(b, "totals: %d quorum queues, %d exchanges, %d bindings for %d work queue(s)\n", t.QuorumQueues, t.Exchanges, t.Bindings, t.WorkQueues)
+	for _, w := range t.PerWorkQueue {
+		fmt.Fprintf(b, "  %s: %d quorum queues (%d retry lanes), %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, w.Exchanges, w.Bindings)
+	}
 }
 
 // Issue is the kind of drift Verify found.
@@ -153,6 +175,8 @@ type VerifyReport struct {
 	BrokerVersion string `json:"broker_version"`
 	// Management is true when the management API was used.
 	Management bool `json:"management"`
+	// ManagementError says why a configured management API was not used.
+	ManagementError string `json:"management_error,omitempty"`
 	// Objects is how many exchanges, queues and bindings were checked.
 	Objects  int       `json:"objects"`
 	Problems []Problem `json:"problems"`
@@ -160,8 +184,12 @@ type VerifyReport struct {
 	NotChecked []string `json:"not_checked,omitempty"`
 }
 
-// OK reports whether the broker matches the config.
+// OK reports whether the broker matches the config as far as it was
+// checked.
 func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
+
+// Complete reports whether everything was checked.
+func (r *VerifyReport) Complete() bool { return len(r.NotChecked) == 0 }
 
 // WriteText renders the report for people.
 func (r *VerifyReport) WriteText(w io.Writer) error {
@@ -174,14 +202,26 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 	for _, p := range r.Problems {
 		fmt.Fprintf(&b, "  DRIFT %s\n", p)
 	}
-	for _, n := range r.NotChecked {
-		fmt.Fprintf(&b, "  not checked: %s\n", n)
-	}
-	if r.OK() {
+	writeNotChecked(&b, r.ManagementError, r.NotChecked)
+	switch {
+	case r.OK() && r.Complete():
 		fmt.Fprintf(&b, "verify: ok, %d objects match the config\n", r.Objects)
-	} else {
+	case r.OK():
+		fmt.Fprintf(&b, "verify: incomplete: no drift in the %d objects AMQP could check; the rest was not checked (above)\n", r.Objects)
+	default:
 		fmt.Fprintf(&b, "verify: %d problem(s) in %d objects\n", len(r.Problems), r.Objects)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeNotChecked lists what a report could not check, after why the
+// management API was not used, if it was configured.
+func writeNotChecked(b *strings.Builder, mgmtErr string, notChecked []string) {
+	if mgmtErr != "" {
+		fmt.Fprintf(b, "  management API not used: %s\n", mgmtErr)
+	}
+	for _, n := range notChecked {
+		fmt.Fprintf(b, "  not checked: %s\n", n)
+	}
 }

@@ -14,7 +14,7 @@ import (
 // where the broker's 406 names the first differing argument), and lists in
 // NotChecked what AMQP cannot see.
 func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
-	r := &VerifyReport{BrokerVersion: t.Broker.String(), Management: in.Mgmt != nil, Problems: []Problem{}}
+	r := &VerifyReport{BrokerVersion: t.Broker.String(), Management: in.Mgmt != nil, ManagementError: in.MgmtError, Problems: []Problem{}}
 	var err error
 	if in.Mgmt != nil {
 		err = in.verifyManagement(ctx, t, r)
@@ -50,10 +50,11 @@ func (in *Inspector) verifyAMQP(ctx context.Context, t *Topology, r *VerifyRepor
 		r.Objects++
 		r.addProbe(KindQueue, queueObject(q.Name), pr, d)
 	}
+	why := in.withoutMgmt()
 	r.NotChecked = []string{
-		"bindings: AMQP cannot list them (set broker.management_url)",
-		"policies that override queue arguments: only the management API shows them",
-		"arguments beyond the first difference per queue, and arguments the broker does not compare on redeclare: the broker names one per refused declare",
+		"bindings: AMQP cannot list them (" + why + ")",
+		"policies that override queue arguments: only the management API shows them (" + why + ")",
+		"arguments beyond the first difference per queue, and arguments the broker does not compare on redeclare: the broker names one per refused declare (" + why + ")",
 	}
 	return nil
 }

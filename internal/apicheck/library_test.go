@@ -97,7 +97,10 @@ func trackLibraryTopology(t *testing.T, env *brokertest.Env, file, prefix string
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo := topology.Build(cfg, v)
+	topo, err := topology.Build(cfg, v)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, x := range topo.Exchanges {
 		env.TrackExchange(x.Name)
 	}

@@ -20,6 +20,11 @@ const (
 	ExitOK    = 0 // success
 	ExitFail  = 1 // drift found, invalid input, or the broker refused
 	ExitUsage = 2 // bad usage or bad config
+	// ExitIncomplete: topology plan or verify found nothing wrong in what
+	// it could check, but some checks could not run (without the
+	// management API: bindings, policies, every differing argument); the
+	// report names them.
+	ExitIncomplete = 3
 )
 
 // Env is what a command gets from the process.

@@ -194,7 +194,9 @@ func readBody(env *Env, name string, max int) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(r, int64(max)+1))
 }
 
-// schemasList prints every type and version in the registry.
+// schemasList prints every message type and version in the registry, then,
+// apart, the files of shared definitions (e.g. common), which are not
+// message types.
 func schemasList(env *Env, args []string) int {
 	fs := newFlagSet(env, "schemas list", "schemas list [--dir DIR] [--output text|json]")
 	var rf registryFlags
@@ -218,9 +220,19 @@ func schemasList(env *Env, args []string) int {
 	refs := reg.Refs()
 	err := render(env.Stdout, *output, refs, func(w io.Writer) error {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TYPE\tVERSION\tSOURCE")
-		for _, r := range refs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Type, r.Version, r.Source)
+		sep := ""
+		for _, kind := range []string{schemas.KindMessage, schemas.KindDefinitions} {
+			heading := map[string]string{schemas.KindMessage: "TYPE", schemas.KindDefinitions: "DEFINITIONS"}[kind]
+			for _, r := range refs {
+				if r.Kind != kind {
+					continue
+				}
+				if heading != "" {
+					fmt.Fprintf(tw, "%s%s\tVERSION\tSOURCE\n", sep, heading)
+					heading, sep = "", "\n"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Type, r.Version, r.Source)
+			}
 		}
 		return tw.Flush()
 	})

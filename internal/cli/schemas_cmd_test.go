@@ -173,13 +173,24 @@ func TestSchemasList(t *testing.T) {
 	if code != cli.ExitOK || !strings.Contains(out, "orders.created") || !strings.HasPrefix(out, "TYPE") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
+	// common/v1.json holds shared $defs, not a message type: it is listed
+	// apart.
+	types, defs, found := strings.Cut(out, "\n\n")
+	if !found || strings.Contains(types, "common") || !strings.HasPrefix(defs, "DEFINITIONS") || !strings.Contains(defs, "common ") {
+		t.Errorf("common is listed as a message type, or not as definitions:\n%s", out)
+	}
 	code, out, _ = runCLI(t, "", "schemas", "list", "--output", "json")
-	var refs []struct{ Type, Version, Source string }
+	var refs []struct{ Type, Version, Source, Kind string }
 	if code != cli.ExitOK || json.Unmarshal([]byte(out), &refs) != nil || len(refs) != 6 {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 	if refs[5].Type != "orders.created" || refs[5].Version != "2" {
 		t.Errorf("last ref %+v, want orders.created v2", refs[5])
+	}
+	for _, r := range refs {
+		if want := map[bool]string{true: "definitions", false: "message"}[r.Type == "common"]; r.Kind != want {
+			t.Errorf("%s v%s: kind %q, want %q", r.Type, r.Version, r.Kind, want)
+		}
 	}
 	if code, _, _ := runCLI(t, "", "schemas", "list", "--output", "yaml"); code != cli.ExitUsage {
 		t.Errorf("--output yaml: exit %d, want 2", code)

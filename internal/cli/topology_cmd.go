@@ -16,7 +16,10 @@ import (
 //
 // The config is loaded and validated before anything dials the broker, so a
 // bad file (exit 2) declares nothing. Exit 1: verify found drift, apply was
-// refused (a conflicting object), or the broker could not be reached.
+// refused (a conflicting object), or the broker could not be reached. Exit
+// 3: plan or verify could not check everything (no management API) and
+// found nothing wrong in what it could. A configured management API that
+// does not answer is warned about, and the command goes on over AMQP.
 func runTopology(ctx context.Context, env *Env, args []string) int {
 	sub, rest, ok := subcommand(env, "topology", args, "plan", "apply", "verify")
 	if !ok {
@@ -48,20 +51,25 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		return ExitFail
 	}
 
-	in := &topology.Inspector{}
+	var mgmt *topology.Management
 	if cfg.Broker.ManagementURL != "" {
 		m, err := topology.NewManagement(cfg.Broker.ManagementURL, url)
 		if err != nil {
 			return fail("%v", err)
 		}
-		in.Mgmt = m
+		mgmt = m
 	}
 	conn, err := amqpx.Dial(url, "dlxbridge/topology-"+sub)
 	if err != nil {
 		return fail("connect to broker: %v", err)
 	}
 	defer conn.Close()
-	in.Conn = conn
+	in := &topology.Inspector{Conn: conn}
+	if mgmt != nil {
+		if err := in.UseManagement(ctx, mgmt); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge topology %s: warning: %s; going on with what AMQP can check\n", sub, amqpx.Redact(err.Error()))
+		}
+	}
 	topo, err := topology.BuildFor(cfg, conn)
 	if err != nil {
 		return fail("%v", err)
@@ -75,6 +83,9 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		}
 		if err := render(env.Stdout, c.output, p, p.WriteText); err != nil {
 			return fail("%v", err)
+		}
+		if !p.Complete() {
+			return ExitIncomplete
 		}
 		return ExitOK
 	case "apply":
@@ -96,8 +107,11 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		if err := render(env.Stdout, c.output, r, r.WriteText); err != nil {
 			return fail("%v", err)
 		}
-		if !r.OK() {
+		switch {
+		case !r.OK():
 			return ExitFail
+		case !r.Complete():
+			return ExitIncomplete
 		}
 		return ExitOK
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -30,6 +31,13 @@ type topoBundle struct {
 func setupTopology(t *testing.T, retryYAML string) *topoBundle {
 	t.Helper()
 	env := brokertest.Require(t)
+	return writeTopologyConfig(t, env, env.ManagementURL, retryYAML)
+}
+
+// writeTopologyConfig writes the test's config with managementURL as
+// broker.management_url.
+func writeTopologyConfig(t *testing.T, env *brokertest.Env, managementURL, retryYAML string) *topoBundle {
+	t.Helper()
 	if retryYAML == "" {
 		retryYAML = "tiers: [200ms, 400ms]\n      jitter: 0"
 	}
@@ -48,7 +56,7 @@ queues:
     accepts:
       - type: test.event
         versions: ["1"]
-`, env.ManagementURL, work, env.Name("ex"), retryYAML)
+`, managementURL, work, env.Name("ex"), retryYAML)
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
@@ -72,11 +80,18 @@ func (b *topoBundle) run(t *testing.T, args ...string) (code int, stdout, stderr
 
 func (b *topoBundle) mustRun(t *testing.T, wantCode int, args ...string) string {
 	t.Helper()
+	out, _ := b.mustRunAll(t, wantCode, args...)
+	return out
+}
+
+// mustRunAll runs dlxbridge and fails the test unless it exits wantCode.
+func (b *topoBundle) mustRunAll(t *testing.T, wantCode int, args ...string) (stdout, stderr string) {
+	t.Helper()
 	code, out, errOut := b.run(t, args...)
 	if code != wantCode {
 		t.Fatalf("dlxbridge %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, wantCode, out, errOut)
 	}
-	return out
+	return out, errOut
 }
 
 func TestTopologyApplyTwiceThenVerify(t *testing.T) {
@@ -89,14 +104,14 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 	second := b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
 	// 3 exchanges + work, two retry lanes, quarantine; 4 bindings, which
 	// only the management API can see.
-	want := "apply: 0 created, 11 unchanged\n"
+	want, checked := "apply: 0 created, 11 unchanged\n", cli.ExitOK
 	if b.env.ManagementURL == "" {
-		want = "apply: 0 created, 7 unchanged, 4 binding(s) ensured"
+		want, checked = "apply: 0 created, 7 unchanged, 4 binding(s) ensured", cli.ExitIncomplete
 	}
 	if !strings.Contains(second, want) {
 		t.Errorf("second apply changed something:\n%s", second)
 	}
-	plan := b.mustRun(t, cli.ExitOK, "topology", "plan", "--config", b.config, "--output", "json")
+	plan := b.mustRun(t, checked, "topology", "plan", "--config", b.config, "--output", "json")
 	var p topology.Plan
 	if err := json.Unmarshal([]byte(plan), &p); err != nil {
 		t.Fatalf("plan JSON: %v\n%s", err, plan)
@@ -104,8 +119,16 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 	if p.Summary.Create != 0 || p.Summary.Conflict != 0 || p.Summary.Unchanged < 7 {
 		t.Errorf("plan after apply: %+v", p.Summary)
 	}
-	out := b.mustRun(t, cli.ExitOK, "topology", "verify", "--config", b.config)
-	if !strings.Contains(out, "verify: ok") {
+	// The work queue, two retry lanes, the quarantine.
+	if tot := p.Totals; tot.QuorumQueues != 4 || tot.Exchanges != 3 || tot.Bindings != 4 || len(tot.PerWorkQueue) != 1 || tot.PerWorkQueue[0].RetryLanes != 2 {
+		t.Errorf("plan totals: %+v", tot)
+	}
+	text := b.mustRun(t, checked, "topology", "plan", "--config", b.config)
+	if want := "totals: 4 quorum queues, 3 exchanges, 4 bindings for 1 work queue(s)\n  " + b.work + ": 4 quorum queues (2 retry lanes)"; !strings.Contains(text, want) {
+		t.Errorf("plan text lacks %q:\n%s", want, text)
+	}
+	out := b.mustRun(t, checked, "topology", "verify", "--config", b.config)
+	if checked == cli.ExitOK && !strings.Contains(out, "verify: ok") {
 		t.Errorf("verify:\n%s", out)
 	}
 }
@@ -244,5 +267,53 @@ func TestTopologyBadUsage(t *testing.T) {
 		if code, _, _ := b.run(t, args...); code != cli.ExitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, cli.ExitUsage)
 		}
+	}
+}
+
+// With broker.management_url set but nothing answering there (the plugin
+// not enabled, as with the shipped config on a bare broker), apply stays
+// idempotent over AMQP alone, and plan and verify check what AMQP can, name
+// what they could not, and exit ExitIncomplete rather than fail or pass.
+func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	b := writeTopologyConfig(t, env, "http://127.0.0.1:1", "")
+	_, errOut := b.mustRunAll(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	if !strings.Contains(errOut, "management API") {
+		t.Errorf("apply does not warn that the management API did not answer:\n%s", errOut)
+	}
+	second, _ := b.mustRunAll(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	if !strings.Contains(second, "apply: 0 created, 7 unchanged") {
+		t.Errorf("second apply changed something:\n%s", second)
+	}
+	plan, _ := b.mustRunAll(t, cli.ExitIncomplete, "topology", "plan", "--config", b.config)
+	if !strings.Contains(plan, "not checked: ") || !strings.Contains(plan, "bindings") {
+		t.Errorf("plan does not name the bindings it could not check:\n%s", plan)
+	}
+	js, _ := b.mustRunAll(t, cli.ExitIncomplete, "topology", "verify", "--config", b.config, "--output", "json")
+	var r topology.VerifyReport
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		t.Fatalf("verify JSON: %v\n%s", err, js)
+	}
+	if len(r.Problems) != 0 || r.Management || r.ManagementError == "" || r.Objects != 7 {
+		t.Errorf("verify: problems %v, management %v, management error %q, %d objects checked", r.Problems, r.Management, r.ManagementError, r.Objects)
+	}
+	for _, what := range []string{"bindings", "policies", "arguments"} {
+		found := false
+		for _, n := range r.NotChecked {
+			found = found || strings.Contains(n, what)
+		}
+		if !found {
+			t.Errorf("verify does not say it could not check %s: %q", what, r.NotChecked)
+		}
+	}
+	// Drift AMQP can see still fails verify.
+	lane := topology.RetryQueueName(b.work, 200*time.Millisecond, 0)
+	if _, err := b.env.Channel("saboteur").QueueDelete(lane, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := b.mustRunAll(t, cli.ExitFail, "topology", "verify", "--config", b.config)
+	if !strings.Contains(out, "queue '"+lane+"': missing") {
+		t.Errorf("verify does not name the deleted lane:\n%s", out)
 	}
 }
