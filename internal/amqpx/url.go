@@ -195,3 +195,29 @@ func Dial(rawURL, name string) (*amqp.Connection, error) {
 	}
 	return conn, nil
 }
+
+// IsPermanent says whether err, from Dial or from setting up a consumer,
+// will fail the same way on the next try: a URL that does not parse, a
+// login or vhost the broker refuses, or a channel closed with 403
+// ACCESS_REFUSED, 404 NOT_FOUND (e.g. a missing queue) or 530 NOT_ALLOWED.
+// Anything else (refused or reset connections, a broker restarting, a
+// forced close) is transient.
+func IsPermanent(err error) bool {
+	var ue *URLError
+	if errors.As(err, &ue) {
+		return true
+	}
+	var ae *amqp.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case amqp.AccessRefused, amqp.NotAllowed:
+		return true
+	case amqp.NotFound:
+		// A cluster whose node holding a classic queue is down says 404
+		// too, and that one passes.
+		return !strings.Contains(ae.Reason, "down or inaccessible")
+	}
+	return false
+}

@@ -2,7 +2,12 @@ package amqpx_test
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"syscall"
 	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
@@ -53,6 +58,31 @@ func TestParseAMQPURLShowsAllButThePassword(t *testing.T) {
 		var ue *amqpx.URLError
 		if _, err := amqpx.ParseAMQPURL(raw); !errors.As(err, &ue) {
 			t.Errorf("%q: %v, want a *URLError", raw, err)
+		}
+	}
+}
+
+func TestIsPermanent(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&amqpx.URLError{Kind: "AMQP URL", Reason: "x"}, true},
+		{&amqpx.DialError{Err: amqp.ErrCredentials}, true},
+		{&amqpx.DialError{Err: amqp.ErrVhost}, true},
+		{fmt.Errorf("consume: %w", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no queue 'q' in vhost '/'"}), true},
+		{&amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - access to queue 'q' refused"}, true},
+		{&amqp.Error{Code: amqp.NotAllowed, Reason: "NOT_ALLOWED - vhost v not found"}, true},
+		{&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - home node 'rabbit@b' of durable queue 'q' in vhost '/' is down or inaccessible"}, false},
+		{&amqpx.DialError{Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}, false},
+		{fmt.Errorf("connection closed: %w", &amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure"}), false},
+		{amqp.ErrClosed, false},
+		{amqpx.ErrConsumerCancelled, false},
+		{errors.New("other"), false},
+	} {
+		if got := amqpx.IsPermanent(c.err); got != c.want {
+			t.Errorf("IsPermanent(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }
