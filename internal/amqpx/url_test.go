@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -83,6 +85,43 @@ func TestIsPermanent(t *testing.T) {
 	} {
 		if got := amqpx.IsPermanent(c.err); got != c.want {
 			t.Errorf("IsPermanent(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// What the real broker answers to a wrong password and to a vhost that does
+// not exist: both permanent, both said in words, neither showing the
+// password.
+func TestDialRefusalsArePermanent(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	u, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pass, _ := u.User.Password()
+	wrong := *u
+	wrong.User = url.UserPassword(u.User.Username(), "n0t-the-pa55")
+	vhost := *u
+	vhost.Path = "/" + env.Name("no-such-vhost")
+	for _, c := range []struct {
+		raw      string
+		sentinel error
+		says     string
+	}{
+		{wrong.String(), amqp.ErrCredentials, "refused the login"},
+		{vhost.String(), amqp.ErrVhost, "may not open vhost"},
+	} {
+		conn, err := amqpx.Dial(c.raw, env.Prefix+"/refused")
+		if err == nil {
+			_ = conn.Close()
+			t.Fatalf("dial %s succeeded", c.says)
+		}
+		if !errors.Is(err, c.sentinel) || !amqpx.IsPermanent(err) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("got %v (permanent %v), want %v, permanent, saying %q", err, amqpx.IsPermanent(err), c.sentinel, c.says)
+		}
+		if strings.Contains(err.Error(), "n0t-the-pa55") || strings.Contains(err.Error(), ":"+pass+"@") {
+			t.Errorf("error shows the password: %v", err)
 		}
 	}
 }
