@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -59,6 +60,16 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// reconnects. Default to 100ms and 30s.
 	ReconnectMin, ReconnectMax time.Duration
+	// PermanentFailureTimeout bounds how long Run keeps retrying a failure
+	// that does not pass by itself: the broker refusing the login (wrong
+	// user name or password), refusing access to the vhost or a queue, or a
+	// work queue that does not exist. Run tries again with the usual
+	// backoff, then returns the error once such failures in a row have
+	// lasted this long (and at least two tries were made), rather than
+	// sleep past it. Any other failure in between (the broker unreachable, a
+	// connection reset) starts the count again. Defaults to 10s; -1 retries
+	// forever.
+	PermanentFailureTimeout time.Duration
 	// Rand draws retry jitter, a float in [0, 1). Workers call it
 	// concurrently, so it must be safe for concurrent use. Defaults to
 	// math/rand/v2's Float64.
@@ -74,6 +85,8 @@ func (c *Config) validate() error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("consumer.Config.URL is required"))
+	} else if _, err := amqpx.ParseAMQPURL(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("consumer.Config.URL: %w", err)) // quotes nothing of the URL
 	}
 	if c.File == nil {
 		errs = append(errs, errors.New("consumer.Config.File is required"))
@@ -88,6 +101,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReconnectMin < 0 || c.ReconnectMax < 0 || (c.ReconnectMax > 0 && c.ReconnectMin > c.ReconnectMax) {
 		errs = append(errs, errors.New("consumer.Config.ReconnectMin/Max must be >= 0 and Min <= Max"))
+	}
+	if c.PermanentFailureTimeout < -1 {
+		errs = append(errs, errors.New("consumer.Config.PermanentFailureTimeout must be >= 0, or -1 to retry forever"))
 	}
 	return errors.Join(errs...)
 }
@@ -117,6 +133,9 @@ func (c *Config) withDefaults() *Config {
 	}
 	if out.ReconnectMax == 0 {
 		out.ReconnectMax = 30 * time.Second
+	}
+	if out.PermanentFailureTimeout == 0 {
+		out.PermanentFailureTimeout = 10 * time.Second
 	}
 	if out.Rand == nil {
 		out.Rand = rand.Float64
@@ -259,7 +278,10 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 // Run consumes every queue that has a handler until ctx ends, reconnecting
 // with backoff after connection or channel loss. When ctx ends it stops
 // consuming, lets in-flight handlers finish within DrainTimeout and returns
-// nil. It returns an error only if it can't start (no handlers).
+// nil. It returns an error if it can't start (no handlers), or when a
+// failure that does not pass by itself (a refused login or vhost, a missing
+// queue) has lasted PermanentFailureTimeout. No error or log line holds the
+// URL's password.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
@@ -279,18 +301,34 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("no handlers registered")
 	}
 	backoff := c.cfg.ReconnectMin
+	// A run of permanent failures: how many, and when the first began.
+	var refusals int
+	var refusedSince time.Time
 	for {
 		started := time.Now()
 		err := c.session(ctx, active)
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.metrics.reconnects.Inc()
 		if time.Since(started) > c.cfg.ReconnectMax {
 			backoff = c.cfg.ReconnectMin // it ran a good while: start over
 		}
 		wait := backoff/2 + time.Duration(c.cfg.Rand()*float64(backoff/2))
-		c.log.Warn("connection lost; reconnecting", "error", err, "in", wait.String())
+		if amqpx.IsPermanent(err) {
+			if refusals == 0 {
+				refusedSince = started
+			}
+			refusals++
+			elapsed := time.Since(refusedSince)
+			if limit := c.cfg.PermanentFailureTimeout; limit >= 0 && refusals >= 2 && elapsed+wait > limit {
+				return fmt.Errorf("giving up after %d tries in %s: %w", refusals, elapsed.Round(time.Millisecond), err)
+			}
+			c.log.Warn("refused by the broker; retrying", "error", err, "in", wait.String(), "try", refusals, "gives_up_after", c.cfg.PermanentFailureTimeout.String())
+		} else {
+			refusals = 0
+			c.log.Warn("connection lost; reconnecting", "error", err, "in", wait.String())
+		}
+		c.metrics.reconnects.Inc()
 		if h := c.cfg.hooks; h != nil && h.reconnecting != nil {
 			h.reconnecting(err)
 		}

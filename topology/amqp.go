@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 )
 
 // probe is what one AMQP check found.
@@ -58,7 +56,7 @@ func bindQueue(ch *amqp.Channel, b BindingSpec) error {
 func withChannel(conn *amqp.Connection, op func(*amqp.Channel) error) error {
 	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("open channel: %w", redact(err))
+		return fmt.Errorf("open channel: %w", err)
 	}
 	err = op(ch)
 	_ = ch.Close()
@@ -84,7 +82,7 @@ func classify(object string, err error) (probe, *ArgDiff, error) {
 			return probeConflict, &ArgDiff{Object: object, Arg: "?", Want: "(as configured)", Have: ae.Reason}, nil
 		}
 	}
-	return 0, nil, fmt.Errorf("%s: %w", object, redact(err))
+	return 0, nil, fmt.Errorf("%s: %w", object, err)
 }
 
 // probeExchange checks an exchange: passive for existence, then an
@@ -118,16 +116,3 @@ func exchangeObject(name string) string { return "exchange '" + name + "'" }
 func bindingObject(b BindingSpec) string {
 	return fmt.Sprintf("binding '%s' -> '%s' key '%s'", b.Exchange, b.Queue, b.Key)
 }
-
-// redact hides any URL password an error text may carry.
-func redact(err error) error {
-	if err == nil {
-		return nil
-	}
-	return redactedError{err}
-}
-
-type redactedError struct{ err error }
-
-func (e redactedError) Error() string { return amqpx.Redact(e.err.Error()) }
-func (e redactedError) Unwrap() error { return e.err }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 )
 
 // ErrNotFound is the management API's 404.
@@ -32,32 +34,31 @@ type Management struct {
 
 // NewManagement builds a client for baseURL. Credentials come from
 // baseURL's userinfo if it has one, else from the AMQP URL's; the vhost is
-// the AMQP URL's. Errors never contain a password.
+// the AMQP URL's. Errors quote neither URL: a URL that does not parse is an
+// *amqpx.URLError.
 func NewManagement(baseURL, amqpURL string) (*Management, error) {
-	u, err := url.Parse(baseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("management URL %q: must be an http(s) URL", redactURL(baseURL))
+	const kind = "management URL"
+	u, err := amqpx.ParseURL(kind, baseURL)
+	if err != nil {
+		return nil, err
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+		return nil, &amqpx.URLError{Kind: kind, Reason: "want http(s)://[user:password@]host[:port][/path], e.g. http://127.0.0.1:15672"}
+	}
+	if _, err := amqpx.ParseAMQPURL(amqpURL); err != nil {
+		return nil, err
 	}
 	uri, err := amqp.ParseURI(amqpURL)
-	if err != nil {
-		return nil, fmt.Errorf("AMQP URL: %w", redact(err))
+	if err != nil { // ParseAMQPURL accepted it: cannot happen
+		return nil, &amqpx.URLError{Kind: "AMQP URL", Reason: "does not parse"}
 	}
 	m := &Management{Vhost: uri.Vhost, User: uri.Username, Password: uri.Password}
 	if u.User != nil {
 		m.User = u.User.Username()
 		m.Password, _ = u.User.Password()
-		u.User = nil
 	}
-	m.BaseURL = strings.TrimRight(u.String(), "/")
+	m.BaseURL = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimRight(u.Path, "/")}).String()
 	return m, nil
-}
-
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparseable URL)"
-	}
-	return u.Redacted()
 }
 
 // MgmtQueue is the part of GET /api/queues/{vhost}/{name} that verify uses.
@@ -187,8 +188,8 @@ func (m *Management) vh() string {
 
 func (m *Management) get(ctx context.Context, path string, into any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.BaseURL+path, nil)
-	if err != nil {
-		return err
+	if err != nil { // its text quotes the URL
+		return &amqpx.URLError{Kind: "management URL", Reason: "no request can be made to it"}
 	}
 	req.SetBasicAuth(m.User, m.Password)
 	c := m.Client
@@ -197,7 +198,13 @@ func (m *Management) get(ctx context.Context, path string, into any) error {
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return fmt.Errorf("management API: %w", redact(err))
+		// A *url.Error quotes the request's URL; keep only its cause,
+		// which names at most the host and port.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("management API GET %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
@@ -207,6 +214,8 @@ func (m *Management) get(ctx context.Context, path string, into any) error {
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return ErrNotFound
+	case resp.StatusCode == http.StatusUnauthorized:
+		return fmt.Errorf("management API GET %s: %s: the API refused the login of user %q (credentials come from broker.management_url, else the AMQP URL)", path, resp.Status, m.User)
 	case resp.StatusCode != http.StatusOK:
 		return fmt.Errorf("management API GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
 	}

@@ -188,7 +188,7 @@ func (in *Inspector) Apply(ctx context.Context, t *Topology) (*Plan, error) {
 			if pr, d, cerr := classify(s.Object, err); cerr == nil && pr == probeConflict {
 				return nil, fmt.Errorf("%w: declare %s: %s: want %s, have %s (changed since the plan)", ErrConflict, s.Object, d.Arg, d.Want, d.Have)
 			}
-			return nil, fmt.Errorf("declare %s: %w", s.Object, redact(err))
+			return nil, fmt.Errorf("declare %s: %w", s.Object, err)
 		}
 	}
 	p.Applied = true

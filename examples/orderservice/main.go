@@ -60,7 +60,7 @@ func main() {
 	}
 	opts := Options{URL: *url, File: cfg, Registerer: reg, Logger: slog.Default(), Demo: *demo}
 	if err := Run(ctx, opts, os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintf(os.Stderr, "orderservice: %s\n", amqpx.Redact(err.Error()))
+		fmt.Fprintf(os.Stderr, "orderservice: %v\n", err) // dlxbridge's errors never quote a URL
 		os.Exit(1)
 	}
 }

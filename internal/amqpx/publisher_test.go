@@ -60,14 +60,6 @@ func TestPublisherConfirmsRoutedAndRefusesUnroutable(t *testing.T) {
 	}
 }
 
-func TestRedact(t *testing.T) {
-	t.Parallel()
-	got := amqpx.Redact(`dial amqp://user:s3cr%40t@host:5672/vh failed; amqps://a:b@c/`)
-	if want := `dial amqp://user:***@host:5672/vh failed; amqps://a:***@c/`; got != want {
-		t.Fatalf("got %q want %q", got, want)
-	}
-}
-
 func TestWatchChannelReportsBrokerCancelButNotOwn(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Require(t)

@@ -92,19 +92,21 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet, env *Env) {
 	fs.StringVar(&c.configPath, "config", "config.yaml", "path to the config file")
-	fs.StringVar(&c.url, "url", "", "AMQP URL (default $RABBITMQ_URL, else "+amqpx.Redact(amqpx.DefaultURL)+")")
+	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
+	fs.StringVar(&c.url, "url", "", "AMQP URL (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
 	fs.StringVar(&c.output, "output", "text", "output format: text or json")
 }
 
-// brokerURL resolves --url, then RABBITMQ_URL, then the default.
-func (c *common) brokerURL(env *Env) string {
+// brokerURL resolves --url, then RABBITMQ_URL, then the default, and says
+// which it took.
+func (c *common) brokerURL(env *Env) (url, from string) {
 	if c.url != "" {
-		return c.url
+		return c.url, "--url"
 	}
 	if u := env.Getenv("RABBITMQ_URL"); u != "" {
-		return u
+		return u, "$RABBITMQ_URL"
 	}
-	return amqpx.DefaultURL
+	return amqpx.DefaultURL, "the default URL"
 }
 
 func (c *common) checkOutput(env *Env) bool {

@@ -15,8 +15,9 @@ import (
 // runTopology: dlxbridge topology plan|apply|verify.
 //
 // The config is loaded and validated before anything dials the broker, so a
-// bad file (exit 2) declares nothing. Exit 1: verify found drift, apply was
-// refused (a conflicting object), or the broker could not be reached. Exit
+// bad file (exit 2) declares nothing; so does a URL that does not parse
+// (exit 2). Exit 1: verify found drift, apply was refused (a conflicting
+// object), or the broker could not be reached or refused the login. Exit
 // 3: plan or verify could not check everything (no management API) and
 // found nothing wrong in what it could. A configured management API that
 // does not answer is warned about, and the command goes on over AMQP.
@@ -45,9 +46,15 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	url := c.brokerURL(env)
+	// Errors never quote a URL: they are built from its parsed parts (see
+	// amqpx), so they are printed as they are.
+	url, from := c.brokerURL(env)
+	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s: %v\n", sub, from, err)
+		return ExitUsage
+	}
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s\n", sub, amqpx.Redact(fmt.Sprintf(format, a...)))
+		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s\n", sub, fmt.Sprintf(format, a...))
 		return ExitFail
 	}
 
@@ -55,19 +62,20 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	if cfg.Broker.ManagementURL != "" {
 		m, err := topology.NewManagement(cfg.Broker.ManagementURL, url)
 		if err != nil {
-			return fail("%v", err)
+			fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s: broker.management_url: %v\n", sub, c.configPath, err)
+			return ExitUsage
 		}
 		mgmt = m
 	}
 	conn, err := amqpx.Dial(url, "dlxbridge/topology-"+sub)
 	if err != nil {
-		return fail("connect to broker: %v", err)
+		return fail("%v", err)
 	}
 	defer conn.Close()
 	in := &topology.Inspector{Conn: conn}
 	if mgmt != nil {
 		if err := in.UseManagement(ctx, mgmt); err != nil {
-			fmt.Fprintf(env.Stderr, "dlxbridge topology %s: warning: %s; going on with what AMQP can check\n", sub, amqpx.Redact(err.Error()))
+			fmt.Fprintf(env.Stderr, "dlxbridge topology %s: warning: %s; going on with what AMQP can check\n", sub, err)
 		}
 	}
 	topo, err := topology.BuildFor(cfg, conn)
