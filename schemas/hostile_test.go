@@ -18,7 +18,13 @@ import (
 // more than maxAlloc bytes. The limits are generous (the race detector
 // slows things down by an order of magnitude); they catch blow-ups, not
 // regressions.
-func bounded(t *testing.T, maxTime time.Duration, maxAlloc uint64, check func()) {
+// bounded runs check and fails when it allocates more than maxAlloc bytes:
+// the allocation count is what bounds the gate's work on hostile input, and
+// unlike elapsed time it does not depend on how busy the machine is. Time is
+// only logged, and checked against hangGuard, far above any honest run.
+const hangGuard = time.Minute
+
+func bounded(t *testing.T, maxAlloc uint64, check func()) {
 	t.Helper()
 	var before, after runtime.MemStats
 	runtime.GC()
@@ -29,8 +35,8 @@ func bounded(t *testing.T, maxTime time.Duration, maxAlloc uint64, check func())
 	runtime.ReadMemStats(&after)
 	alloc := after.TotalAlloc - before.TotalAlloc
 	t.Logf("took %v, allocated %d KiB", took, alloc>>10)
-	if took > maxTime {
-		t.Errorf("took %v, limit %v", took, maxTime)
+	if took > hangGuard {
+		t.Errorf("took %v: the gate hung on hostile input (guard %v)", took, hangGuard)
 	}
 	if alloc > maxAlloc {
 		t.Errorf("allocated %d bytes, limit %d", alloc, maxAlloc)
@@ -54,7 +60,7 @@ func TestHostileDeepNesting(t *testing.T) {
 		`{"note":` + strings.Repeat("[", 1_000_000), // unterminated
 	} {
 		in := orderInput("orders.created", "2", body)
-		bounded(t, 2*time.Second, 1<<20, func() {
+		bounded(t, 1<<20, func() {
 			_, err := g.Check(in)
 			ve := wantReason(t, err, schemas.ReasonDecode)
 			if !strings.Contains(ve.Detail, "nesting too deep") {
@@ -71,7 +77,7 @@ func TestHostileHugeArray(t *testing.T) {
 	items := strings.TrimSuffix(strings.Repeat("0,", 520_000), ",")
 	body := strings.Replace(orderV1, `[{"sku": "BOOK-0042", "quantity": 1}]`, "["+items+"]", 1)
 	in := orderInput("orders.created", "1", body)
-	bounded(t, 2*time.Second, 64<<20, func() {
+	bounded(t, 64<<20, func() {
 		_, err := g.Check(in)
 		ve := wantReason(t, err, schemas.ReasonInvalid)
 		if len(ve.Violations) != 1 || ve.Violations[0].Pointer != "/items" || ve.Violations[0].Keyword != "maxItems" {
@@ -81,7 +87,7 @@ func TestHostileHugeArray(t *testing.T) {
 	// Within maxItems, every element wrong: the violations are capped.
 	items = strings.TrimSuffix(strings.Repeat(`{"sku":"-","quantity":0},`, 500), ",")
 	in = orderInput("orders.created", "1", strings.Replace(orderV1, `[{"sku": "BOOK-0042", "quantity": 1}]`, "["+items+"]", 1))
-	bounded(t, 2*time.Second, 64<<20, func() {
+	bounded(t, 64<<20, func() {
 		_, err := g.Check(in)
 		ve := wantReason(t, err, schemas.ReasonInvalid)
 		if len(ve.Violations) != schemas.DefaultMaxViolations || !ve.Truncated {
@@ -95,7 +101,7 @@ func TestHostileTenMegabytes(t *testing.T) {
 	in := orderInput("orders.created", "2", body)
 	t.Run("default limit", func(t *testing.T) {
 		g := ordersGate(t)
-		bounded(t, 100*time.Millisecond, 64<<10, func() {
+		bounded(t, 64<<10, func() {
 			_, err := g.Check(in)
 			wantReason(t, err, schemas.ReasonTooLarge)
 		})
@@ -105,7 +111,7 @@ func TestHostileTenMegabytes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bounded(t, 5*time.Second, 64<<20, func() {
+		bounded(t, 64<<20, func() {
 			_, err := g.Check(in)
 			ve := wantReason(t, err, schemas.ReasonInvalid)
 			if len(ve.Violations) != 1 || ve.Violations[0].Pointer != "/note" || ve.Violations[0].Keyword != "maxLength" {
@@ -123,7 +129,7 @@ func TestHostileInvalidUTF8(t *testing.T) {
 		strings.Replace(orderV2, "Berlin", `Berlin\udc00`, 1),        // lone surrogate escape
 		"\xff\xfe{}",
 	} {
-		bounded(t, time.Second, 1<<20, func() {
+		bounded(t, 1<<20, func() {
 			_, err := g.Check(orderInput("orders.created", "2", body))
 			wantReason(t, err, schemas.ReasonDecode)
 		})
@@ -139,7 +145,7 @@ func TestHostileDuplicateKeys(t *testing.T) {
 		strings.Replace(orderV2, `"city": "Berlin"`, `"city": "Berlin", "city": "Bonn"`, 1):                     "/shippingAddress/city",
 	}
 	for body, pointer := range tests {
-		bounded(t, time.Second, 1<<20, func() {
+		bounded(t, 1<<20, func() {
 			_, err := g.Check(orderInput("orders.created", "2", body))
 			ve := wantReason(t, err, schemas.ReasonDecode)
 			if len(ve.Violations) != 1 || ve.Violations[0].Pointer != pointer {
@@ -156,7 +162,7 @@ func TestHostileDuplicateKeys(t *testing.T) {
 	}
 	b.WriteString(`}`)
 	in := orderInput("orders.created", "2", b.String())
-	bounded(t, 2*time.Second, 64<<20, func() {
+	bounded(t, 64<<20, func() {
 		_, err := g.Check(in)
 		ve := wantReason(t, err, schemas.ReasonInvalid)
 		if len(ve.Violations) != 1 || ve.Violations[0].Keyword != "additionalProperties" || len(ve.Violations[0].Message) > 200 {
@@ -183,7 +189,7 @@ func TestHostileBigNumbers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			bounded(t, time.Second, 4<<20, func() {
+			bounded(t, 4<<20, func() {
 				msg, err := g.Check(orderInput("orders.created", "1", strings.Replace(orderV1, tt.from, tt.to, 1)))
 				if tt.reason == "" {
 					if err != nil {
