@@ -141,7 +141,7 @@ func freePort(t testing.TB) int {
 // is deleted at cleanup: the node and its data go away with the test.
 func (n *Node) Env(t testing.TB) *Env {
 	t.Helper()
-	e := &Env{T: t, URL: n.URL, Prefix: prefixFor(t.Name())}
+	e := &Env{T: t, URL: n.URL, Prefix: prefixFor(t.Name()), brokerURL: n.URL}
 	if v, ok := e.Dial("probe").Properties["version"].(string); ok {
 		e.ServerVersion = v
 	}
