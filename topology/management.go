@@ -34,8 +34,8 @@ type Management struct {
 
 // NewManagement builds a client for baseURL. Credentials come from
 // baseURL's userinfo if it has one, else from the AMQP URL's; the vhost is
-// the AMQP URL's. Errors quote neither URL: a URL that does not parse is an
-// *amqpx.URLError.
+// the AMQP URL's. Errors quote neither URL, not even one that does not
+// parse.
 func NewManagement(baseURL, amqpURL string) (*Management, error) {
 	const kind = "management URL"
 	u, err := amqpx.ParseURL(kind, baseURL)

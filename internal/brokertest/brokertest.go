@@ -203,7 +203,8 @@ func newEnv(t testing.TB, brokerURL, mgmt string, j *journal) *Env {
 	if relayed, err := e.startRecorder(); err != nil {
 		t.Fatalf("start the recording relay: %v", err)
 	} else if relayed == "" {
-		t.Logf("brokertest: %s is not plain AMQP: declarations are not recorded, cleanup relies on Track* and the management API", amqpx.Redact(brokerURL))
+		ep, _ := amqpx.ParseAMQPURL(brokerURL)
+		t.Logf("brokertest: %s is not plain AMQP: declarations are not recorded, cleanup relies on Track* and the management API", ep)
 	} else {
 		e.URL = relayed
 	}
@@ -230,9 +231,9 @@ func newEnv(t testing.TB, brokerURL, mgmt string, j *journal) *Env {
 // or "" when the broker URL is not plain amqp:// (a TLS stream cannot be
 // read). The relay stops after every other cleanup of the test.
 func (e *Env) startRecorder() (string, error) {
-	u, err := url.Parse(e.brokerURL)
+	u, err := amqpx.ParseURL("AMQP URL", e.brokerURL)
 	if err != nil {
-		return "", errors.New(amqpx.Redact(err.Error()))
+		return "", err
 	}
 	if u.Scheme != "amqp" {
 		return "", nil
@@ -317,6 +318,10 @@ func (e *Env) Dial(purpose string) *amqp.Connection {
 // dialWithin opens a named connection; connect and handshake together take
 // at most timeout. Errors never contain the password.
 func dialWithin(u, name string, timeout time.Duration) (*amqp.Connection, error) {
+	ep, err := amqpx.ParseAMQPURL(u)
+	if err != nil {
+		return nil, err
+	}
 	cfg := amqp.Config{
 		Properties: amqp.NewConnectionProperties(),
 		Heartbeat:  10 * time.Second,
@@ -325,15 +330,10 @@ func dialWithin(u, name string, timeout time.Duration) (*amqp.Connection, error)
 	cfg.Properties.SetClientConnectionName(name)
 	conn, err := amqp.DialConfig(u, cfg)
 	if err != nil {
-		return nil, redacted{err}
+		return nil, &amqpx.DialError{Endpoint: ep, Err: err}
 	}
 	return conn, nil
 }
-
-type redacted struct{ err error }
-
-func (r redacted) Error() string { return amqpx.Redact(r.err.Error()) }
-func (r redacted) Unwrap() error { return r.err }
 
 // Channel opens a channel on a fresh named connection.
 func (e *Env) Channel(purpose string) *amqp.Channel {
