@@ -6,4 +6,5 @@ type testHooks struct {
 	consuming    func()
 	reconnecting func(err error)
 	settled      func(queue, outcome string)
+	stopping     func(queue string) // a queue session's stop began (its consumer is being cancelled)
 }

@@ -278,7 +278,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		}
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
-		if rerr := d.Reject(true); rerr != nil {
+		if rerr := w.qs.settle(func() error { return d.Reject(true) }); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
 		w.record(OutcomeRequeued)
@@ -321,7 +321,7 @@ func (w *worker) record(outcome string) {
 // channel fails: the broker will redeliver the message (a duplicate, which
 // idempotency keys are for), so it is not counted as acked.
 func (w *worker) ack(d *amqp.Delivery) bool {
-	if err := d.Ack(false); err != nil {
+	if err := w.qs.settle(func() error { return d.Ack(false) }); err != nil {
 		qr := w.qs.qr
 		w.record(OutcomeAckFailed)
 		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)

@@ -183,8 +183,13 @@ type queueSession struct {
 	// handlerCtx is cancelled when the drain deadline passes.
 	handlerCtx    context.Context
 	cancelHandler context.CancelFunc
-	// stopping is closed when stop begins.
-	stopping chan struct{}
+	// stopping is closed when the stop begins, under settleMu's write
+	// lock; cancelled when basic.cancel has returned.
+	stopping  chan struct{}
+	cancelled chan struct{}
+	// settleMu is held (read) while an ack or reject is written, so that
+	// none is written between the start of the stop and the cancel-ok.
+	settleMu sync.RWMutex
 }
 
 func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
@@ -201,7 +206,8 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, pubConn: pubConn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
+	qs := &queueSession{qr: qr, pubConn: pubConn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
+		stopping: make(chan struct{}), cancelled: make(chan struct{})}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -214,28 +220,47 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *
 			defer qs.workers.Done()
 			w := &worker{qs: qs}
 			defer w.close()
-			for d := range deliveries {
+			// After a stop's basic.cancel the client closes deliveries
+			// once it has handed over what came before the cancel-ok: all
+			// of it is handled, not returned to the queue.
+			for {
 				select {
-				case <-qs.stopping:
-					// Prefetched but not started: leave it unsettled; the
-					// broker requeues it when the channel closes.
-					continue
-				default:
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					if qs.handlerCtx.Err() != nil {
+						return // past the drain deadline: left for the channel close to requeue
+					}
+					w.process(d)
+				case <-qs.handlerCtx.Done():
+					return
 				}
-				w.process(d)
 			}
 		}()
 	}
 	return qs, nil
 }
 
-// stop cancels the consumer, waits up to drain for in-flight handlers, then
-// closes the channel (the broker requeues anything unacked).
+// stop cancels the consumer, lets the workers handle what was already
+// delivered (handlers in flight and the prefetch) for up to drain, then
+// closes the channel. A graceful stop thus returns nothing it received in
+// time to the queue: a message returned by a channel close counts as a
+// delivery toward the queue's delivery limit. Whatever is unacked at the
+// deadline is requeued by the broker.
 func (qs *queueSession) stop(drain time.Duration) {
+	qs.settleMu.Lock()
 	close(qs.stopping)
+	qs.settleMu.Unlock()
+	if h := qs.qr.c.cfg.hooks; h != nil && h.stopping != nil {
+		h.stopping(qs.qr.cfg.Name)
+	}
 	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
 	// drain deadline hostage. Close below ends it either way.
-	go func() { _ = qs.ch.Cancel(qs.tag, false) }()
+	go func() {
+		defer close(qs.cancelled)
+		_ = qs.ch.Cancel(qs.tag, false)
+	}()
 	done := make(chan struct{})
 	go func() { qs.workers.Wait(); close(done) }()
 	timer := time.NewTimer(drain)
@@ -254,6 +279,29 @@ func (qs *queueSession) stop(drain time.Duration) {
 	_ = qs.ch.Close()
 	<-done
 	qs.cancelHandler()
+}
+
+// settle writes an ack or reject. Between the start of a stop and the
+// cancel-ok it waits (until the drain deadline at most): an ack gives the
+// consumer credit for one more message, and a quorum queue can deliver it
+// after the cancel-ok (the queue and the channel settle the cancel
+// separately), where the client drops it as addressed to no consumer. It
+// would sit unacked until the channel closes and come back with a raised
+// delivery count.
+func (qs *queueSession) settle(write func() error) error {
+	qs.settleMu.RLock()
+	select {
+	case <-qs.stopping:
+		qs.settleMu.RUnlock()
+		select {
+		case <-qs.cancelled:
+		case <-qs.handlerCtx.Done():
+		}
+		return write()
+	default:
+	}
+	defer qs.settleMu.RUnlock()
+	return write()
 }
 
 // report hands a session-ending error to the session without blocking: the
