@@ -76,6 +76,9 @@ type Publisher struct {
 	mu     sync.Mutex
 	pub    *amqpx.Publisher // nil once broken; reopened on the next Publish
 	closed bool
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: ends a channel open in progress
 }
 
 // New opens a confirm-mode channel on conn.
@@ -101,7 +104,7 @@ func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
-	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub}, nil
+	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub, closing: make(chan struct{})}, nil
 }
 
 // Publish validates m and, if it is valid, publishes it to exchange with
@@ -114,7 +117,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, m 
 	if err != nil {
 		return err
 	}
-	pub, err := p.channel()
+	pub, err := p.channel(ctx)
 	if err != nil {
 		return err
 	}
@@ -172,7 +175,9 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 }
 
 // channel returns the live publisher, reopening it if a failure closed it.
-func (p *Publisher) channel() (*amqpx.Publisher, error) {
+// The reopen waits at most until ctx ends or Close is called: the broker
+// answers no channel open on a connection it has blocked (resource alarm).
+func (p *Publisher) channel(ctx context.Context) (*amqpx.Publisher, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -184,7 +189,16 @@ func (p *Publisher) channel() (*amqpx.Publisher, error) {
 	if p.conn.IsClosed() {
 		return nil, fmt.Errorf("publisher: %w: connection closed", amqpx.ErrPublisherClosed)
 	}
-	pub, err := amqpx.NewPublisher(p.conn)
+	octx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.closing:
+			cancel()
+		case <-octx.Done():
+		}
+	}()
+	pub, err := amqpx.NewPublisherContext(octx, p.conn)
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
@@ -204,8 +218,14 @@ func (p *Publisher) retire(pub *amqpx.Publisher) {
 }
 
 // Close closes the channel (not the connection). Publish fails afterwards
-// with amqpx.ErrPublisherClosed.
+// with amqpx.ErrPublisherClosed, and a publish waiting for its confirm ends
+// with it (treat that message as not sent). Close waits at most
+// amqpx.CloseTimeout for the broker: during a resource alarm the broker
+// answers nothing on a publishing connection, so the close is then
+// abandoned (an error wrapping amqpx.ErrCloseAbandoned) and completes when
+// the alarm clears or the connection is closed.
 func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() { close(p.closing) })
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
