@@ -260,7 +260,9 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 // Run consumes every queue that has a handler until ctx ends, reconnecting
 // with backoff after connection or channel loss. When ctx ends it cancels
 // the consumers, handles what was already delivered within DrainTimeout and
-// returns nil. It returns an error only if it can't start (no handlers).
+// returns nil: within DrainTimeout and about a second, even while a resource
+// alarm keeps the broker from answering. It returns an error only if it
+// can't start (no handlers).
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {

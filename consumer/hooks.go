@@ -7,4 +7,5 @@ type testHooks struct {
 	reconnecting func(err error)
 	settled      func(queue, outcome string)
 	stopping     func(queue string) // a queue session's stop began (its consumer is being cancelled)
+	blocked      func(active bool)  // the broker blocked or unblocked the publishing connection
 }
