@@ -53,9 +53,11 @@ type Config struct {
 	// WorkerVersion is recorded in quarantine envelopes. Defaults to the
 	// main module's version from the build info.
 	WorkerVersion string
-	// DrainTimeout bounds graceful shutdown: after the context ends, handlers
-	// in flight get this long to finish before their channel is closed (the
-	// broker then requeues what is unacked). Defaults to 30s.
+	// DrainTimeout bounds graceful shutdown: after the context ends, the
+	// consumers are cancelled and the workers get this long to handle what
+	// was already delivered (handlers in flight and the prefetch) before the
+	// channels are closed. The broker requeues what is then unacked, which
+	// counts toward the delivery limit. Defaults to 30s.
 	DrainTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// reconnects. Default to 100ms and 30s.
@@ -276,12 +278,13 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 }
 
 // Run consumes every queue that has a handler until ctx ends, reconnecting
-// with backoff after connection or channel loss. When ctx ends it stops
-// consuming, lets in-flight handlers finish within DrainTimeout and returns
-// nil. It returns an error if it can't start (no handlers), or when a
-// failure that does not pass by itself (a refused login or vhost, a missing
-// queue) has lasted PermanentFailureTimeout. No error or log line holds the
-// URL's password.
+// with backoff after connection or channel loss. When ctx ends it cancels
+// the consumers, handles what was already delivered within DrainTimeout and
+// returns nil: within DrainTimeout and about a second, even while a resource
+// alarm keeps the broker from answering. It returns an error if it can't
+// start (no handlers), or when a failure that does not pass by itself (a
+// refused login or vhost, a missing queue) has lasted
+// PermanentFailureTimeout. No error or log line holds the URL's password.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {

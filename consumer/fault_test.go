@@ -78,34 +78,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 		outcomesMu.Unlock()
 	}
 	b.start(func(c *Consumer) {
-		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
-			i, err := strconv.Atoi(strings.TrimPrefix(m.MessageID, "m-"))
-			if err != nil {
-				return triage.Permanent(fmt.Errorf("unexpected message id %q", m.MessageID))
-			}
-			// Park at the fault gate: the fault lands while handlers are in
-			// flight and messages wait in the queue, however fast or slow
-			// this machine is.
-			if gate := l.gate(); gate != nil {
-				select {
-				case <-gate:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			l.call(m.MessageID)
-			time.Sleep(5 * time.Millisecond) // some work
-			switch faultKind(i) {
-			case "permanent":
-				return triage.Permanent(errors.New("permanently bad"))
-			case "transient-once":
-				if m.Attempt == 1 {
-					return errors.New("transiently bad")
-				}
-			}
-			l.succeeded(m.MessageID)
-			return nil
-		})))
+		must(t, c.Handle(b.queue.Name, testType, l.handler(5*time.Millisecond)))
 	})
 
 	// The test's own publisher must not lose messages either: every
@@ -248,6 +221,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 // faultLedger records what happened to each message id.
 type faultLedger struct {
 	mu          sync.Mutex
+	failed      int // handler calls that returned an error
 	calls       map[string]int
 	successes   map[string]int
 	quarantined map[string]int
@@ -265,6 +239,46 @@ func newFaultLedger() *faultLedger {
 	return &faultLedger{
 		calls: map[string]int{}, successes: map[string]int{}, quarantined: map[string]int{},
 		classes: map[string][]string{}, accounted: map[string]bool{}, changed: make(chan struct{}, 1),
+	}
+}
+
+// handler is the fault tests' handler: it parks at the gate (so a fault
+// lands while handlers are in flight and messages wait in the queue,
+// however fast or slow this machine is), does work, then what faultKind says
+// of the message, and records it.
+func (l *faultLedger) handler(work time.Duration) HandlerFunc {
+	return func(ctx context.Context, m *Message) error {
+		i, err := strconv.Atoi(strings.TrimPrefix(m.MessageID, "m-"))
+		if err != nil {
+			return triage.Permanent(fmt.Errorf("unexpected message id %q", m.MessageID))
+		}
+		if gate := l.gate(); gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		l.call(m.MessageID)
+		time.Sleep(work)
+		var herr error
+		switch faultKind(i) {
+		case "permanent":
+			herr = triage.Permanent(errors.New("permanently bad"))
+		case "transient-once":
+			if m.Attempt == 1 {
+				herr = errors.New("transiently bad")
+			}
+		}
+		if herr != nil {
+			l.mu.Lock()
+			l.failed++
+			l.mu.Unlock()
+			l.notify()
+			return herr
+		}
+		l.succeeded(m.MessageID)
+		return nil
 	}
 }
 

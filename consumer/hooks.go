@@ -9,4 +9,6 @@ type testHooks struct {
 	// frameMax, if set, replaces the publishing connection's frame_max in
 	// quarantine.Fit.
 	frameMax int
+	stopping func(queue string) // a queue session's stop began (its consumer is being cancelled)
+	blocked  func(active bool)  // the broker blocked or unblocked the publishing connection
 }

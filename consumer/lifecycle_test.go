@@ -3,11 +3,14 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -276,4 +279,104 @@ func TestLosingThePublishingConnectionRecovers(t *testing.T) {
 	b.publishJSON(map[string]any{"id": "p"}, amqp.Publishing{MessageId: "p"})
 	b.waitOutcome(OutcomeRetried, 10*time.Second)
 	b.waitOutcome(OutcomeAcked, 10*time.Second)
+}
+
+// A graceful stop cancels the subscription and handles what was already
+// delivered (prefetched, not yet started) instead of leaving it to the
+// channel close, which would return it with a raised x-delivery-count:
+// after a few deploys innocent messages would look like crash loops.
+func TestGracefulStopHandlesPrefetchedDeliveries(t *testing.T) {
+	t.Parallel()
+	const total = 40
+	b := setup(t, func(q *config.Queue) {
+		q.Consumer.Prefetch = 10
+		q.Consumer.Concurrency = 2
+		q.DeliveryLimit = 10
+		q.Consumer.CrashLoopDeliveries = 5 // a raised count must show up below, not be quarantined
+	})
+	b.cfg.DrainTimeout = 15 * time.Second
+	stopping := make(chan struct{}, 1)
+	b.cfg.hooks.stopping = func(string) { stopping <- struct{}{} }
+
+	type seen struct {
+		run   int
+		count any // x-delivery-count as the handler saw it
+	}
+	var mu sync.Mutex
+	handled := map[string][]seen{}
+	run := 1
+	entered := make(chan struct{}, total)
+	release := make(chan struct{})
+	register := func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			mu.Lock()
+			handled[m.MessageID] = append(handled[m.MessageID], seen{run: run, count: m.Headers["x-delivery-count"]})
+			r := run
+			mu.Unlock()
+			if r == 1 {
+				entered <- struct{}{}
+				<-release // both workers busy: the rest of the prefetch waits, unstarted
+			}
+			return nil
+		})))
+	}
+	for i := range total {
+		id := fmt.Sprintf("g-%02d", i)
+		b.publishJSON(map[string]any{"id": id}, amqp.Publishing{MessageId: id})
+	}
+	stop := b.start(register)
+	<-entered
+	<-entered
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	<-stopping // the consumer is being cancelled while deliveries wait in the prefetch
+	close(release)
+	<-stopped
+
+	mu.Lock()
+	first := len(handled)
+	mu.Unlock()
+	if first >= total {
+		t.Fatalf("the first run handled all %d messages; the stop came too late to test anything", total)
+	}
+	mu.Lock()
+	run = 2
+	mu.Unlock()
+	b.cfg.Registerer = prometheus.NewRegistry()
+	b.start(register)
+	deadline := time.After(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(handled)
+		mu.Unlock()
+		if n == total {
+			break
+		}
+		select {
+		case <-b.settled:
+		case <-deadline:
+			t.Fatalf("%d of %d messages handled after the restart", n, total)
+		}
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	var raised, twice []string
+	for id, ss := range handled {
+		if len(ss) > 1 {
+			twice = append(twice, id)
+		}
+		for _, s := range ss {
+			if s.run == 2 && s.count != nil && s.count != int64(0) {
+				raised = append(raised, fmt.Sprintf("%s (x-delivery-count %v)", id, s.count))
+			}
+		}
+	}
+	t.Logf("first run handled %d of %d before the stop completed", first, total)
+	if len(raised) > 0 {
+		t.Errorf("the graceful stop raised the delivery count of %d messages: %v", len(raised), raised)
+	}
+	if len(twice) > 0 {
+		t.Errorf("%d messages were handled twice: %v", len(twice), twice)
+	}
 }

@@ -32,9 +32,15 @@ type worker struct {
 }
 
 func (w *worker) close() {
-	if w.pub != nil {
-		_ = w.pub.Close()
+	if w.pub == nil {
+		return
 	}
+	if blocked, _ := w.qs.blocking.Blocked(); blocked {
+		// No close-ok comes before the alarm clears; the channel closes
+		// with the publishing connection, which the session closes next.
+		return
+	}
+	_ = w.pub.Close()
 }
 
 // failure is everything known about a failed delivery when it is settled.
@@ -285,6 +291,16 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		return
 	}
+	if err != nil && w.qs.handlerCtx.Err() != nil {
+		// The drain deadline passed while the publish waited (typically on
+		// a connection blocked by a resource alarm). Whether the broker has
+		// the copy is unknown: the original is left unsettled, and the
+		// channel close requeues it. Not a failure of the message's.
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
+		return
+	}
 	if err != nil {
 		kind := "retry"
 		if outcome == OutcomeQuarantined {
@@ -304,7 +320,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		}
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
-		if rerr := d.Reject(true); rerr != nil {
+		if rerr := w.qs.settle(func() error { return d.Reject(true) }); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
 		w.record(OutcomeRequeued)
@@ -347,7 +363,7 @@ func (w *worker) record(outcome string) {
 // channel fails: the broker will redeliver the message (a duplicate, which
 // idempotency keys are for), so it is not counted as acked.
 func (w *worker) ack(d *amqp.Delivery) bool {
-	if err := d.Ack(false); err != nil {
+	if err := w.qs.settle(func() error { return d.Ack(false) }); err != nil {
 		qr := w.qs.qr
 		w.record(OutcomeAckFailed)
 		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
@@ -361,7 +377,7 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 	if w.pub != nil {
 		return w.pub, nil
 	}
-	p, err := amqpx.NewPublisher(w.qs.pubConn)
+	p, err := amqpx.NewPublisherContext(w.qs.handlerCtx, w.qs.pubConn)
 	if err != nil {
 		return nil, err
 	}
@@ -371,12 +387,22 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 
 // publish sends with confirm + mandatory; a publisher whose channel died is
 // dropped so the next publish opens a fresh one.
+//
+// While the broker blocks the publishing connection (a resource alarm) it
+// reads nothing from it: a publish, or opening a channel for one, would only
+// wait, and a timeout would requeue the message and run its handler again
+// for nothing. So publish first waits for the unblock, holding the delivery,
+// until the drain deadline.
 func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	if err := w.qs.blocking.Wait(w.qs.handlerCtx); err != nil {
+		_, reason := w.qs.blocking.Blocked()
+		return fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err)
+	}
 	pub, err := w.publisher()
 	if err != nil {
 		return err
 	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	pctx, cancel := w.confirmContext(ctx)
 	defer cancel()
 	err = pub.Publish(pctx, exchange, key, p)
 	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
@@ -386,8 +412,42 @@ func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publi
 	return err
 }
 
-// publishTimeout bounds the wait for a publisher confirm.
+// publishTimeout bounds the wait for a publisher confirm while the
+// publishing connection is not blocked.
 const publishTimeout = 30 * time.Second
+
+// errConfirmTimeout ends a confirm wait that took publishTimeout.
+var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTimeout)
+
+// confirmContext is ctx without its cancellation (a handler's deadline must
+// not cut a publish short) that ends at the drain deadline, or after
+// publishTimeout unless the broker then blocks the publishing connection:
+// a confirm comes only after the unblock, so the wait goes on until it, and
+// publishTimeout more.
+func (w *worker) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(w.qs.handlerCtx, func() { cancel(w.qs.handlerCtx.Err()) })
+	go func() {
+		timer := time.NewTimer(publishTimeout)
+		defer timer.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-timer.C:
+				if blocked, _ := w.qs.blocking.Blocked(); !blocked {
+					cancel(errConfirmTimeout)
+					return
+				}
+				if w.qs.blocking.Wait(pctx) != nil {
+					return
+				}
+				timer.Reset(publishTimeout)
+			}
+		}
+	}()
+	return pctx, func() { stop(); cancel(nil) }
+}
 
 type randFunc func() float64
 

@@ -93,24 +93,42 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 // Retries and quarantines are published on a connection of their own: when
 // a resource alarm blocks publishing connections, the broker stops reading
 // from them, and acks sent on a shared connection would stall with them.
+// Nothing in a session waits on the broker without a bound: during an alarm
+// the broker answers nothing on the publishing connection (no confirm, no
+// channel open or close-ok), so workers wait for the unblock only until the
+// drain deadline, and closes are abandoned (the socket is closed) after
+// amqpx.CloseTimeout, or at once when the connection is known to be blocked.
 func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	conn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer amqpx.CloseConnection(conn, amqpx.CloseTimeout)
 	pubConn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName+"/publish")
 	if err != nil {
 		return err
 	}
-	defer pubConn.Close()
-	amqpx.WatchBlocked(pubConn, func(b amqp.Blocking) {
+	blocking := amqpx.WatchBlocked(pubConn, func(b amqp.Blocking) {
 		if b.Active {
-			c.log.Warn("the broker blocked publishing (resource alarm): retries and quarantines wait, then requeue", "reason", b.Reason)
+			c.log.Warn("the broker blocked publishing (resource alarm): retries and quarantines wait until it unblocks", "reason", b.Reason)
 		} else {
 			c.log.Info("the broker unblocked publishing")
 		}
+		if h := c.cfg.hooks; h != nil && h.blocked != nil {
+			h.blocked(b.Active)
+		}
 	})
+	var closePubOnce sync.Once
+	closePub := func() {
+		closePubOnce.Do(func() {
+			within := amqpx.CloseTimeout
+			if blocked, _ := blocking.Blocked(); blocked {
+				within = 0 // no close-ok comes before the alarm clears
+			}
+			_ = amqpx.CloseConnection(pubConn, within)
+		})
+	}
+	defer closePub()
 	version, err := topology.VersionFromProperties(conn.Properties)
 	if err != nil {
 		return err
@@ -133,11 +151,9 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 				qr.isRetry[l.Queue] = true
 			}
 		}
-		qs, err := startQueueSession(ctx, conn, pubConn, qr, lost)
+		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, lost)
 		if err != nil {
-			for _, r := range runners {
-				r.stop(0)
-			}
+			c.stopAll(runners, 0, conn, closePub)
 			return err
 		}
 		runners = append(runners, qs)
@@ -166,31 +182,92 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		cause = fmt.Errorf("publishing connection: %w", cause)
 	case cause = <-lost:
 	}
+	c.stopAll(runners, drain, conn, closePub)
+	return cause
+}
+
+// stopAll stops every queue session: it cancels their consumers, lets the
+// workers handle what was already delivered for up to drain, then closes the
+// channels. A graceful stop thus returns nothing to the queues that it
+// received in time (a message returned by a channel close counts as a
+// delivery toward the queue's delivery limit).
+//
+// At the drain deadline handlers are told to stop and the publishing
+// connection is closed, which ends every publish, confirm wait and channel
+// open still waiting on it; past abandonGrace more (a handler that ignores
+// its context gets that long) the consuming connection is closed too.
+// Deliveries left unsettled are requeued by the broker.
+func (c *Consumer) stopAll(runners []*queueSession, drain time.Duration, conn *amqp.Connection, closePub func()) {
+	for _, r := range runners {
+		r.beginStop()
+	}
+	done := make(chan struct{})
+	go func() {
+		for _, r := range runners {
+			r.workers.Wait()
+		}
+		close(done)
+	}()
+	timer := time.NewTimer(drain)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		for _, r := range runners {
+			r.cancelHandler()
+		}
+		if drain > 0 {
+			c.log.Warn("drain deadline passed; closing with messages unsettled (the broker requeues them)")
+		}
+		closePub()
+		grace := time.NewTimer(abandonGrace + 250*time.Millisecond)
+		defer grace.Stop()
+		select {
+		case <-done:
+		case <-grace.C:
+			// Only an ack or reject stuck on the consuming connection's
+			// socket is left: end it.
+			_ = amqpx.CloseConnection(conn, 0)
+			<-done
+		}
+	}
+	// An ack written just before a channel close can be lost on some
+	// brokers (seen on 3.10.8); a short pause lets acks reach the wire.
+	time.Sleep(20 * time.Millisecond)
 	var wg sync.WaitGroup
 	for _, r := range runners {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.stop(drain) }()
+		go func() {
+			defer wg.Done()
+			_ = amqpx.CloseChannel(r.ch, amqpx.CloseTimeout)
+			r.cancelHandler()
+		}()
 	}
 	wg.Wait()
-	return cause
 }
 
 // queueSession is one work queue's consume channel and workers for one
 // connection.
 type queueSession struct {
-	qr      *queueRuntime
-	pubConn *amqp.Connection // for retry and quarantine publishes
-	ch      *amqp.Channel
-	tag     string
-	workers sync.WaitGroup
+	qr       *queueRuntime
+	pubConn  *amqp.Connection // for retry and quarantine publishes
+	blocking *amqpx.Blocking  // pubConn's resource-alarm state
+	ch       *amqp.Channel
+	tag      string
+	workers  sync.WaitGroup
 	// handlerCtx is cancelled when the drain deadline passes.
 	handlerCtx    context.Context
 	cancelHandler context.CancelFunc
-	// stopping is closed when stop begins.
-	stopping chan struct{}
+	// stopping is closed when the stop begins, under settleMu's write
+	// lock; cancelled when basic.cancel has returned.
+	stopping  chan struct{}
+	cancelled chan struct{}
+	// settleMu is held (read) while an ack or reject is written, so that
+	// none is written between the start of the stop and the cancel-ok.
+	settleMu sync.RWMutex
 }
 
-func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
+func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
@@ -204,7 +281,8 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, pubConn: pubConn, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel, stopping: make(chan struct{})}
+	qs := &queueSession{qr: qr, pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
+		stopping: make(chan struct{}), cancelled: make(chan struct{})}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -217,46 +295,66 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, qr *
 			defer qs.workers.Done()
 			w := &worker{qs: qs}
 			defer w.close()
-			for d := range deliveries {
+			// After a stop's basic.cancel the client closes deliveries
+			// once it has handed over what came before the cancel-ok: all
+			// of it is handled, not returned to the queue.
+			for {
 				select {
-				case <-qs.stopping:
-					// Prefetched but not started: leave it unsettled; the
-					// broker requeues it when the channel closes.
-					continue
-				default:
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					if qs.handlerCtx.Err() != nil {
+						return // past the drain deadline: left for the channel close to requeue
+					}
+					w.process(d)
+				case <-qs.handlerCtx.Done():
+					return
 				}
-				w.process(d)
 			}
 		}()
 	}
 	return qs, nil
 }
 
-// stop cancels the consumer, waits up to drain for in-flight handlers, then
-// closes the channel (the broker requeues anything unacked).
-func (qs *queueSession) stop(drain time.Duration) {
+// beginStop cancels the consumer; the workers go on with what was already
+// delivered.
+func (qs *queueSession) beginStop() {
+	qs.settleMu.Lock()
 	close(qs.stopping)
-	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
-	// drain deadline hostage. Close below ends it either way.
-	go func() { _ = qs.ch.Cancel(qs.tag, false) }()
-	done := make(chan struct{})
-	go func() { qs.workers.Wait(); close(done) }()
-	timer := time.NewTimer(drain)
-	defer timer.Stop()
-	select {
-	case <-done:
-	case <-timer.C:
-		qs.cancelHandler()
-		if drain > 0 {
-			qs.qr.c.log.Warn("drain deadline passed; closing the channel with messages unsettled", "queue", qs.qr.cfg.Name)
-		}
+	qs.settleMu.Unlock()
+	if h := qs.qr.c.cfg.hooks; h != nil && h.stopping != nil {
+		h.stopping(qs.qr.cfg.Name)
 	}
-	// An ack written just before a channel close can be lost on some
-	// brokers (seen on 3.10.8); a short pause lets acks reach the wire.
-	time.Sleep(20 * time.Millisecond)
-	_ = qs.ch.Close()
-	<-done
-	qs.cancelHandler()
+	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
+	// drain deadline hostage. The channel close ends it either way.
+	go func() {
+		defer close(qs.cancelled)
+		_ = qs.ch.Cancel(qs.tag, false)
+	}()
+}
+
+// settle writes an ack or reject. Between the start of a stop and the
+// cancel-ok it waits (until the drain deadline at most): an ack gives the
+// consumer credit for one more message, and a quorum queue can deliver it
+// after the cancel-ok (the queue and the channel settle the cancel
+// separately), where the client drops it as addressed to no consumer. It
+// would sit unacked until the channel closes and come back with a raised
+// delivery count.
+func (qs *queueSession) settle(write func() error) error {
+	qs.settleMu.RLock()
+	select {
+	case <-qs.stopping:
+		qs.settleMu.RUnlock()
+		select {
+		case <-qs.cancelled:
+		case <-qs.handlerCtx.Done():
+		}
+		return write()
+	default:
+	}
+	defer qs.settleMu.RUnlock()
+	return write()
 }
 
 // report hands a session-ending error to the session without blocking: the

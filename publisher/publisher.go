@@ -42,6 +42,10 @@ var (
 	// under the publish. After a closed channel the next Publish opens a new
 	// one; after Close or a closed connection every Publish fails.
 	ErrClosed = amqpx.ErrPublisherClosed
+	// ErrCloseAbandoned: Close gave up waiting for the broker's close-ok
+	// (a resource alarm blocks the connection); the close completes when
+	// the alarm clears or the connection is closed.
+	ErrCloseAbandoned = amqpx.ErrCloseAbandoned
 )
 
 // Config configures a Publisher.
@@ -92,6 +96,9 @@ type Publisher struct {
 	mu     sync.Mutex
 	pub    *amqpx.Publisher // nil once broken; reopened on the next Publish
 	closed bool
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: ends a channel open in progress
 }
 
 // New opens a confirm-mode channel on conn.
@@ -117,7 +124,7 @@ func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
-	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub}, nil
+	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub, closing: make(chan struct{})}, nil
 }
 
 // Publish validates m and, if it is valid, publishes it to exchange with
@@ -130,7 +137,7 @@ func (p *Publisher) Publish(ctx context.Context, exchange, routingKey string, m 
 	if err != nil {
 		return err
 	}
-	pub, err := p.channel()
+	pub, err := p.channel(ctx)
 	if err != nil {
 		return err
 	}
@@ -188,7 +195,9 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 }
 
 // channel returns the live publisher, reopening it if a failure closed it.
-func (p *Publisher) channel() (*amqpx.Publisher, error) {
+// The reopen waits at most until ctx ends or Close is called: the broker
+// answers no channel open on a connection it has blocked (resource alarm).
+func (p *Publisher) channel(ctx context.Context) (*amqpx.Publisher, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -200,7 +209,16 @@ func (p *Publisher) channel() (*amqpx.Publisher, error) {
 	if p.conn.IsClosed() {
 		return nil, fmt.Errorf("publisher: %w: connection closed", amqpx.ErrPublisherClosed)
 	}
-	pub, err := amqpx.NewPublisher(p.conn)
+	octx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.closing:
+			cancel()
+		case <-octx.Done():
+		}
+	}()
+	pub, err := amqpx.NewPublisherContext(octx, p.conn)
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
@@ -220,8 +238,14 @@ func (p *Publisher) retire(pub *amqpx.Publisher) {
 }
 
 // Close closes the channel (not the connection). Publish fails afterwards
-// with ErrClosed.
+// with ErrClosed, and a publish waiting for its confirm ends with it (treat
+// that message as not sent). Close waits at most a second for the broker:
+// during a resource alarm the broker answers nothing on a publishing
+// connection, so the close is then abandoned (an error wrapping
+// ErrCloseAbandoned) and completes when the alarm clears or the connection
+// is closed.
 func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() { close(p.closing) })
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/schemas"
@@ -275,5 +276,111 @@ func TestPublishConcurrent(t *testing.T) {
 	}
 	if d := b.depth(t); d != n {
 		t.Errorf("queue depth %d, want %d", d, n)
+	}
+}
+
+// During a resource alarm the broker reads nothing from a connection that
+// publishes: no confirm, no channel open, no close-ok comes until the alarm
+// clears. Publish must end with its context, Close within its bound, and
+// the connection must work again once the alarm clears.
+func TestPublishAndCloseAreBoundedDuringAResourceAlarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("resource alarm on a private broker node: skipped in -short")
+	}
+	node := brokertest.StartPrivateNode(t)
+	env := node.Env(t)
+	reg, err := schemas.Load(schemas.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := env.Channel("setup")
+	ex, queue := env.Name("orders"), env.Name("orders")
+	if err := ch.ExchangeDeclare(ex, "topic", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "order.created", ex, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn := env.Dial("publisher")
+	blocked := make(chan bool, 4)
+	amqpx.WatchBlocked(conn, func(b amqp.Blocking) { blocked <- b.Active })
+	cfg := publisher.Config{Registry: reg}
+	busy, err := publisher.New(conn, cfg) // publishes during the alarm
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := publisher.New(conn, cfg) // only has an open channel
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered after the connections: runs before they are closed, which
+	// would wait for the alarm too.
+	alarmOn := false
+	t.Cleanup(func() {
+		if alarmOn {
+			node.ClearMemoryAlarm()
+		}
+	})
+	// bounded runs f and fails the test if it takes longer than limit. A
+	// call that hangs is left behind; clearing the alarm ends it.
+	bounded := func(what string, limit time.Duration, f func() error) error {
+		t.Helper()
+		start := time.Now()
+		errc := make(chan error, 1)
+		go func() { errc <- f() }()
+		select {
+		case err := <-errc:
+			t.Logf("%s returned after %s: %v", what, time.Since(start).Round(time.Millisecond), err)
+			return err
+		case <-time.After(limit):
+			t.Errorf("%s did not return within %s", what, limit)
+			return nil
+		}
+	}
+	m := publisher.Message{Type: "orders.created", Version: "1", Body: []byte(orderV1)}
+	publish := func(p *publisher.Publisher, within time.Duration) func() error {
+		return func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), within)
+			defer cancel()
+			return p.Publish(ctx, ex, "order.created", m)
+		}
+	}
+
+	node.RaiseMemoryAlarm()
+	alarmOn = true
+	// The first publish is read (and makes the broker block the
+	// connection); whether its confirm comes before the alarm clears
+	// depends on the broker.
+	bounded("first publish during the alarm", 4*time.Second, publish(busy, 2*time.Second))
+	select {
+	case active := <-blocked:
+		if !active {
+			t.Fatal("connection unblocked, want blocked")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the broker did not block the publishing connection")
+	}
+	// The first publish's channel was retired if its confirm did not come:
+	// this one opens a new channel, which the broker doesn't answer either.
+	if err := bounded("a second publish on the blocked connection", 3*time.Second, publish(busy, time.Second)); err == nil {
+		t.Error("a publish on a blocked connection was confirmed")
+	}
+	if err := bounded("Close of an idle publisher", amqpx.CloseTimeout+2*time.Second, idle.Close); !errors.Is(err, amqpx.ErrCloseAbandoned) {
+		t.Errorf("Close of an idle publisher on a blocked connection: %v, want ErrCloseAbandoned", err)
+	}
+	bounded("Close of the busy publisher", amqpx.CloseTimeout+2*time.Second, busy.Close)
+
+	node.ClearMemoryAlarm()
+	alarmOn = false
+	after, err := publisher.New(conn, cfg)
+	if err != nil {
+		t.Fatalf("open a publisher after the alarm: %v", err)
+	}
+	defer after.Close()
+	if err := publish(after, 30*time.Second)(); err != nil {
+		t.Fatalf("publish after the alarm cleared: %v", err)
 	}
 }

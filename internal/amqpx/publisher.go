@@ -47,6 +47,13 @@ func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 // error other than ErrUnroutable/ErrNacked the channel is closed and every
 // later call fails with ErrPublisherClosed; make a new Publisher.
 // Safe for concurrent use (calls are serialized).
+//
+// Nothing waits on the broker without a bound: a publish waits for its
+// confirm until ctx ends or Close is called, and closing the channel waits
+// at most CloseTimeout. During a resource alarm the broker reads nothing
+// from a publishing connection, so neither a confirm nor a close-ok comes
+// until it clears; a close is then abandoned, and completes when the broker
+// answers or the connection is closed.
 type Publisher struct {
 	mu       sync.Mutex
 	ch       *amqp.Channel
@@ -54,6 +61,9 @@ type Publisher struct {
 	returns  chan amqp.Return
 	closed   chan *amqp.Error
 	broken   error
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close: ends a publish waiting for its confirm
 }
 
 // NewPublisher opens a confirm-mode channel on conn.
@@ -74,8 +84,39 @@ func NewPublisher(conn *amqp.Connection) (*Publisher, error) {
 		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, 8)),
 		returns:  ch.NotifyReturn(make(chan amqp.Return, 8)),
 		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+		closing:  make(chan struct{}),
 	}
 	return p, nil
+}
+
+// NewPublisherContext is NewPublisher bounded by ctx: opening a channel
+// waits for the broker, which answers nothing on a connection it has
+// blocked (a resource alarm) until the alarm clears. If ctx ends first, the
+// open is abandoned and its channel closed whenever it completes.
+func NewPublisherContext(ctx context.Context, conn *amqp.Connection) (*Publisher, error) {
+	type opened struct {
+		p   *Publisher
+		err error
+	}
+	res := make(chan opened, 1)
+	go func() {
+		p, err := NewPublisher(conn)
+		res <- opened{p, err}
+	}()
+	select {
+	case r := <-res:
+		return r.p, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-res; r.p != nil {
+				p := r.p
+				p.mu.Lock()
+				_ = p.breakWith(nil)
+				p.mu.Unlock()
+			}
+		}()
+		return nil, fmt.Errorf("open publisher channel: %w", context.Cause(ctx))
+	}
 }
 
 // Publish sends msg to exchange with routing key, mandatory, and waits for
@@ -125,26 +166,44 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 		case <-ctx.Done():
 			// The confirm may still come; this channel can no longer tell
 			// whose it is, so it is retired.
-			return p.breakWith(fmt.Errorf("waiting for publisher confirm: %w", ctx.Err()))
+			return p.breakWith(fmt.Errorf("waiting for publisher confirm: %w", context.Cause(ctx)))
+		case <-p.closing:
+			return p.breakWith(fmt.Errorf("waiting for publisher confirm: %w", ErrPublisherClosed))
 		}
 	}
 }
 
+// breakWith retires the channel after err. Its close is not awaited: on a
+// blocked connection the close-ok would not come before the alarm clears.
 func (p *Publisher) breakWith(err error) error {
 	if p.broken == nil {
 		p.broken = ErrPublisherClosed
-		_ = p.ch.Close()
+		_ = CloseChannel(p.ch, 0)
 	}
 	return err
 }
 
-// Close closes the channel.
+// Close ends a publish that waits for its confirm (it returns
+// ErrPublisherClosed: treat that message as not sent) and closes the
+// channel. It waits at most CloseTimeout for the broker's close-ok; past
+// that it returns an error wrapping ErrCloseAbandoned, and the close
+// completes when the broker answers or the connection closes. Either way
+// the Publisher is closed. The connection stays open.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.broken != nil {
-		return nil
+	p.closeOnce.Do(func() { close(p.closing) })
+	closed := start(func() error {
+		// A publish still writing to a socket the broker doesn't read
+		// holds mu: that too is waited for only up to the bound.
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.broken != nil {
+			return nil
+		}
+		p.broken = ErrPublisherClosed
+		return p.ch.Close()
+	})
+	if ok, err := await(closed, CloseTimeout); ok {
+		return err
 	}
-	p.broken = ErrPublisherClosed
-	return p.ch.Close()
+	return fmt.Errorf("%w: no publisher channel close-ok within %s", ErrCloseAbandoned, CloseTimeout)
 }

@@ -1,8 +1,10 @@
 package amqpx
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -67,13 +69,68 @@ func WatchChannel(ch *amqp.Channel, ignoreCancel <-chan struct{}) <-chan error {
 	return out
 }
 
-// WatchBlocked calls f for every connection.blocked / connection.unblocked
-// the broker sends (resource alarms), until conn closes.
-func WatchBlocked(conn *amqp.Connection, f func(amqp.Blocking)) {
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+// Blocking is what the broker last said about a connection's publishing:
+// during a resource alarm (memory or disk) it blocks every connection that
+// publishes and stops reading from its socket, so nothing sent on it (a
+// publish, a channel open or close, a connection close) is answered until
+// the alarm clears. Safe for concurrent use.
+type Blocking struct {
+	mu        sync.Mutex
+	blocked   bool
+	reason    string
+	unblocked chan struct{} // closed while not blocked
+}
+
+// WatchBlocked tracks connection.blocked / connection.unblocked on conn until
+// it closes, and calls f (if not nil) for each. A closed connection counts as
+// not blocked: whoever waits on it then finds the connection gone.
+func WatchBlocked(conn *amqp.Connection, f func(amqp.Blocking)) *Blocking {
+	b := &Blocking{unblocked: make(chan struct{})}
+	close(b.unblocked)
+	// Buffered and always drained: the client's reader blocks on it.
+	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	go func() {
-		for b := range blocked {
-			f(b)
+		defer b.set(amqp.Blocking{Active: false})
+		for n := range notes {
+			b.set(n)
+			if f != nil {
+				f(n)
+			}
 		}
 	}()
+	return b
+}
+
+func (b *Blocking) set(n amqp.Blocking) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case n.Active && !b.blocked:
+		b.blocked, b.reason = true, n.Reason
+		b.unblocked = make(chan struct{})
+	case !n.Active && b.blocked:
+		b.blocked, b.reason = false, ""
+		close(b.unblocked)
+	}
+}
+
+// Blocked reports whether the broker has blocked the connection, and why.
+func (b *Blocking) Blocked() (bool, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.blocked, b.reason
+}
+
+// Wait returns nil once the connection is not blocked (at once if it is
+// not), or ctx's error if ctx ends first.
+func (b *Blocking) Wait(ctx context.Context) error {
+	b.mu.Lock()
+	unblocked := b.unblocked
+	b.mu.Unlock()
+	select {
+	case <-unblocked:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Node is a private, throwaway RabbitMQ node for fault tests: it runs beside
@@ -37,6 +39,9 @@ type Node struct {
 	mu       sync.Mutex
 	pid      int  // OS pid of the beam process, 0 when not running
 	launched bool // a start was issued and not yet followed by a stop or kill
+
+	alarmProbe   *amqp.Connection     // blocked by RaiseMemoryAlarm, until ClearMemoryAlarm
+	alarmBlocked <-chan amqp.Blocking // its connection.blocked notifications
 }
 
 // sbinCandidates are where the scripts that run a node as the calling user
