@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -105,9 +106,13 @@ func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table)
 }
 
 // origin returns where the message first came from: the bridge's headers if
-// an earlier hop set them, else this delivery.
-func (qr *queueRuntime) origin(d *amqp.Delivery) (exchange, key, queue string) {
+// an earlier hop set them (and signed them: a producer can't redirect a
+// replay), else this delivery.
+func (qr *queueRuntime) origin(d *amqp.Delivery, signed bool) (exchange, key, queue string) {
 	exchange, key, queue = d.Exchange, d.RoutingKey, qr.cfg.Name
+	if !signed {
+		return exchange, key, queue
+	}
 	if v, ok := d.Headers[quarantine.HeaderOriginalExchange].(string); ok {
 		exchange = v
 	}
@@ -129,23 +134,41 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 	if first.IsZero() {
 		first = qr.c.cfg.Now()
 	}
-	ex, key, queue := qr.origin(d)
-	p := republish(d, retryHeaders(d.Headers), d.Body, amqp.Table{
-		triage.HeaderAttempts:               int64(v.Attempt),
-		triage.HeaderFirstFailure:           first.UTC().Format(rfc3339Nano),
-		quarantine.HeaderOriginalExchange:   ex,
-		quarantine.HeaderOriginalRoutingKey: key,
-		quarantine.HeaderOriginalQueue:      queue,
-		HeaderLastError:                     quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes),
-	})
+	p := republish(d, retryHeaders(d.Headers), d.Body, w.retryState(d, f, int64(v.Attempt), first))
+	p.Headers[HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
-	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
-		notes := append(priorNotes(d), dropNotes(dropped)...)
-		(&quarantine.Envelope{Notes: notes}).ApplyNotes(p.Headers)
-	}
+	w.fitAndSeal(p.Headers, d, f)
 
 	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p,
 		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
+}
+
+// retryState is the bridge's state a message carries back into its work
+// queue: failed attempts so far, when the first failed, where it first came
+// from. seal adds the notes and signs it.
+func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first time.Time) amqp.Table {
+	ex, key, queue := w.qs.qr.origin(d, f.attempts.Signed)
+	h := amqp.Table{
+		triage.HeaderAttempts:               attempts,
+		quarantine.HeaderOriginalExchange:   ex,
+		quarantine.HeaderOriginalRoutingKey: key,
+		quarantine.HeaderOriginalQueue:      queue,
+	}
+	if !first.IsZero() {
+		h[triage.HeaderFirstFailure] = first.UTC().Format(rfc3339Nano)
+	}
+	return h
+}
+
+// fitAndSeal fits h into a frame, then writes the notes (the earlier hops'
+// that were signed, this delivery's, and what fitting dropped) and signs the
+// retry state, so that the notes survive every hop into the quarantine.
+func (w *worker) fitAndSeal(h amqp.Table, d *amqp.Delivery, f failure) {
+	notes := mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes)
+	w.seal(h, d, notes)
+	if dropped := w.fitHeaders(h); len(dropped) > 0 {
+		w.seal(h, d, mergeNotes(notes, dropNotes(dropped)))
+	}
 }
 
 // tracedPublish publishes p (confirm + mandatory) inside a producer span
@@ -179,7 +202,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	c := qr.c
 	v := f.verdict
 	now := c.cfg.Now()
-	ex, key, queue := qr.origin(d)
+	ex, key, queue := qr.origin(d, f.attempts.Signed)
 	red := qr.redact.Apply(d.Headers, d.Body)
 
 	env := quarantine.Envelope{
@@ -224,7 +247,10 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	}
 
 	p := republish(d, red.Headers, red.Body, nil)
-	env.Notes = append(priorNotes(d), env.Notes...)
+	// The quarantine is no way back into the work queue: nothing there is
+	// signed (a replay starts the message's retry state over).
+	delete(p.Headers, triage.HeaderSignature)
+	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
 	if dropped := w.fitHeaders(p.Headers); len(dropped) > 0 {
 		env.Notes = append(env.Notes, dropNotes(dropped)...)
@@ -259,8 +285,12 @@ func dropNotes(dropped []string) []string {
 	return notes
 }
 
-// priorNotes are the notes an earlier hop recorded on the message.
-func priorNotes(d *amqp.Delivery) []string {
+// priorNotes are the notes an earlier hop recorded, if its signature vouches
+// for them (signed): unsigned ones were written by someone else.
+func priorNotes(d *amqp.Delivery, signed bool) []string {
+	if !signed {
+		return nil
+	}
 	if s, ok := d.Headers[quarantine.HeaderNotes].(string); ok {
 		var notes []string
 		if json.Unmarshal([]byte(s), &notes) == nil {

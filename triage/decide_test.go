@@ -124,7 +124,7 @@ func TestDecideTransientThenSuccess(t *testing.T) {
 		if v := Precheck(defaultPolicy, DeliveryInput{WorkQueue: workQueue, Headers: h}); v.Action != ActionDeliver {
 			t.Fatalf("attempt %d: Precheck = %+v", attempt, v)
 		}
-		a := CountAttempts(AttemptInput{Headers: h, IsRetryQueue: isLane, Now: now})
+		a := CountAttempts(AttemptInput{Headers: h, Signature: verify(h), IsRetryQueue: isLane, Now: now})
 		if a.Failed != attempt-1 {
 			t.Fatalf("attempt %d: Failed = %d", attempt, a.Failed)
 		}
@@ -189,11 +189,10 @@ func TestPrecheckCountsAttemptsMade(t *testing.T) {
 	}{
 		{"three deliveries of a first hop crashed", table{HeaderDeliveryCount: int64(3)}, 0, 3},
 		{"after two failed retries", table{HeaderDeliveryCount: int64(3)}, 2, 5},
-		{"broker flag without a count", table{"x-death": []any{table{"queue": workQueue, "reason": "delivery_limit", "count": int64(1)}}}, 1, 2},
 		{"forged huge count is bounded", table{HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
 	}
 	for _, c := range cases {
-		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Failed: c.failed})
+		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Redelivered: true, Failed: c.failed})
 		if v.Action != ActionQuarantine || v.Attempt != c.want {
 			t.Errorf("%s: %s attempt %d, want quarantine attempt %d", c.name, v.Action, v.Attempt, c.want)
 		}
@@ -216,17 +215,15 @@ func TestPrecheck(t *testing.T) {
 		note    string
 	}{
 		{name: "first delivery", p: p, headers: nil, action: ActionDeliver},
-		{name: "delivery_limit for the work queue", p: p, headers: table{"x-death": dl(workQueue)}, action: ActionQuarantine, reason: "crash-looping: the broker dead-lettered it from orders with delivery_limit"},
 		{name: "delivery_limit for another queue", p: p, headers: table{"x-death": dl("billing")}, action: ActionDeliver},
 		{name: "other reasons for the work queue", p: p, headers: table{"x-death": []any{table{"queue": workQueue, "reason": "rejected", "count": int64(9)}}}, action: ActionDeliver},
 		{name: "x-delivery-count under budget", p: p, headers: table{HeaderDeliveryCount: int64(2)}, action: ActionDeliver},
-		{name: "x-delivery-count at budget", p: p, headers: table{HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times (x-delivery-count)"},
+		{name: "x-delivery-count at budget", p: p, headers: table{HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times by orders (x-delivery-count)"},
 		{name: "x-delivery-count over budget, int32", p: p, headers: table{HeaderDeliveryCount: int32(10)}, action: ActionQuarantine, reason: "delivered 11 times"},
 		{name: "x-delivery-count huge", p: p, headers: table{HeaderDeliveryCount: uint64(math.MaxUint64)}, action: ActionQuarantine, reason: "delivered 9223372036854775807 times"},
 		{name: "x-delivery-count negative", p: p, headers: table{HeaderDeliveryCount: int64(-50)}, action: ActionDeliver, note: "x-delivery-count=-50 ignored: negative"},
 		{name: "x-delivery-count string", p: p, headers: table{HeaderDeliveryCount: "9"}, action: ActionDeliver, note: "x-delivery-count of type string ignored"},
 		{name: "guard disabled", p: Policy{}, headers: table{HeaderDeliveryCount: int64(1000)}, action: ActionDeliver},
-		{name: "guard disabled still honors delivery_limit", p: Policy{}, headers: table{"x-death": dl(workQueue)}, action: ActionQuarantine},
 		{name: "x-death garbage", p: p, headers: table{"x-death": 12}, action: ActionDeliver, note: "want an array of tables"},
 	}
 	for _, tt := range tests {
@@ -248,6 +245,39 @@ func TestPrecheck(t *testing.T) {
 		})
 	}
 }
+
+// Issue 7, item 7: headers a producer set must not make a valid message skip
+// its handler. Each forgery reaches the handler (ActionDeliver) with a note.
+func TestPrecheckForgeriesDoNotSkipTheHandler(t *testing.T) {
+	t.Parallel()
+
+	p := withCrashLoop(defaultPolicy, 1) // the strictest guard
+	dl := []any{table{"queue": workQueue, "reason": "delivery_limit", "count": int64(3), "time": t0}}
+	tests := []struct {
+		name        string
+		headers     table
+		redelivered bool
+		note        string
+	}{
+		{name: "x-delivery-count 50 on a first delivery", headers: table{HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored: the first delivery in orders (redelivered=false) carries the publisher's value"},
+		{name: "x-delivery-count 50 as a string", headers: table{HeaderDeliveryCount: "50"}, note: "x-delivery-count of type string ignored"},
+		{name: "x-death {Q, delivery_limit}", headers: table{"x-death": dl}, note: "x-death {orders, delivery_limit} (count 3) ignored"},
+		{name: "x-death {Q, delivery_limit} with x-first-death", headers: table{"x-death": dl, HeaderFirstDeathQueue: workQueue, HeaderFirstDeathReason: ReasonDeliveryLimit}, note: "forged or was replayed"},
+		{name: "x-death {Q, delivery_limit} and x-delivery-count 50", headers: table{"x-death": dl, HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored"},
+		{name: "x-death {Q, delivery_limit} on a redelivery under budget", headers: table{"x-death": dl}, redelivered: true, note: "ignored"},
+	}
+	for _, tt := range tests {
+		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered})
+		if v.Action != ActionDeliver {
+			t.Errorf("%s: %s (%s), want deliver", tt.name, v.Action, v.Reason)
+		}
+		if !containsNote(v.Notes, tt.note) {
+			t.Errorf("%s: notes %q lack %q", tt.name, v.Notes, tt.note)
+		}
+	}
+}
+
+func withCrashLoop(p Policy, n int) Policy { p.CrashLoopDeliveries = n; return p }
 
 // Jitter must spread 1,000 messages failing at the same moment over the
 // tier's window and every lane, so they do not come back as one herd.

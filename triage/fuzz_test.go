@@ -91,15 +91,35 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v}
-			a := CountAttempts(AttemptInput{Headers: headers, IsRetryQueue: func(q string) bool { return strings.Contains(q, "retry") }, Now: t0})
-			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != max(a.FromHeader, a.FromXDeath) {
+			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v}
+			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
+			// Unsigned (or forged) values never count; signed ones are
+			// still bounded.
+			forged := CountAttempts(AttemptInput{Headers: headers, Signature: verify(headers), IsRetryQueue: isRetry, Now: t0})
+			if forged.Failed != 0 || !forged.FirstFailure.IsZero() || forged.Signed {
+				t.Fatalf("unsigned headers counted: %+v", forged)
+			}
+			sh := signed(testSigner, headers)
+			sig := verify(sh)
+			if !sig.Valid {
+				t.Fatalf("signature over fuzzed values did not verify: %s", sig.Problem)
+			}
+			a := CountAttempts(AttemptInput{Headers: sh, Signature: sig, IsRetryQueue: isRetry, Now: t0})
+			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != a.FromHeader {
 				t.Fatalf("attempts %+v", a)
 			}
 			if !a.FirstFailure.IsZero() && (a.FirstFailure.Before(minSaneTime) || a.FirstFailure.After(t0.Add(MaxClockSkew))) {
 				t.Fatalf("FirstFailure %v", a.FirstFailure)
 			}
-			Precheck(defaultPolicy, DeliveryInput{WorkQueue: "orders", Headers: headers})
+			for _, in := range []DeliveryInput{
+				{WorkQueue: "orders", Headers: headers},
+				{WorkQueue: "orders", Headers: sh, Redelivered: true},
+			} {
+				v := Precheck(withCrashLoop(defaultPolicy, 1), in)
+				if !in.Redelivered && v.Action != ActionDeliver {
+					t.Fatalf("a first delivery skipped its handler: %+v", v)
+				}
+			}
 			ClassifyDeadLetter(h, headers)
 		}
 	})
