@@ -84,13 +84,17 @@ func (w *worker) process(d amqp.Delivery) {
 	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
 
 	// 1. Crash-loop guard: a message this queue delivered too often never
-	// reaches the handler again.
-	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered, Failed: attempts.Failed}
+	// reaches the handler again; one whose count may be another queue's is
+	// re-admitted first.
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
+		CarriedCounts: qr.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
 	v := triage.Precheck(qr.policy, pre)
 	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
-	if v.Action == triage.ActionQuarantine {
-		if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
-			attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+	if v.Action != triage.ActionDeliver { // quarantine or re-admit
+		if v.Action == triage.ActionQuarantine {
+			if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+			}
 		}
 		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
 		return
@@ -263,6 +267,9 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	case triage.ActionRetry:
 		err = w.publishRetry(ctx, d, f)
 		outcome = OutcomeRetried
+	case triage.ActionReadmit:
+		err = w.publishReadmit(ctx, d, f)
+		outcome, kind = OutcomeReadmitted, "readmit"
 	default:
 		err = w.publishQuarantine(ctx, span, d, f)
 		outcome, kind = OutcomeQuarantined, "quarantine"
@@ -298,6 +305,8 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	case OutcomeRetried:
 		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
 		log.Info("retry scheduled", "delay", v.Delay, "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
+	case OutcomeReadmitted:
+		log.Debug("re-admitted", "reason", v.Reason)
 	default:
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)

@@ -143,6 +143,30 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
 }
 
+// publishReadmit republishes d to its own work queue (through the default
+// exchange, which reaches only the queue of that name), so that the copy's
+// x-delivery-count is the work queue's own from its first delivery: see
+// triage.Precheck. x-death and x-*-death-* stay (handlers may read them; 4.x
+// treats a client's x-death as an opaque header, and it names no queue the
+// work queue dead-letters into); x-delivery-count goes. The signed
+// HeaderReadmitted records the x-death the copy carries, so a copy the
+// broker dead-letters into the queue again is re-admitted again.
+func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure) error {
+	qr := w.qs.qr
+	base := make(amqp.Table, len(d.Headers))
+	for k, v := range d.Headers {
+		if k != triage.HeaderDeliveryCount {
+			base[k] = v
+		}
+	}
+	state := w.retryState(d, f, int64(f.attempts.Failed), f.attempts.FirstFailure)
+	state[triage.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
+	p := republish(d, base, d.Body, state)
+	f.attempts.Notes = append(f.attempts.Notes, f.verdict.Reason)
+	w.fitAndSeal(p.Headers, d, f)
+	return w.tracedPublish(ctx, "", qr.cfg.Name, p, attribute.Bool("dlxbridge.readmit", true))
+}
+
 // retryState is the bridge's state a message carries back into its work
 // queue: failed attempts so far, when the first failed, where it first came
 // from. seal adds the notes and signs it.

@@ -10,11 +10,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// signedHeaders are the bridge's retry state: the headers a retry carries
-// back into the work queue, and that decide something
+// signedHeaders are the bridge's retry state: the headers a retry or a
+// re-admission carries back into the work queue, and that decide something
 // there. They are trusted only under a valid triage.HeaderSignature, which
 // binds them to the work queue, the message id and the body.
 var signedHeaders = []string{
@@ -24,6 +25,7 @@ var signedHeaders = []string{
 	quarantine.HeaderOriginalRoutingKey,
 	quarantine.HeaderOriginalQueue,
 	quarantine.HeaderNotes,
+	triage.HeaderReadmitted,
 }
 
 // newSigner loads the signing key: Config.SigningKey, else the environment
@@ -48,6 +50,12 @@ func newSigner(cfg *Config) (*triage.Signer, error) {
 	}
 	return s, nil
 }
+
+// carriesCounts reports whether a broker may carry a delivery count (and the
+// redelivered flag) across dead-lettering: 4.0.5 does, 3.10.8 does not (see
+// docs/topology.md); 3.13 introduced the message container that 4.x builds
+// on and is treated like 4.x, which costs at most one re-admission.
+func carriesCounts(v topology.BrokerVersion) bool { return v.AtLeast(3, 13) }
 
 // subject is what the bridge's signature on d is bound to.
 func (qr *queueRuntime) subject(d *amqp.Delivery) triage.Subject {

@@ -65,6 +65,9 @@ const (
 	ActionDeliver    Action = "deliver"    // hand it to the handler
 	ActionRetry      Action = "retry"      // republish to a retry lane, then ack
 	ActionQuarantine Action = "quarantine" // publish to the quarantine, then ack
+	// ActionReadmit (Precheck only): republish to the work queue itself,
+	// then ack, so that the copy's delivery count is the queue's own.
+	ActionReadmit Action = "readmit"
 )
 
 // Verdict is a decision about one delivery.

@@ -267,13 +267,85 @@ func TestPrecheckForgeriesDoNotSkipTheHandler(t *testing.T) {
 		{name: "x-death {Q, delivery_limit} on a redelivery under budget", headers: table{"x-death": dl}, redelivered: true, note: "ignored"},
 	}
 	for _, tt := range tests {
-		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered})
-		if v.Action != ActionDeliver {
-			t.Errorf("%s: %s (%s), want deliver", tt.name, v.Action, v.Reason)
+		for _, carried := range []bool{false, true} {
+			v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered, CarriedCounts: carried, IsRetryQueue: isLane})
+			if v.Action != ActionDeliver {
+				t.Errorf("%s (carried %v): %s (%s), want deliver", tt.name, carried, v.Action, v.Reason)
+			}
+			if !containsNote(v.Notes, tt.note) {
+				t.Errorf("%s (carried %v): notes %q lack %q", tt.name, carried, v.Notes, tt.note)
+			}
 		}
-		if !containsNote(v.Notes, tt.note) {
-			t.Errorf("%s: notes %q lack %q", tt.name, v.Notes, tt.note)
+	}
+}
+
+// Issue 13: a message's first delivery in the work queue never counts as a
+// crash. What each broker shows is in docs/topology.md (version
+// differences); the fixtures below are those observations.
+func TestPrecheckCountsOnlyThisQueuesDeliveries(t *testing.T) {
+	t.Parallel()
+
+	upstream := []any{table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": t0, "exchange": "", "routing-keys": []any{"upstream"}}}
+	viaTTL := []any{table{"queue": "upstream.delay", "reason": "expired", "count": int64(1), "time": t0}, upstream[0]}
+	ownLane := []any{laneEntry(laneQueue(time.Second, 0), int64(1), t0)}
+	readmittedCopy := func(hist []any, count int64) table {
+		h := signed(testSigner, table{"x-death": hist, HeaderReadmitted: XDeathDigest(table{"x-death": hist})})
+		if count > 0 {
+			h[HeaderDeliveryCount] = count
 		}
+		return h
+	}
+	staleMark := func() table {
+		h := readmittedCopy(upstream, 1)
+		h["x-death"] = viaTTL // dead-lettered again since it was re-admitted
+		return h
+	}
+
+	tests := []struct {
+		name        string
+		t           int // CrashLoopDeliveries
+		headers     table
+		redelivered bool
+		carried     bool
+		want        Action
+	}{
+		// 3.10.8: a dead-lettered message arrives with redelivered=false
+		// and no count; afterwards the count is this queue's.
+		{name: "3.10 upstream dead letter, first delivery", t: 1, headers: table{"x-death": upstream}, want: ActionDeliver},
+		{name: "3.10 upstream dead letter, requeued once", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionQuarantine},
+		{name: "3.10 upstream dead letter, requeued once, budget 2", t: 2, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionDeliver},
+		// 4.0.5: redelivered=true and a carried count on the first delivery.
+		{name: "4.x upstream reject, first delivery, budget 1", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream reject, first delivery, default budget", t: 4, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream crash then reject: count 2", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(2)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x carried through a TTL hop", t: 1, headers: table{"x-death": viaTTL, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream TTL expiry only: nothing carried", t: 1, headers: table{"x-death": []any{table{"queue": "upstream", "reason": "expired", "count": int64(1)}}}, carried: true, want: ActionDeliver},
+		{name: "4.x guard off: no re-admission", t: 0, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionDeliver},
+		// The re-admitted copy counts this queue's deliveries only.
+		{name: "4.x re-admitted copy, first delivery", t: 1, headers: readmittedCopy(upstream, 0), carried: true, want: ActionDeliver},
+		{name: "4.x re-admitted copy, requeued once", t: 1, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionQuarantine},
+		{name: "4.x re-admitted copy, requeued once, budget 2", t: 2, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionDeliver},
+		{name: "4.x re-admitted copy dead-lettered again", t: 1, headers: staleMark(), redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x unsigned re-admission mark", t: 1, headers: table{"x-death": upstream, HeaderReadmitted: XDeathDigest(table{"x-death": upstream}), HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		// The bridge's own retry lane carries nothing on either version.
+		{name: "4.x back from the retry lane, first delivery", t: 1, headers: table{"x-death": ownLane}, carried: true, want: ActionDeliver},
+		{name: "4.x back from the retry lane, requeued once", t: 1, headers: table{"x-death": ownLane, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+		// A producer's message: redelivered is exact on both versions.
+		{name: "4.x producer message requeued once", t: 1, headers: table{HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			in := DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered, CarriedCounts: tt.carried,
+				Signed: verify(tt.headers).Valid, IsRetryQueue: isLane}
+			v := Precheck(withCrashLoop(defaultPolicy, tt.t), in)
+			if v.Action != tt.want {
+				t.Fatalf("Action = %s (%s), want %s", v.Action, v.Reason, tt.want)
+			}
+			if v.Action == ActionReadmit && !strings.Contains(v.Reason, "re-admitting") {
+				t.Errorf("Reason = %q", v.Reason)
+			}
+		})
 	}
 }
 

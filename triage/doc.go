@@ -18,7 +18,9 @@
 //     whatever else the runtime signs) count only with a valid
 //     HeaderSignature: HMAC-SHA256 under the consumers' shared key, bound to
 //     the work queue, the message id and a hash of the body (Signer);
-//   - x-delivery-count counts only on a redelivery (redelivered=true);
+//   - x-delivery-count counts only on a redelivery (redelivered=true), and
+//     where the broker may carry counts across dead-lettering (4.x), only
+//     once the bridge has re-admitted the message (Precheck);
 //   - x-death never counts attempts, and an entry {work queue,
 //     delivery_limit} on a message in that work queue is forged or stale.
 //
@@ -44,8 +46,8 @@
 // Classify maps a handler error to a Class (Permanent, Schema, RetryAfter,
 // *PanicError and context.DeadlineExceeded are found through wrapping);
 // ClassifyDeadLetter labels what the broker dead-lettered itself. Precheck
-// is the crash-loop guard before the handler; Decide applies a Policy after
-// a failure:
+// is the crash-loop guard before the handler (it counts only the work
+// queue's own deliveries); Decide applies a Policy after a failure:
 //
 //	attempt = Failed + 1; quarantine if attempt >= MaxAttempts
 //	tier    = min(attempt-1, len(Tiers)-1)        (or the smallest tier >= a RetryAfter hint)

@@ -33,7 +33,7 @@ func mustSigner(key string) *Signer {
 
 // signedFields are the headers the fixtures sign (the runtime also signs
 // its origin and notes headers).
-var signedFields = []string{HeaderAttempts, HeaderFirstFailure}
+var signedFields = []string{HeaderAttempts, HeaderFirstFailure, HeaderReadmitted}
 
 // testSubject is the message the fixtures sign for.
 var testSubject = Subject{Queue: workQueue, MessageID: "m-1", Body: []byte(`{"id":1}`)}

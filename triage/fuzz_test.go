@@ -91,7 +91,7 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v}
+			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v}
 			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
 			// Unsigned (or forged) values never count; signed ones are
 			// still bounded.
@@ -113,13 +113,15 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			for _, in := range []DeliveryInput{
 				{WorkQueue: "orders", Headers: headers},
-				{WorkQueue: "orders", Headers: sh, Redelivered: true},
+				{WorkQueue: "orders", Headers: sh, Redelivered: true, CarriedCounts: true, Signed: true, IsRetryQueue: isRetry},
+				{WorkQueue: "orders", Headers: headers, Redelivered: true, IsRetryQueue: isRetry},
 			} {
 				v := Precheck(withCrashLoop(defaultPolicy, 1), in)
 				if !in.Redelivered && v.Action != ActionDeliver {
 					t.Fatalf("a first delivery skipped its handler: %+v", v)
 				}
 			}
+			XDeathDigest(headers)
 			ClassifyDeadLetter(h, headers)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // HeaderSignature is the bridge's signature over its own retry state (the
@@ -15,6 +16,12 @@ import (
 // "v1:" and the base64url HMAC-SHA256. Without a valid signature those
 // headers are the publisher's, and nothing trusts them.
 const HeaderSignature = "dlxbridge-signature"
+
+// HeaderReadmitted marks a message the bridge re-admitted into its work queue
+// (ActionReadmit). Its value is XDeathDigest of the message's x-death at that
+// moment; signed, it tells Precheck that the broker's delivery count on this
+// copy is the work queue's own.
+const HeaderReadmitted = "dlxbridge-readmitted"
 
 // MinKeyBytes is the shortest signing key NewSigner accepts.
 const MinKeyBytes = 16
@@ -129,4 +136,34 @@ func putValue(put func(byte, []byte), v any) {
 		return
 	}
 	put('?', []byte(typeName(v)))
+}
+
+// XDeathDigest is a short digest of a message's x-death history: every
+// entry's queue, reason, count, exchange, routing keys and time, in order.
+// It is "" when there is no valid entry.
+func XDeathDigest(headers map[string]any) string {
+	h := HistoryOf(headers)
+	if len(h.Deaths) == 0 {
+		return ""
+	}
+	d := sha256.New()
+	put := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		d.Write(n[:])
+		d.Write([]byte(s))
+	}
+	for _, e := range h.Deaths {
+		put(e.Queue)
+		put(e.Reason)
+		put(strconv.FormatInt(e.Count, 10))
+		put(e.Exchange)
+		put(strings.Join(e.RoutingKeys, "\x00"))
+		if e.Time.IsZero() {
+			put("")
+		} else {
+			put(e.Time.UTC().Format(time.RFC3339))
+		}
+	}
+	return base64.RawURLEncoding.EncodeToString(d.Sum(nil)[:16])
 }

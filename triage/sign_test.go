@@ -3,6 +3,7 @@ package triage
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSignerRoundTrip(t *testing.T) {
@@ -120,5 +121,33 @@ func TestNewSignerRefusesShortKeys(t *testing.T) {
 	key[0] = 'x' // the signer keeps its own copy
 	if s.Sign(testSubject, nil, nil) != sig {
 		t.Fatal("the signer shares the caller's key slice")
+	}
+}
+
+func TestXDeathDigest(t *testing.T) {
+	t.Parallel()
+
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	up := table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": at, "exchange": "", "routing-keys": []any{"upstream"}}
+	h := table{"x-death": []any{up}}
+	d := XDeathDigest(h)
+	if d == "" || d != XDeathDigest(table{"x-death": []any{table{"queue": "upstream", "reason": "rejected", "count": int32(1), "time": at, "exchange": "", "routing-keys": []any{[]byte("upstream")}}}}) {
+		t.Fatalf("digest %q is not stable across wire types", d)
+	}
+	later := table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": at.Add(time.Second), "exchange": "", "routing-keys": []any{"upstream"}}
+	again := table{"queue": "upstream", "reason": "rejected", "count": int64(2), "time": at, "exchange": "", "routing-keys": []any{"upstream"}}
+	for name, other := range map[string]table{
+		"dead-lettered again later":   {"x-death": []any{later}},
+		"count raised":                {"x-death": []any{again}},
+		"another hop in front":        {"x-death": []any{table{"queue": "mid", "reason": "expired", "count": int64(1)}, up}},
+		"no history":                  {},
+		"history that does not parse": {"x-death": "x"},
+	} {
+		if XDeathDigest(other) == d {
+			t.Errorf("%s: same digest", name)
+		}
+	}
+	if XDeathDigest(nil) != "" {
+		t.Error("digest of nothing")
 	}
 }

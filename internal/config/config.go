@@ -134,9 +134,11 @@ type Consumer struct {
 	// HandlerTimeout bounds one handler call; running out is a transient
 	// failure. Defaults to 30s.
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
-	// CrashLoopDeliveries is how many deliveries of the same message (by the
-	// broker's x-delivery-count) the bridge allows before it quarantines the
-	// message as crash-looping without calling the handler again. Must be <=
+	// CrashLoopDeliveries is how many deliveries of the same message by
+	// this queue (read from the broker's x-delivery-count; a first delivery
+	// never counts, even one that arrives with a count from an upstream
+	// queue) the bridge allows before it quarantines the message as
+	// crash-looping without calling the handler again. Must be <=
 	// DeliveryLimit so the bridge acts before the broker's backstop. Defaults
 	// to DeliveryLimit-1, at least 1.
 	CrashLoopDeliveries int `yaml:"crash_loop_deliveries"`
