@@ -63,6 +63,14 @@ func FuzzParseXDeath(f *testing.F) {
 	f.Add([]byte(`["x", null, 1.5, [[]], {"queue": {"a": 1}}]`), byte(4))
 	f.Add([]byte(`"x-death"`), byte(5))
 	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1e19}]`), byte(6))
+	// The forgeries of issue 7, item 7: every header of the fuzzed message
+	// carries the value, none signed.
+	f.Add([]byte(`50`), byte(0))
+	f.Add([]byte(`999999`), byte(1))
+	f.Add([]byte(`"2001-01-01T00:00:00Z"`), byte(2))
+	f.Add([]byte(`[{"queue":"orders","reason":"delivery_limit","count":3,"time":978307200}]`), byte(0))
+	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1000000000,"time":978307200}]`), byte(0))
+	f.Add([]byte(`[{"queue":"upstream","reason":"rejected","count":1,"exchange":"","routing-keys":["upstream"]}]`), byte(1))
 
 	f.Fuzz(func(t *testing.T, data []byte, mode byte) {
 		dec := json.NewDecoder(bytes.NewReader(data))
