@@ -27,6 +27,23 @@ type Config struct {
 
 	// Queues lists the work queues dlxbridge manages. At least one is required.
 	Queues []Queue `yaml:"queues"`
+
+	// Security says where the consumers' shared signing key comes from.
+	Security Security `yaml:"security"`
+}
+
+// Security configures how the bridge vouches for its own headers.
+type Security struct {
+	// SigningKeyEnv names the environment variable that holds the key the
+	// consumers sign their retry headers with (HMAC-SHA256; at least 16
+	// bytes, best 32 random bytes). A retry header counts only with a valid
+	// signature, so a producer can't forge attempts; every consumer of a
+	// queue needs the same key. The key itself never lives in this file.
+	// If the variable is unset or empty, each process signs with a random
+	// key of its own (and logs a warning): after a restart, or on another
+	// consumer process, retries in flight start their attempt count and
+	// time budget over. Defaults to "DLXBRIDGE_SIGNING_KEY".
+	SigningKeyEnv string `yaml:"signing_key_env"`
 }
 
 // Broker describes broker access beyond AMQP.
@@ -118,9 +135,11 @@ type Consumer struct {
 	// HandlerTimeout bounds one handler call; running out is a transient
 	// failure. Defaults to 30s.
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
-	// CrashLoopDeliveries is how many deliveries of the same message (by the
-	// broker's x-delivery-count) the bridge allows before it quarantines the
-	// message as crash-looping without calling the handler again. Must be <=
+	// CrashLoopDeliveries is how many deliveries of the same message by
+	// this queue (read from the broker's x-delivery-count; a first delivery
+	// never counts, even one that arrives with a count from an upstream
+	// queue) the bridge allows before it quarantines the message as
+	// crash-looping without calling the handler again. Must be <=
 	// DeliveryLimit so the bridge acts before the broker's backstop. Defaults
 	// to DeliveryLimit-1, at least 1.
 	CrashLoopDeliveries int `yaml:"crash_loop_deliveries"`
@@ -229,6 +248,7 @@ const (
 	DefaultVersionPtr     = "/schemaVersion"
 	QuarantineSuffix      = ".quarantine"
 	MaxLanes              = 16
+	DefaultSigningKeyEnv  = "DLXBRIDGE_SIGNING_KEY"
 )
 
 // DefaultTiers are the retry delays used when a queue names none.

@@ -68,6 +68,23 @@ func TestDefaults(t *testing.T) {
 	check("message.version_header", q.Message.VersionHeader, "schema-version")
 	check("message.type_pointer", q.Message.TypePointer, "/type")
 	check("message.version_pointer", q.Message.VersionPointer, "/schemaVersion")
+	check("security.signing_key_env", cfg.Security.SigningKeyEnv, "DLXBRIDGE_SIGNING_KEY")
+}
+
+// The key's variable name is configurable; the key itself never is.
+func TestSigningKeyEnv(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse([]byte("security: {signing_key_env: ORDERS_SIGNING_KEY}\n" + queueDoc("")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Security.SigningKeyEnv != "ORDERS_SIGNING_KEY" {
+		t.Fatalf("signing_key_env = %q", cfg.Security.SigningKeyEnv)
+	}
+	_, err = config.Parse([]byte("security: {signing_key: s3cr3t}\n" + queueDoc("")))
+	if err == nil || !strings.Contains(err.Error(), "security.signing_key: unknown key") {
+		t.Fatalf("a key in the file: got %v, want an unknown-key error", err)
+	}
 }
 
 func TestDefaultsThatDependOnOtherFields(t *testing.T) {
@@ -166,6 +183,8 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 			"queues[1].exchange.name", `"x" is also used by queues[0].exchange.name (topic work exchange)`},
 		{"binding key twice", queueDoc("bindings: [k, k]"), "queues[0].bindings[1]", `"k" is listed twice`},
 		{"quarantine collides with a work queue", queueDoc("") + "  - name: b\n    exchange: {name: x}\n    quarantine: {queue: orders}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[1].quarantine.queue", `"orders" is also used by queues[0].name`},
+		{"signing_key_env", "security: {signing_key_env: 'not-a-name'}\n" + queueDoc(""), "security.signing_key_env", "is not an environment variable name"},
+		{"signing_key_env is not the key", "security: {signing_key_env: '0123456789abcdef 0123'}\n" + queueDoc(""), "security.signing_key_env", "the key itself never goes in this file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

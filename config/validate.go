@@ -17,6 +17,9 @@ func (c *Config) ApplyDefaults() {
 	if c.Schemas.MaxBodyBytes == 0 {
 		c.Schemas.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.Security.SigningKeyEnv == "" {
+		c.Security.SigningKeyEnv = DefaultSigningKeyEnv
+	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
 		if q.Exchange.Type == "" {
@@ -105,6 +108,7 @@ var (
 	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$`)
 	typeRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
 	versionRE = regexp.MustCompile(`^[0-9]+$`)
+	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,200}$`)
 )
 
 // Validate checks a defaulted config and returns Errors listing every problem,
@@ -281,6 +285,9 @@ func (c *Config) Validate() error {
 				}
 			}
 		}
+	}
+	if !envNameRE.MatchString(c.Security.SigningKeyEnv) {
+		add("security.signing_key_env", "%q is not an environment variable name (letters, digits, '_'; the key itself never goes in this file)", c.Security.SigningKeyEnv)
 	}
 	if len(errs) == 0 {
 		return nil

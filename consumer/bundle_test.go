@@ -35,6 +35,10 @@ const testJobSchema = `{
 
 const testType = "test.job"
 
+// testSigningKey is the key every test consumer signs its retry state with,
+// as replicas sharing $DLXBRIDGE_SIGNING_KEY would.
+const testSigningKey = "dlxbridge test signing key, 32 b"
+
 // testBundle is one runtime test's world: a private topology on the real
 // broker, a consumer, and signals to wait on instead of sleeping.
 type testBundle struct {
@@ -141,6 +145,7 @@ func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *t
 		ReconnectMin:   50 * time.Millisecond,
 		ReconnectMax:   500 * time.Millisecond,
 		WorkerVersion:  "test-1.2.3",
+		SigningKey:     []byte(testSigningKey),
 		Logger:         slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 		hooks: &testHooks{
 			settled: func(queue, outcome string) { b.settled <- outcome },

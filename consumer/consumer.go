@@ -28,6 +28,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Config configures a Consumer.
@@ -78,6 +79,12 @@ type Config struct {
 	Rand func() float64
 	// Now is the clock; called concurrently. Defaults to time.Now.
 	Now func() time.Time
+	// SigningKey signs the retry headers (see triage.Signer); every
+	// consumer of a queue needs the same one. At least triage.MinKeyBytes.
+	// Defaults to the value of the environment variable named by
+	// File.Security.SigningKeyEnv, else a random per-process key (with a
+	// warning: a restart then resets the budgets of retries in flight).
+	SigningKey []byte
 
 	// Test hooks, nil in production.
 	hooks *testHooks
@@ -155,6 +162,7 @@ type Consumer struct {
 	tracer  trace.Tracer
 	metrics *metrics
 	host    string
+	signer  *triage.Signer
 
 	mu      sync.Mutex
 	routers map[string]*router // by queue
@@ -176,12 +184,17 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	host, _ := os.Hostname()
+	signer, err := newSigner(cfg)
+	if err != nil {
+		return nil, err
+	}
 	c := &Consumer{
 		cfg:     cfg,
 		log:     cfg.Logger.With("component", "dlxbridge.consumer"),
 		tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
 		metrics: m,
 		host:    host,
+		signer:  signer,
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},
 	}

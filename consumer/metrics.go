@@ -14,6 +14,7 @@ const (
 	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
 	OutcomeAckFailed   = "ack_failed"  // the ack could not be sent (channel gone): the broker will redeliver
 	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
+	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
 )
 
 // metrics are the runtime's collectors. Labels are bounded: queue names come

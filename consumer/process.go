@@ -77,19 +77,30 @@ func (w *worker) process(d amqp.Delivery) {
 		))
 	defer span.End()
 
+	// The bridge's own retry headers count only under its signature; what
+	// else was forged or malformed is noted and carried to the quarantine.
+	isRetry := func(q string) bool { return qr.isRetry[q] }
+	sig, sigNotes := qr.verify(&d)
 	attempts := triage.CountAttempts(triage.AttemptInput{
 		Headers:      headers,
-		IsRetryQueue: func(q string) bool { return qr.isRetry[q] },
+		Signature:    sig,
+		IsRetryQueue: isRetry,
 		Now:          now,
 	})
 	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
 
-	// 1. Crash-loop guard: a message the broker flagged, or one delivered
-	// too often, never reaches the handler again.
-	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered, Failed: attempts.Failed}
-	if v := triage.Precheck(qr.policy, pre); v.Action == triage.ActionQuarantine {
-		if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
-			attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+	// 1. Crash-loop guard: a message this queue delivered too often never
+	// reaches the handler again; one whose count may be another queue's is
+	// re-admitted first.
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
+		CarriedCounts: qr.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
+	v := triage.Precheck(qr.policy, pre)
+	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
+	if v.Action != triage.ActionDeliver { // quarantine or re-admit
+		if v.Action == triage.ActionQuarantine {
+			if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+			}
 		}
 		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
 		return
@@ -137,7 +148,7 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	class, hint := triage.Classify(herr)
-	v := triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: c.cfg.Now()}, randFunc(c.cfg.Rand))
+	v = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: c.cfg.Now()}, randFunc(c.cfg.Rand))
 	w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts, err: herr, msgType: msg.Type, version: msg.Version})
 }
 
@@ -260,6 +271,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	}
 	var err error
 	var outcome string
+	kind := "retry"
 	switch v.Action {
 	case triage.ActionRetry:
 		err = w.publishRetry(ctx, d, f)
@@ -271,11 +283,14 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 			f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 			v = f.verdict
 			err = w.publishQuarantine(ctx, span, d, f)
-			outcome = OutcomeQuarantined
+			outcome, kind = OutcomeQuarantined, "quarantine"
 		}
+	case triage.ActionReadmit:
+		err = w.publishReadmit(ctx, d, f)
+		outcome, kind = OutcomeReadmitted, "readmit"
 	default:
 		err = w.publishQuarantine(ctx, span, d, f)
-		outcome = OutcomeQuarantined
+		outcome, kind = OutcomeQuarantined, "quarantine"
 	}
 	if errors.Is(err, quarantine.ErrNoFit) {
 		// Not even the bare envelope fits (a frame_max far below the
@@ -302,10 +317,6 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		return
 	}
 	if err != nil {
-		kind := "retry"
-		if outcome == OutcomeQuarantined {
-			kind = "quarantine"
-		}
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
 		qr.publishFailures.add(d.MessageId, err.Error())
 		pause := w.publishBackoff()
@@ -332,10 +343,13 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	}
 	w.record(outcome)
 	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
-	if outcome == OutcomeRetried {
+	switch outcome {
+	case OutcomeRetried:
 		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
 		log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
-	} else {
+	case OutcomeReadmitted:
+		log.Debug("re-admitted", "reason", v.Reason)
+	default:
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
 		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -105,9 +106,13 @@ func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table)
 }
 
 // origin returns where the message first came from: the bridge's headers if
-// an earlier hop set them, else this delivery.
-func (qr *queueRuntime) origin(d *amqp.Delivery) (exchange, key, queue string) {
+// an earlier hop set them (and signed them: a producer can't redirect a
+// replay), else this delivery.
+func (qr *queueRuntime) origin(d *amqp.Delivery, signed bool) (exchange, key, queue string) {
 	exchange, key, queue = d.Exchange, d.RoutingKey, qr.cfg.Name
+	if !signed {
+		return exchange, key, queue
+	}
 	if v, ok := d.Headers[quarantine.HeaderOriginalExchange].(string); ok {
 		exchange = v
 	}
@@ -129,18 +134,53 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 	if first.IsZero() {
 		first = qr.c.cfg.Now()
 	}
-	ex, key, queue := qr.origin(d)
-	p := republish(d, retryHeaders(d.Headers), d.Body, amqp.Table{
-		triage.HeaderAttempts:               int64(v.Attempt),
-		triage.HeaderFirstFailure:           first.UTC().Format(rfc3339Nano),
+	p := republish(d, retryHeaders(d.Headers), d.Body, w.retryState(d, f, int64(v.Attempt), first))
+	p.Headers[HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
+	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
+	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
+	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true), w.resign(d),
+		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
+}
+
+// publishReadmit republishes d to its own work queue (through the default
+// exchange, which reaches only the queue of that name), so that the copy's
+// x-delivery-count is the work queue's own from its first delivery: see
+// triage.Precheck. x-death and x-*-death-* stay (handlers may read them; 4.x
+// treats a client's x-death as an opaque header, and it names no queue the
+// work queue dead-letters into); x-delivery-count goes. The signed
+// HeaderReadmitted records the x-death the copy carries, so a copy the
+// broker dead-letters into the queue again is re-admitted again.
+func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure) error {
+	qr := w.qs.qr
+	base := make(amqp.Table, len(d.Headers))
+	for k, v := range d.Headers {
+		if k != triage.HeaderDeliveryCount {
+			base[k] = v
+		}
+	}
+	state := w.retryState(d, f, int64(f.attempts.Failed), f.attempts.FirstFailure)
+	state[triage.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
+	p := republish(d, base, d.Body, state)
+	f.attempts.Notes = append(f.attempts.Notes, f.verdict.Reason)
+	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
+	return w.tracedPublish(ctx, "", qr.cfg.Name, p, qr.fitRank(true), w.resign(d), attribute.Bool("dlxbridge.readmit", true))
+}
+
+// retryState is the bridge's state a message carries back into its work
+// queue: failed attempts so far, when the first failed, where it first came
+// from. seal adds the notes and signs it.
+func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first time.Time) amqp.Table {
+	ex, key, queue := w.qs.qr.origin(d, f.attempts.Signed)
+	h := amqp.Table{
+		triage.HeaderAttempts:               attempts,
 		quarantine.HeaderOriginalExchange:   ex,
 		quarantine.HeaderOriginalRoutingKey: key,
 		quarantine.HeaderOriginalQueue:      queue,
-		HeaderLastError:                     quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes),
-	})
-	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
-	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true),
-		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
+	}
+	if !first.IsZero() {
+		h[triage.HeaderFirstFailure] = first.UTC().Format(rfc3339Nano)
+	}
+	return h
 }
 
 // tracedPublish publishes p (confirm + mandatory) inside a producer span
@@ -149,8 +189,10 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 // connection (quarantine.Fit, with rank): a header frame over frame_max
 // makes the broker close the whole connection, which would requeue
 // everything in flight on it. A publish that cannot fit is never sent: the
-// error wraps quarantine.ErrNoFit.
-func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, attrs ...attribute.KeyValue) error {
+// error wraps quarantine.ErrNoFit. Fitting may cut headers and adds notes,
+// so resign, if not nil, signs the retry state again after it (the
+// signature's size does not change, so p still fits).
+func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, resign func(amqp.Table), attrs ...attribute.KeyValue) error {
 	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
@@ -165,6 +207,9 @@ func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp
 	telemetry.Inject(pctx, p.Headers)
 	err := w.fit(&p, rank)
 	if err == nil {
+		if resign != nil {
+			resign(p.Headers)
+		}
 		err = w.publish(pctx, exchange, key, p)
 	}
 	if err != nil {
@@ -181,7 +226,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	c := qr.c
 	v := f.verdict
 	now := c.cfg.Now()
-	ex, key, queue := qr.origin(d)
+	ex, key, queue := qr.origin(d, f.attempts.Signed)
 	red := qr.redact.Apply(d.Headers, d.Body)
 
 	env := quarantine.Envelope{
@@ -227,9 +272,12 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	}
 
 	p := republish(d, red.Headers, red.Body, nil)
-	env.Notes = append(priorNotes(d), env.Notes...)
+	// The quarantine is no way back into the work queue: nothing there is
+	// signed (a replay starts the message's retry state over).
+	delete(p.Headers, triage.HeaderSignature)
+	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
-	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), attribute.String("dlxbridge.class", string(v.Class)))
+	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
 }
 
 // fit makes p fit one frame of the publishing connection and logs what it
@@ -282,8 +330,12 @@ func (qr *queueRuntime) fitRank(retry bool) func(string) quarantine.Rank {
 	}
 }
 
-// priorNotes are the notes an earlier hop recorded on the message.
-func priorNotes(d *amqp.Delivery) []string {
+// priorNotes are the notes an earlier hop recorded, if its signature vouches
+// for them (signed): unsigned ones were written by someone else.
+func priorNotes(d *amqp.Delivery, signed bool) []string {
+	if !signed {
+		return nil
+	}
 	if s, ok := d.Headers[quarantine.HeaderNotes].(string); ok {
 		var notes []string
 		if json.Unmarshal([]byte(s), &notes) == nil {

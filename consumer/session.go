@@ -39,6 +39,9 @@ type queueRuntime struct {
 	// broker version is read on connect).
 	wq      *topology.WorkQueue
 	isRetry map[string]bool
+	// carriedCounts: the broker may carry a delivery count across
+	// dead-lettering (triage.DeliveryInput.CarriedCounts).
+	carriedCounts bool
 }
 
 func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
@@ -145,6 +148,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	for _, qr := range queues {
 		wq, _ := topo.WorkQueue(qr.cfg.Name)
 		qr.wq = wq
+		qr.carriedCounts = carriesCounts(version)
 		qr.isRetry = map[string]bool{}
 		for _, t := range wq.Tiers {
 			for _, l := range t.Lanes {

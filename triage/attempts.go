@@ -29,8 +29,14 @@ const MaxClockSkew = time.Minute
 type AttemptInput struct {
 	// Headers are the delivery's headers (map[string]any(amqp.Table)).
 	Headers map[string]any
+	// Signature is Signer.Verify's verdict on the bridge's own headers.
+	// Only a valid signature makes HeaderAttempts and HeaderFirstFailure
+	// count; otherwise they were set (or altered) by someone else and are
+	// ignored with a note.
+	Signature Verification
 	// IsRetryQueue reports whether queue is one of the work queue's retry
-	// lane queues. nil means none is: only the bridge's header counts.
+	// lane queues; nil means none is. It only shapes notes: x-death never
+	// counts attempts.
 	IsRetryQueue func(queue string) bool
 	// Now is the current time, for the first-failure sanity check. Zero
 	// skips the "in the future" check.
@@ -44,89 +50,77 @@ type Attempts struct {
 	Failed int
 	// FirstFailure is when the first attempt failed; zero if unknown.
 	FirstFailure time.Time
-	// FromHeader and FromXDeath are what each source said, after
-	// validation and clamping (0 when absent or rejected).
-	FromHeader, FromXDeath int
+	// FromHeader is what the signed HeaderAttempts said, after validation
+	// and clamping (0 when absent, unsigned or rejected).
+	FromHeader int
+	// Signed reports that the bridge's own headers carried a valid
+	// signature (AttemptInput.Signature), so its other headers (where the
+	// message came from, earlier notes) may be trusted too.
+	Signed bool
 	// Notes list forged or malformed values and what was done with them.
 	Notes []string
 }
 
-// CountAttempts counts the failed attempts of a delivery, correctly on every
-// broker version. The bridge retries by ack + republish to a TTL lane queue
-// that dead-letters (reason expired) back to the work queue, and sets
-// HeaderAttempts = n on the n-th retry publish. Then:
+// CountAttempts counts the failed attempts of a delivery. The bridge
+// retries by ack + republish to a TTL lane queue that dead-letters (reason
+// expired) back to the work queue, and stamps the n-th retry with
+// HeaderAttempts = n and HeaderFirstFailure, signed with HeaderSignature
+// (Signer). Only those signed values count:
 //
-//	Failed = max(header, Σ count of x-death entries {q, expired} with IsRetryQueue(q))
+//	Failed = HeaderAttempts if the signature is valid, else 0
 //
-// On 3.10–3.12 and 3.13.3+ the broker keeps the republished x-death and
-// increments the lane's count, so after n retries the sum is n; on 4.x it
-// ignores the client's x-death and each hop shows a fresh entry with count
-// 1, so the sum is 1 and the header carries n. Both give n, and taking the
-// max means neither source can lower the count below the other.
+// A producer can set any header, x-death included, and the broker keeps a
+// client's x-death (3.10–3.12, 3.13.3+: it even increments a forged count),
+// so neither an unsigned bridge header nor an x-death count can prove that
+// a message failed before: they are ignored with a note, and the message
+// gets its full retry budget, as if they were absent. The cost of that rule
+// is that a restart with a new key resets the budget of retries in flight
+// (see the consumer's signing key).
 //
-// The dlxbridge runtime itself strips x-death from its retries (a 3.x broker
-// silently drops a retry whose client-sent x-death names its work queue), so
-// with it the x-death sum is at most 1 and the header is the counter; the
-// x-death term is the floor for messages other publishers move through the
-// lanes with their history intact.
-//
-// The header must be a non-negative integer (any integer type, or an
-// integral float); a negative or non-integer value is ignored with a note,
-// and a value over MaxAttemptsCeiling is clamped to it with a note. The
-// x-death sum is clamped the same way.
-//
-// FirstFailure is the earlier of the header time and the earliest x-death
-// time of a retry-lane entry, each used only if it lies in [2000-01-01,
-// Now+MaxClockSkew] (otherwise ignored with a note). The x-death time is
-// when the first retry expired, so alone it is later than the true first
-// failure by about the first tier's delay; on 4.x it is the latest hop's.
+// The signed header must still be a non-negative integer (any integer type,
+// or an integral float); a negative or non-integer value is ignored with a
+// note, and a value over MaxAttemptsCeiling is clamped to it with a note.
+// FirstFailure is the signed HeaderFirstFailure, used only if it lies in
+// [2000-01-01, Now+MaxClockSkew].
 func CountAttempts(in AttemptInput) Attempts {
 	var n notes
-	var a Attempts
-
-	if v, present := in.Headers[HeaderAttempts]; present {
-		a.FromHeader = headerAttempts(v, &n)
-	}
+	a := Attempts{Signed: in.Signature.Valid}
 
 	h := HistoryOf(in.Headers)
 	for _, note := range h.Notes {
 		n.add("%s", note)
 	}
-	isRetry := func(d Death) bool {
-		return d.Reason == ReasonExpired && in.IsRetryQueue != nil && in.IsRetryQueue(d.Queue)
-	}
-	sum := h.CountWhere(isRetry)
-	if sum > MaxAttemptsCeiling {
-		n.add("x-death retry count %d clamped to %d", sum, MaxAttemptsCeiling)
-		sum = MaxAttemptsCeiling
-	}
-	a.FromXDeath = int(sum)
-	a.Failed = max(a.FromHeader, a.FromXDeath)
-
-	var headerTime, deathTime time.Time
-	if v, present := in.Headers[HeaderFirstFailure]; present {
-		headerTime = saneTime(v, time.Millisecond, HeaderFirstFailure, in.Now, &n)
-	}
 	for _, d := range h.Deaths {
-		if !isRetry(d) || d.Time.IsZero() {
+		if d.Reason != ReasonExpired || in.IsRetryQueue == nil || !in.IsRetryQueue(d.Queue) {
 			continue
 		}
-		t := saneTime(d.Time, time.Second, "x-death time of "+short(d.Queue), in.Now, &n)
-		if !t.IsZero() && (deathTime.IsZero() || t.Before(deathTime)) {
-			deathTime = t
+		if !a.Signed || d.Count != 1 {
+			n.add("x-death {%s, expired} count %d not counted: only the bridge's signed %s counts attempts", short(d.Queue), d.Count, HeaderAttempts)
 		}
 	}
-	switch {
-	case headerTime.IsZero():
-		a.FirstFailure = deathTime
-	case !deathTime.IsZero() && deathTime.Before(headerTime):
-		if headerTime.Sub(deathTime) > MaxClockSkew {
-			n.add("%s %s is later than x-death %s; using x-death", HeaderFirstFailure,
-				headerTime.Format(time.RFC3339), deathTime.Format(time.RFC3339))
+
+	rawAttempts, hasAttempts := in.Headers[HeaderAttempts]
+	rawFirst, hasFirst := in.Headers[HeaderFirstFailure]
+	if !a.Signed {
+		why := in.Signature.Problem
+		if why == "" {
+			why = "no valid " + HeaderSignature
 		}
-		a.FirstFailure = deathTime
-	default:
-		a.FirstFailure = headerTime
+		if hasAttempts {
+			n.add("%s=%s ignored: %s", HeaderAttempts, shortValue(rawAttempts), why)
+		}
+		if hasFirst {
+			n.add("%s=%s ignored: %s", HeaderFirstFailure, shortValue(rawFirst), why)
+		}
+		a.Notes = n.result()
+		return a
+	}
+	if hasAttempts {
+		a.FromHeader = headerAttempts(rawAttempts, &n)
+	}
+	a.Failed = a.FromHeader
+	if hasFirst {
+		a.FirstFailure = saneTime(rawFirst, time.Millisecond, HeaderFirstFailure, in.Now, &n)
 	}
 	a.Notes = n.result()
 	return a

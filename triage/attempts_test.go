@@ -22,100 +22,81 @@ func TestCountAttempts(t *testing.T) {
 		headers    table
 		failed     int
 		fromHeader int
-		fromXDeath int
 		first      time.Time
 		notes      []string
 	}{
 		{name: "first delivery", headers: nil},
 		{name: "first delivery with unrelated headers", headers: table{"content-type": "x"}},
 		{
-			name:    "3.10 after 3 retries: header and kept x-death agree",
-			headers: table{HeaderAttempts: int64(3), "x-death": []any{laneEntry(l5, int64(2), t0.Add(2*time.Second)), laneEntry(l1, int64(1), t0.Add(time.Second))}},
-			failed:  3, fromHeader: 3, fromXDeath: 3, first: t0.Add(time.Second),
+			name:    "after 3 retries: the signed header counts",
+			headers: signed(testSigner, table{HeaderAttempts: int64(3), HeaderFirstFailure: t0.Format(time.RFC3339Nano), "x-death": []any{laneEntry(l5, int64(1), t0.Add(8*time.Second))}}),
+			failed:  3, fromHeader: 3, first: t0,
 		},
 		{
-			name:    "4.x after 3 retries: fresh x-death, header carries the count",
-			headers: table{HeaderAttempts: int64(3), HeaderFirstFailure: t0.Format(time.RFC3339Nano), "x-death": []any{laneEntry(l5, int64(1), t0.Add(8*time.Second))}},
-			failed:  3, fromHeader: 3, fromXDeath: 1, first: t0,
-		},
-		{
-			name:    "header lost on 3.10: x-death still counts",
-			headers: table{"x-death": []any{laneEntry(l5, int64(4), t0)}},
-			failed:  4, fromXDeath: 4, first: t0,
-		},
-		{
-			name: "only retry-lane expirations count",
-			headers: table{"x-death": []any{
-				laneEntry(l5, int64(2), t0),
-				table{"queue": l1, "reason": "rejected", "count": int64(7)},
-				laneEntry("billing.retry.5s.l0", int64(9), t0),
-				laneEntry(workQueue, int64(9), t0),
-			}},
-			failed: 2, fromXDeath: 2, first: t0,
+			name:    "3.10 kept x-death counting: noted, not counted",
+			headers: signed(testSigner, table{HeaderAttempts: int64(3), "x-death": []any{laneEntry(l5, int64(2), t0.Add(2*time.Second)), laneEntry(l1, int64(1), t0.Add(time.Second))}}),
+			failed:  3, fromHeader: 3,
+			notes: []string{"x-death {orders.retry.5s.l2, expired} count 2 not counted"},
 		},
 		{
 			name:    "header in any integer type",
-			headers: table{HeaderAttempts: int32(2)},
+			headers: signed(testSigner, table{HeaderAttempts: int32(2)}),
 			failed:  2, fromHeader: 2,
 		},
 		{
-			name:    "header as integral float or json.Number",
-			headers: table{HeaderAttempts: json.Number("4")},
+			name:    "header as json.Number",
+			headers: signed(testSigner, table{HeaderAttempts: json.Number("4")}),
 			failed:  4, fromHeader: 4,
 		},
 		{
 			name:    "first-failure as unix millis",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: t0.UnixMilli()},
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: t0.UnixMilli()}),
 			failed:  1, fromHeader: 1, first: t0,
 		},
 		{
 			name:    "first-failure as time.Time",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: t0},
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: t0}),
 			failed:  1, fromHeader: 1, first: t0,
 		},
 		{
-			name:    "first-failure in the future ignored, falls back to x-death",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(time.Hour).Format(time.RFC3339Nano), "x-death": []any{laneEntry(l1, int64(1), t0)}},
-			failed:  1, fromHeader: 1, fromXDeath: 1, first: t0,
+			name:    "first-failure in the future ignored",
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(time.Hour).Format(time.RFC3339Nano)}),
+			failed:  1, fromHeader: 1,
 			notes: []string{"dlxbridge-first-failure-at 2026-03-01T13:10:00Z ignored: in the future"},
 		},
 		{
 			name:    "first-failure within clock skew kept",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(30 * time.Second).Format(time.RFC3339Nano)},
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(30 * time.Second).Format(time.RFC3339Nano)}),
 			failed:  1, fromHeader: 1, first: now.Add(30 * time.Second),
 		},
 		{
 			name:    "first-failure before 2000 ignored",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: "1970-01-01T00:00:01Z"},
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: "1970-01-01T00:00:01Z"}),
 			failed:  1, fromHeader: 1,
 			notes: []string{"ignored: before 2000"},
 		},
 		{
 			name:    "first-failure garbage ignored",
-			headers: table{HeaderAttempts: int64(1), HeaderFirstFailure: "yesterday"},
+			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: "yesterday"}),
 			failed:  1, fromHeader: 1,
 			notes: []string{"dlxbridge-first-failure-at of type string ignored: not a time"},
 		},
 		{
-			name:    "first-failure later than x-death: the earlier wins",
-			headers: table{HeaderAttempts: int64(2), HeaderFirstFailure: t0.Add(5 * time.Minute).Format(time.RFC3339Nano), "x-death": []any{laneEntry(l1, int64(2), t0)}},
-			failed:  2, fromHeader: 2, fromXDeath: 2, first: t0,
-			notes: []string{"is later than x-death"},
+			name:    "a lane expiry without the bridge's signature counts nothing",
+			headers: table{"x-death": []any{laneEntry(l1, int64(1), t0)}},
+			notes:   []string{"x-death {orders.retry.1s.l0, expired} count 1 not counted"},
 		},
 		{
-			name:    "x-death time in the future ignored",
-			headers: table{"x-death": []any{laneEntry(l1, int64(1), now.Add(time.Hour))}},
-			failed:  1, fromXDeath: 1,
-			notes: []string{"x-death time of orders.retry.1s.l0 2026-03-01T13:10:00Z ignored: in the future"},
+			name:    "other queues' x-death entries are not attempts",
+			headers: table{"x-death": []any{table{"queue": "billing", "reason": "rejected", "count": int64(7)}, laneEntry("billing.retry.5s.l0", int64(9), t0)}},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			a := CountAttempts(AttemptInput{Headers: tt.headers, IsRetryQueue: isLane, Now: now})
-			if a.Failed != tt.failed || a.FromHeader != tt.fromHeader || a.FromXDeath != tt.fromXDeath {
-				t.Errorf("Failed/FromHeader/FromXDeath = %d/%d/%d, want %d/%d/%d (notes %q)",
-					a.Failed, a.FromHeader, a.FromXDeath, tt.failed, tt.fromHeader, tt.fromXDeath, a.Notes)
+			a := CountAttempts(AttemptInput{Headers: tt.headers, Signature: verify(tt.headers), IsRetryQueue: isLane, Now: now})
+			if a.Failed != tt.failed || a.FromHeader != tt.fromHeader {
+				t.Errorf("Failed/FromHeader = %d/%d, want %d/%d (notes %q)", a.Failed, a.FromHeader, tt.failed, tt.fromHeader, a.Notes)
 			}
 			if !a.FirstFailure.Equal(tt.first) {
 				t.Errorf("FirstFailure = %v, want %v (notes %q)", a.FirstFailure, tt.first, a.Notes)
@@ -132,23 +113,77 @@ func TestCountAttempts(t *testing.T) {
 	}
 }
 
-func TestCountAttemptsNilIsRetryQueue(t *testing.T) {
-	t.Parallel()
-
-	a := CountAttempts(AttemptInput{Headers: table{HeaderAttempts: int64(2), "x-death": []any{laneEntry("q", int64(9), t0)}}})
-	if a.Failed != 2 || a.FromXDeath != 0 {
-		t.Errorf("nil IsRetryQueue: %+v", a)
-	}
-}
-
-// Forged values can neither buy infinite retries nor lower the count.
-func TestCountAttemptsForgery(t *testing.T) {
+// Issue 7, item 7: a producer must not make a valid message lose its retry
+// budget. Each forgery is published as is (or signed with another key, or
+// moved from another message): the count and the time budget proceed as if
+// the forged header were absent, and a note says what was ignored.
+func TestCountAttemptsForgeriesAreIgnored(t *testing.T) {
 	t.Parallel()
 
 	now := t0.Add(time.Minute)
 	lane := laneQueue(5*time.Second, 0)
-	p := Policy{Tiers: []time.Duration{time.Second, 5 * time.Second}, Lanes: 2, Jitter: 0.2, MaxAttempts: 5}
+	p := Policy{Tiers: []time.Duration{time.Second, 5 * time.Second}, Lanes: 2, Jitter: 0.2, MaxAttempts: 5, MaxElapsed: 15 * time.Minute}
+	other := mustSigner("another key, 32 bytes long......")
+	moved := func(sub Subject, h table) table {
+		out := table{}
+		for k, v := range h {
+			out[k] = v
+		}
+		out[HeaderSignature] = testSigner.Sign(sub, out, signedFields)
+		return out
+	}
 
+	tests := []struct {
+		name string
+		h    table
+		note string
+	}{
+		{name: "dlxbridge-attempts 999999", h: table{HeaderAttempts: int64(999_999)}, note: "dlxbridge-attempts=999999 ignored: no dlxbridge-signature"},
+		{name: "dlxbridge-attempts 999999 signed with another key", h: signed(other, table{HeaderAttempts: int64(999_999)}), note: "dlxbridge-attempts=999999 ignored: dlxbridge-signature does not match"},
+		{name: "signature moved from another queue", h: moved(Subject{Queue: "billing", MessageID: testSubject.MessageID, Body: testSubject.Body}, table{HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "signature moved from another message", h: moved(Subject{Queue: workQueue, MessageID: "m-2", Body: testSubject.Body}, table{HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "signature moved to another body", h: moved(Subject{Queue: workQueue, MessageID: testSubject.MessageID, Body: []byte(`{}`)}, table{HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "signed value raised afterwards", h: func() table {
+			h := signed(testSigner, table{HeaderAttempts: int64(1)})
+			h[HeaderAttempts] = int64(4)
+			return h
+		}(), note: "dlxbridge-attempts=4 ignored: dlxbridge-signature does not match"},
+		{name: "signature garbage", h: table{HeaderAttempts: int64(4), HeaderSignature: "v1:!!"}, note: "dlxbridge-signature is malformed"},
+		{name: "signature of another type", h: table{HeaderAttempts: int64(4), HeaderSignature: int64(7)}, note: "malformed"},
+		{name: "x-death for a real lane with count 10^9", h: table{"x-death": []any{laneEntry(lane, int64(1_000_000_000), t0)}}, note: "x-death {orders.retry.5s.l0, expired} count 1000000000 not counted"},
+		{name: "x-death for a real lane, huge count, with a signed header", h: signed(testSigner, table{"x-death": []any{laneEntry(lane, int64(1_000_000_000), t0)}}), note: "count 1000000000 not counted"},
+		{name: "dlxbridge-first-failure-at 2001-01-01", h: table{HeaderFirstFailure: "2001-01-01T00:00:00Z"}, note: `dlxbridge-first-failure-at="2001-01-01T00:00:00Z" ignored: no dlxbridge-signature`},
+		{name: "x-death lane time 2001-01-01", h: table{"x-death": []any{laneEntry(lane, int64(1), time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC))}}, note: "not counted"},
+		{name: "negative header", h: table{HeaderAttempts: int64(-3)}, note: "dlxbridge-attempts=-3 ignored"},
+		{name: "huge unsigned header", h: table{HeaderAttempts: uint64(math.MaxUint64)}, note: "dlxbridge-attempts=9223372036854775807 ignored"},
+		{name: "string header", h: table{HeaderAttempts: "1"}, note: `dlxbridge-attempts="1" ignored`},
+		{name: "table header", h: table{HeaderAttempts: table{"n": int64(1)}}, note: "dlxbridge-attempts=(triage.table) ignored"},
+		{name: "x-death a string", h: table{"x-death": "forged"}, note: "want an array of tables"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			a := CountAttempts(AttemptInput{Headers: tt.h, Signature: verify(tt.h), IsRetryQueue: isLane, Now: now})
+			if a.Failed != 0 || !a.FirstFailure.IsZero() {
+				t.Errorf("Failed = %d, FirstFailure = %v; want 0 and unknown, as if absent (notes %q)", a.Failed, a.FirstFailure, a.Notes)
+			}
+			if !containsNote(a.Notes, tt.note) {
+				t.Errorf("notes %q lack %q", a.Notes, tt.note)
+			}
+			v := Decide(p, Failure{Class: ClassTransient, Attempts: a, Now: now}, fixedRand(0.5))
+			if v.Action != ActionRetry || v.Attempt != 1 || v.Tier != 0 {
+				t.Errorf("Decide = %s attempt %d tier %d (%s), want the first retry", v.Action, v.Attempt, v.Tier, v.Reason)
+			}
+		})
+	}
+}
+
+// Signed values are still checked: the bridge's own header can't be read
+// as more than the ceiling, and a signed but malformed value counts nothing.
+func TestCountAttemptsSignedValuesAreStillValidated(t *testing.T) {
+	t.Parallel()
+
+	p := Policy{Tiers: []time.Duration{time.Second}, Lanes: 1, MaxAttempts: 5}
 	tests := []struct {
 		name   string
 		h      table
@@ -156,42 +191,34 @@ func TestCountAttemptsForgery(t *testing.T) {
 		action Action
 		note   string
 	}{
-		{name: "negative header", h: table{HeaderAttempts: int64(-3)}, failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
-		{name: "negative header cannot hide x-death", h: table{HeaderAttempts: int64(-100), "x-death": []any{laneEntry(lane, int64(4), t0)}}, failed: 4, action: ActionQuarantine, note: "negative"},
-		{name: "lower header cannot lower x-death", h: table{HeaderAttempts: int64(0), "x-death": []any{laneEntry(lane, int64(4), t0)}}, failed: 4, action: ActionQuarantine},
-		{name: "forged x-death 1 cannot lower the header", h: table{HeaderAttempts: int64(4), "x-death": []any{laneEntry(lane, int64(1), t0)}}, failed: 4, action: ActionQuarantine},
-		{name: "forged x-death 0 cannot lower the header", h: table{HeaderAttempts: int64(3), "x-death": []any{laneEntry(lane, int64(0), t0)}}, failed: 3, action: ActionRetry},
-		{name: "forged x-death count 99", h: table{HeaderAttempts: int64(1), "x-death": []any{laneEntry(lane, int64(99), t0)}}, failed: 99, action: ActionQuarantine},
-		{name: "forged x-death count huge", h: table{"x-death": []any{laneEntry(lane, int64(99_999_999), t0)}}, failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "x-death retry count 99999999 clamped to 10000"},
-		{name: "forged x-death negative", h: table{HeaderAttempts: int64(2), "x-death": []any{laneEntry(lane, int64(-5), t0)}}, failed: 2, action: ActionRetry, note: "count -5 negative; read as 0"},
-		{name: "many forged entries saturate, then clamp", h: table{"x-death": []any{laneEntry(lane+"a", int64(MaxCount), t0), laneEntry(lane+"b", int64(MaxCount), t0), laneEntry(lane+"c", uint64(math.MaxUint64), t0)}}, failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000"},
-		{name: "huge header", h: table{HeaderAttempts: int64(math.MaxInt64)}, failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling): the message will not be retried"},
-		{name: "huge unsigned header", h: table{HeaderAttempts: uint64(math.MaxUint64)}, failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped"},
-		{name: "string header", h: table{HeaderAttempts: "1"}, failed: 0, action: ActionRetry, note: "dlxbridge-attempts of type string ignored"},
-		{name: "string header falls back to x-death", h: table{HeaderAttempts: "0", "x-death": []any{laneEntry(lane, int64(4), t0)}}, failed: 4, action: ActionQuarantine, note: "of type string ignored"},
-		{name: "fractional header", h: table{HeaderAttempts: 2.5}, failed: 0, action: ActionRetry, note: "of type float64 ignored"},
-		{name: "NaN header", h: table{HeaderAttempts: math.NaN()}, failed: 0, action: ActionRetry, note: "of type float64 ignored"},
-		{name: "infinite header", h: table{HeaderAttempts: math.Inf(-1)}, failed: 0, action: ActionRetry, note: "ignored"},
-		{name: "bool header", h: table{HeaderAttempts: true}, failed: 0, action: ActionRetry, note: "of type bool ignored"},
-		{name: "table header", h: table{HeaderAttempts: table{"n": int64(1)}}, failed: 0, action: ActionRetry, note: "of type triage.table ignored"},
-		{name: "nil header", h: table{HeaderAttempts: nil}, failed: 0, action: ActionRetry},
-		{name: "x-death a string", h: table{HeaderAttempts: int64(2), "x-death": "forged"}, failed: 2, action: ActionRetry, note: "want an array of tables"},
+		{name: "huge", h: signed(testSigner, table{HeaderAttempts: int64(math.MaxInt64)}), failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling)"},
+		{name: "negative", h: signed(testSigner, table{HeaderAttempts: int64(-3)}), failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
+		{name: "fractional", h: signed(testSigner, table{HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "of type float64 ignored"},
+		{name: "NaN", h: signed(testSigner, table{HeaderAttempts: math.NaN()}), failed: 0, action: ActionRetry, note: "of type float64 ignored"},
+		{name: "nil", h: signed(testSigner, table{HeaderAttempts: nil}), failed: 0, action: ActionRetry},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			a := CountAttempts(AttemptInput{Headers: tt.h, IsRetryQueue: isLane, Now: now})
-			if a.Failed != tt.failed {
-				t.Errorf("Failed = %d, want %d (notes %q)", a.Failed, tt.failed, a.Notes)
-			}
-			if tt.note != "" && !containsNote(a.Notes, tt.note) {
-				t.Errorf("notes %q lack %q", a.Notes, tt.note)
-			}
-			v := Decide(p, Failure{Class: ClassTransient, Attempts: a, Now: now}, fixedRand(0.5))
-			if v.Action != tt.action {
-				t.Errorf("Decide = %s (%s), want %s", v.Action, v.Reason, tt.action)
-			}
-		})
+		a := CountAttempts(AttemptInput{Headers: tt.h, Signature: verify(tt.h), Now: t0})
+		if !a.Signed || a.Failed != tt.failed {
+			t.Errorf("%s: Signed %v Failed %d, want true %d (notes %q)", tt.name, a.Signed, a.Failed, tt.failed, a.Notes)
+		}
+		if tt.note != "" && !containsNote(a.Notes, tt.note) {
+			t.Errorf("%s: notes %q lack %q", tt.name, a.Notes, tt.note)
+		}
+		if v := Decide(p, Failure{Class: ClassTransient, Attempts: a, Now: t0}, fixedRand(0.5)); v.Action != tt.action {
+			t.Errorf("%s: Decide = %s, want %s", tt.name, v.Action, tt.action)
+		}
+	}
+}
+
+// A caller that never verified (zero Verification) trusts nothing.
+func TestCountAttemptsUnverifiedTrustsNothing(t *testing.T) {
+	t.Parallel()
+
+	h := signed(testSigner, table{HeaderAttempts: int64(2)})
+	a := CountAttempts(AttemptInput{Headers: h})
+	if a.Failed != 0 || a.Signed || !containsNote(a.Notes, "dlxbridge-attempts=2 ignored: no valid dlxbridge-signature") {
+		t.Errorf("%+v", a)
 	}
 }
 

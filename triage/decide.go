@@ -24,8 +24,9 @@ type Policy struct {
 	// the last retry. 0 disables the time budget.
 	MaxElapsed time.Duration
 	// CrashLoopDeliveries quarantines a message before the handler runs
-	// once its x-delivery-count (requeues so far) is at or over it. 0
-	// disables the check.
+	// once this queue has requeued it that many times (its x-delivery-count,
+	// read as Precheck says): the handler runs at most CrashLoopDeliveries
+	// times per hop. 0 disables the check.
 	CrashLoopDeliveries int
 }
 
@@ -64,6 +65,9 @@ const (
 	ActionDeliver    Action = "deliver"    // hand it to the handler
 	ActionRetry      Action = "retry"      // republish to a retry lane, then ack
 	ActionQuarantine Action = "quarantine" // publish to the quarantine, then ack
+	// ActionReadmit (Precheck only): republish to the work queue itself,
+	// then ack, so that the copy's delivery count is the queue's own.
+	ActionReadmit Action = "readmit"
 )
 
 // Verdict is a decision about one delivery.

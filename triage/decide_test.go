@@ -124,7 +124,7 @@ func TestDecideTransientThenSuccess(t *testing.T) {
 		if v := Precheck(defaultPolicy, DeliveryInput{WorkQueue: workQueue, Headers: h}); v.Action != ActionDeliver {
 			t.Fatalf("attempt %d: Precheck = %+v", attempt, v)
 		}
-		a := CountAttempts(AttemptInput{Headers: h, IsRetryQueue: isLane, Now: now})
+		a := CountAttempts(AttemptInput{Headers: h, Signature: verify(h), IsRetryQueue: isLane, Now: now})
 		if a.Failed != attempt-1 {
 			t.Fatalf("attempt %d: Failed = %d", attempt, a.Failed)
 		}
@@ -189,11 +189,10 @@ func TestPrecheckCountsAttemptsMade(t *testing.T) {
 	}{
 		{"three deliveries of a first hop crashed", table{HeaderDeliveryCount: int64(3)}, 0, 3},
 		{"after two failed retries", table{HeaderDeliveryCount: int64(3)}, 2, 5},
-		{"broker flag without a count", table{"x-death": []any{table{"queue": workQueue, "reason": "delivery_limit", "count": int64(1)}}}, 1, 2},
 		{"forged huge count is bounded", table{HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
 	}
 	for _, c := range cases {
-		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Failed: c.failed})
+		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Redelivered: true, Failed: c.failed})
 		if v.Action != ActionQuarantine || v.Attempt != c.want {
 			t.Errorf("%s: %s attempt %d, want quarantine attempt %d", c.name, v.Action, v.Attempt, c.want)
 		}
@@ -216,17 +215,15 @@ func TestPrecheck(t *testing.T) {
 		note    string
 	}{
 		{name: "first delivery", p: p, headers: nil, action: ActionDeliver},
-		{name: "delivery_limit for the work queue", p: p, headers: table{"x-death": dl(workQueue)}, action: ActionQuarantine, reason: "crash-looping: the broker dead-lettered it from orders with delivery_limit"},
 		{name: "delivery_limit for another queue", p: p, headers: table{"x-death": dl("billing")}, action: ActionDeliver},
 		{name: "other reasons for the work queue", p: p, headers: table{"x-death": []any{table{"queue": workQueue, "reason": "rejected", "count": int64(9)}}}, action: ActionDeliver},
 		{name: "x-delivery-count under budget", p: p, headers: table{HeaderDeliveryCount: int64(2)}, action: ActionDeliver},
-		{name: "x-delivery-count at budget", p: p, headers: table{HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times (x-delivery-count)"},
+		{name: "x-delivery-count at budget", p: p, headers: table{HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times by orders (x-delivery-count)"},
 		{name: "x-delivery-count over budget, int32", p: p, headers: table{HeaderDeliveryCount: int32(10)}, action: ActionQuarantine, reason: "delivered 11 times"},
 		{name: "x-delivery-count huge", p: p, headers: table{HeaderDeliveryCount: uint64(math.MaxUint64)}, action: ActionQuarantine, reason: "delivered 9223372036854775807 times"},
 		{name: "x-delivery-count negative", p: p, headers: table{HeaderDeliveryCount: int64(-50)}, action: ActionDeliver, note: "x-delivery-count=-50 ignored: negative"},
 		{name: "x-delivery-count string", p: p, headers: table{HeaderDeliveryCount: "9"}, action: ActionDeliver, note: "x-delivery-count of type string ignored"},
 		{name: "guard disabled", p: Policy{}, headers: table{HeaderDeliveryCount: int64(1000)}, action: ActionDeliver},
-		{name: "guard disabled still honors delivery_limit", p: Policy{}, headers: table{"x-death": dl(workQueue)}, action: ActionQuarantine},
 		{name: "x-death garbage", p: p, headers: table{"x-death": 12}, action: ActionDeliver, note: "want an array of tables"},
 	}
 	for _, tt := range tests {
@@ -248,6 +245,111 @@ func TestPrecheck(t *testing.T) {
 		})
 	}
 }
+
+// Issue 7, item 7: headers a producer set must not make a valid message skip
+// its handler. Each forgery reaches the handler (ActionDeliver) with a note.
+func TestPrecheckForgeriesDoNotSkipTheHandler(t *testing.T) {
+	t.Parallel()
+
+	p := withCrashLoop(defaultPolicy, 1) // the strictest guard
+	dl := []any{table{"queue": workQueue, "reason": "delivery_limit", "count": int64(3), "time": t0}}
+	tests := []struct {
+		name        string
+		headers     table
+		redelivered bool
+		note        string
+	}{
+		{name: "x-delivery-count 50 on a first delivery", headers: table{HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored: the first delivery in orders (redelivered=false) carries the publisher's value"},
+		{name: "x-delivery-count 50 as a string", headers: table{HeaderDeliveryCount: "50"}, note: "x-delivery-count of type string ignored"},
+		{name: "x-death {Q, delivery_limit}", headers: table{"x-death": dl}, note: "x-death {orders, delivery_limit} (count 3) ignored"},
+		{name: "x-death {Q, delivery_limit} with x-first-death", headers: table{"x-death": dl, HeaderFirstDeathQueue: workQueue, HeaderFirstDeathReason: ReasonDeliveryLimit}, note: "forged or was replayed"},
+		{name: "x-death {Q, delivery_limit} and x-delivery-count 50", headers: table{"x-death": dl, HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored"},
+		{name: "x-death {Q, delivery_limit} on a redelivery under budget", headers: table{"x-death": dl}, redelivered: true, note: "ignored"},
+	}
+	for _, tt := range tests {
+		for _, carried := range []bool{false, true} {
+			v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered, CarriedCounts: carried, IsRetryQueue: isLane})
+			if v.Action != ActionDeliver {
+				t.Errorf("%s (carried %v): %s (%s), want deliver", tt.name, carried, v.Action, v.Reason)
+			}
+			if !containsNote(v.Notes, tt.note) {
+				t.Errorf("%s (carried %v): notes %q lack %q", tt.name, carried, v.Notes, tt.note)
+			}
+		}
+	}
+}
+
+// Issue 13: a message's first delivery in the work queue never counts as a
+// crash. What each broker shows is in docs/topology.md (version
+// differences); the fixtures below are those observations.
+func TestPrecheckCountsOnlyThisQueuesDeliveries(t *testing.T) {
+	t.Parallel()
+
+	upstream := []any{table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": t0, "exchange": "", "routing-keys": []any{"upstream"}}}
+	viaTTL := []any{table{"queue": "upstream.delay", "reason": "expired", "count": int64(1), "time": t0}, upstream[0]}
+	ownLane := []any{laneEntry(laneQueue(time.Second, 0), int64(1), t0)}
+	readmittedCopy := func(hist []any, count int64) table {
+		h := signed(testSigner, table{"x-death": hist, HeaderReadmitted: XDeathDigest(table{"x-death": hist})})
+		if count > 0 {
+			h[HeaderDeliveryCount] = count
+		}
+		return h
+	}
+	staleMark := func() table {
+		h := readmittedCopy(upstream, 1)
+		h["x-death"] = viaTTL // dead-lettered again since it was re-admitted
+		return h
+	}
+
+	tests := []struct {
+		name        string
+		t           int // CrashLoopDeliveries
+		headers     table
+		redelivered bool
+		carried     bool
+		want        Action
+	}{
+		// 3.10.8: a dead-lettered message arrives with redelivered=false
+		// and no count; afterwards the count is this queue's.
+		{name: "3.10 upstream dead letter, first delivery", t: 1, headers: table{"x-death": upstream}, want: ActionDeliver},
+		{name: "3.10 upstream dead letter, requeued once", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionQuarantine},
+		{name: "3.10 upstream dead letter, requeued once, budget 2", t: 2, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionDeliver},
+		// 4.0.5: redelivered=true and a carried count on the first delivery.
+		{name: "4.x upstream reject, first delivery, budget 1", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream reject, first delivery, default budget", t: 4, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream crash then reject: count 2", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(2)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x carried through a TTL hop", t: 1, headers: table{"x-death": viaTTL, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream TTL expiry only: nothing carried", t: 1, headers: table{"x-death": []any{table{"queue": "upstream", "reason": "expired", "count": int64(1)}}}, carried: true, want: ActionDeliver},
+		{name: "4.x guard off: no re-admission", t: 0, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionDeliver},
+		// The re-admitted copy counts this queue's deliveries only.
+		{name: "4.x re-admitted copy, first delivery", t: 1, headers: readmittedCopy(upstream, 0), carried: true, want: ActionDeliver},
+		{name: "4.x re-admitted copy, requeued once", t: 1, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionQuarantine},
+		{name: "4.x re-admitted copy, requeued once, budget 2", t: 2, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionDeliver},
+		{name: "4.x re-admitted copy dead-lettered again", t: 1, headers: staleMark(), redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x unsigned re-admission mark", t: 1, headers: table{"x-death": upstream, HeaderReadmitted: XDeathDigest(table{"x-death": upstream}), HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		// The bridge's own retry lane carries nothing on either version.
+		{name: "4.x back from the retry lane, first delivery", t: 1, headers: table{"x-death": ownLane}, carried: true, want: ActionDeliver},
+		{name: "4.x back from the retry lane, requeued once", t: 1, headers: table{"x-death": ownLane, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+		// A producer's message: redelivered is exact on both versions.
+		{name: "4.x producer message requeued once", t: 1, headers: table{HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			in := DeliveryInput{WorkQueue: workQueue, Headers: tt.headers, Redelivered: tt.redelivered, CarriedCounts: tt.carried,
+				Signed: verify(tt.headers).Valid, IsRetryQueue: isLane}
+			v := Precheck(withCrashLoop(defaultPolicy, tt.t), in)
+			if v.Action != tt.want {
+				t.Fatalf("Action = %s (%s), want %s", v.Action, v.Reason, tt.want)
+			}
+			if v.Action == ActionReadmit && !strings.Contains(v.Reason, "re-admitting") {
+				t.Errorf("Reason = %q", v.Reason)
+			}
+		})
+	}
+}
+
+func withCrashLoop(p Policy, n int) Policy { p.CrashLoopDeliveries = n; return p }
 
 // Jitter must spread 1,000 messages failing at the same moment over the
 // tier's window and every lane, so they do not come back as one herd.

@@ -9,9 +9,10 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// A handler failed on the third delivery of a message: the bridge counts
-// the attempts from its header and x-death, classifies the error and decides
-// to retry on tier 2 (30s) with jitter, on a lane of that tier.
+// A handler failed on the third delivery of a message: the bridge reads the
+// attempts from its own signed header (x-death never counts), classifies
+// the error and decides to retry on tier 2 (30s) with jitter, on a lane of
+// that tier.
 func ExampleDecide() {
 	policy := triage.Policy{
 		Tiers:       []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute},
@@ -21,16 +22,25 @@ func ExampleDecide() {
 		MaxElapsed:  15 * time.Minute,
 	}
 	now := time.Date(2026, 3, 1, 12, 0, 40, 0, time.UTC)
-	headers := map[string]any{ // as delivered by a 4.x broker
+	signer, _ := triage.NewSigner([]byte("a key shared by every consumer"))
+	msg := triage.Subject{Queue: "orders", MessageID: "m-1", Body: []byte(`{"id":1}`)}
+	signed := []string{triage.HeaderAttempts, triage.HeaderFirstFailure}
+
+	// What the previous hop published (with its signature) and a 4.x
+	// broker delivered back from the retry lane.
+	headers := map[string]any{
 		triage.HeaderAttempts:     int64(2),
 		triage.HeaderFirstFailure: "2026-03-01T12:00:00Z",
-		"x-death": []any{map[string]any{
-			"queue": "orders.retry.5s.l1", "reason": "expired", "count": int64(1),
-			"time": now.Add(-time.Second),
-		}},
 	}
+	headers[triage.HeaderSignature] = signer.Sign(msg, headers, signed)
+	headers["x-death"] = []any{map[string]any{
+		"queue": "orders.retry.5s.l1", "reason": "expired", "count": int64(1),
+		"time": now.Add(-time.Second),
+	}}
+
 	attempts := triage.CountAttempts(triage.AttemptInput{
 		Headers:      headers,
+		Signature:    signer.Verify(msg, headers, signed),
 		IsRetryQueue: func(q string) bool { return len(q) > 13 && q[:13] == "orders.retry." },
 		Now:          now,
 	})
@@ -48,10 +58,13 @@ func ExampleDecide() {
 	// transient failure: retry 4/5 in 34.059s (tier 2, lane 2)
 }
 
-// Forged or malformed headers are noted, never trusted.
+// Forged or malformed headers are noted, never trusted: without the
+// bridge's signature, a producer's attempt count is ignored and the message
+// keeps its whole retry budget.
 func ExampleCountAttempts() {
 	a := triage.CountAttempts(triage.AttemptInput{
-		Headers: map[string]any{triage.HeaderAttempts: int64(-3), "x-death": "forged"},
+		Headers:   map[string]any{triage.HeaderAttempts: int64(999999), "x-death": "forged"},
+		Signature: triage.Verification{Problem: "no dlxbridge-signature"},
 	})
 	fmt.Println(a.Failed)
 	for _, n := range a.Notes {
@@ -59,8 +72,8 @@ func ExampleCountAttempts() {
 	}
 	// Output:
 	// 0
-	// dlxbridge-attempts=-3 ignored: negative
 	// x-death: want an array of tables, got string; ignored
+	// dlxbridge-attempts=999999 ignored: no dlxbridge-signature
 }
 
 func ExampleFingerprint() {

@@ -20,6 +20,37 @@ func laneQueue(d time.Duration, lane int) string {
 
 func isLane(q string) bool { return strings.HasPrefix(q, workQueue+".retry.") }
 
+// testSigner signs the fixtures' retry state as the runtime does.
+var testSigner = mustSigner("0123456789abcdef0123456789abcdef")
+
+func mustSigner(key string) *Signer {
+	s, err := NewSigner([]byte(key))
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// signedFields are the headers the fixtures sign (the runtime also signs
+// its origin and notes headers).
+var signedFields = []string{HeaderAttempts, HeaderFirstFailure, HeaderReadmitted}
+
+// testSubject is the message the fixtures sign for.
+var testSubject = Subject{Queue: workQueue, MessageID: "m-1", Body: []byte(`{"id":1}`)}
+
+// signed returns h with a valid signature by s for testSubject.
+func signed(s *Signer, h table) table {
+	out := maps.Clone(h)
+	if out == nil {
+		out = table{}
+	}
+	out[HeaderSignature] = s.Sign(testSubject, out, signedFields)
+	return out
+}
+
+// verify is what the runtime passes as AttemptInput.Signature.
+func verify(h table) Verification { return testSigner.Verify(testSubject, h, signedFields) }
+
 // shape is a broker generation's way of writing x-death when it
 // dead-letters a message that already carries a client-provided x-death.
 type shape string
@@ -79,7 +110,8 @@ func (s shape) deadLetter(h table, queue, reason string, now time.Time) table {
 }
 
 // retryPublish returns the headers the bridge publishes a retry with:
-// the delivered headers plus its own attempt and first-failure headers.
+// the delivered headers plus its own attempt and first-failure headers,
+// signed.
 // Kept x-death is the worst case for double counting on 3.10; the consumer
 // strips broker-owned headers (strip), which makes 3.10 show fresh history
 // like 4.x.
@@ -99,7 +131,7 @@ func retryPublish(h table, failedSoFar int, now time.Time, strip bool) table {
 	if _, ok := out[HeaderFirstFailure]; !ok {
 		out[HeaderFirstFailure] = now.UTC().Format(time.RFC3339Nano)
 	}
-	return out
+	return signed(testSigner, out)
 }
 
 // step is what the bridge saw and decided on one delivery.
@@ -122,7 +154,7 @@ func simulate(p Policy, class Class, shapeOf hopShape, strip bool, rnd Rand, sta
 	now := start
 	var log []step
 	for hop := 0; hop < maxSteps; hop++ {
-		a := CountAttempts(AttemptInput{Headers: h, IsRetryQueue: isLane, Now: now})
+		a := CountAttempts(AttemptInput{Headers: h, Signature: verify(h), IsRetryQueue: isLane, Now: now})
 		v := Decide(p, Failure{Class: class, Attempts: a, Now: now}, rnd)
 		log = append(log, step{Failed: a.Failed, FirstFailure: a.FirstFailure, Verdict: v})
 		if v.Action != ActionRetry {

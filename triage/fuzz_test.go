@@ -63,6 +63,14 @@ func FuzzParseXDeath(f *testing.F) {
 	f.Add([]byte(`["x", null, 1.5, [[]], {"queue": {"a": 1}}]`), byte(4))
 	f.Add([]byte(`"x-death"`), byte(5))
 	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1e19}]`), byte(6))
+	// The forgeries of issue 7, item 7: every header of the fuzzed message
+	// carries the value, none signed.
+	f.Add([]byte(`50`), byte(0))
+	f.Add([]byte(`999999`), byte(1))
+	f.Add([]byte(`"2001-01-01T00:00:00Z"`), byte(2))
+	f.Add([]byte(`[{"queue":"orders","reason":"delivery_limit","count":3,"time":978307200}]`), byte(0))
+	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1000000000,"time":978307200}]`), byte(0))
+	f.Add([]byte(`[{"queue":"upstream","reason":"rejected","count":1,"exchange":"","routing-keys":["upstream"]}]`), byte(1))
 
 	f.Fuzz(func(t *testing.T, data []byte, mode byte) {
 		dec := json.NewDecoder(bytes.NewReader(data))
@@ -91,15 +99,37 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v}
-			a := CountAttempts(AttemptInput{Headers: headers, IsRetryQueue: func(q string) bool { return strings.Contains(q, "retry") }, Now: t0})
-			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != max(a.FromHeader, a.FromXDeath) {
+			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v}
+			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
+			// Unsigned (or forged) values never count; signed ones are
+			// still bounded.
+			forged := CountAttempts(AttemptInput{Headers: headers, Signature: verify(headers), IsRetryQueue: isRetry, Now: t0})
+			if forged.Failed != 0 || !forged.FirstFailure.IsZero() || forged.Signed {
+				t.Fatalf("unsigned headers counted: %+v", forged)
+			}
+			sh := signed(testSigner, headers)
+			sig := verify(sh)
+			if !sig.Valid {
+				t.Fatalf("signature over fuzzed values did not verify: %s", sig.Problem)
+			}
+			a := CountAttempts(AttemptInput{Headers: sh, Signature: sig, IsRetryQueue: isRetry, Now: t0})
+			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != a.FromHeader {
 				t.Fatalf("attempts %+v", a)
 			}
 			if !a.FirstFailure.IsZero() && (a.FirstFailure.Before(minSaneTime) || a.FirstFailure.After(t0.Add(MaxClockSkew))) {
 				t.Fatalf("FirstFailure %v", a.FirstFailure)
 			}
-			Precheck(defaultPolicy, DeliveryInput{WorkQueue: "orders", Headers: headers})
+			for _, in := range []DeliveryInput{
+				{WorkQueue: "orders", Headers: headers},
+				{WorkQueue: "orders", Headers: sh, Redelivered: true, CarriedCounts: true, Signed: true, IsRetryQueue: isRetry},
+				{WorkQueue: "orders", Headers: headers, Redelivered: true, IsRetryQueue: isRetry},
+			} {
+				v := Precheck(withCrashLoop(defaultPolicy, 1), in)
+				if !in.Redelivered && v.Action != ActionDeliver {
+					t.Fatalf("a first delivery skipped its handler: %+v", v)
+				}
+			}
+			XDeathDigest(headers)
 			ClassifyDeadLetter(h, headers)
 		}
 	})

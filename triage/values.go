@@ -196,6 +196,21 @@ func typeName(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
+// shortValue shows a (possibly forged) scalar for notes, bounded: strings
+// truncated, integers and times as such, anything else by its type.
+func shortValue(v any) string {
+	if s, ok := asString(v); ok {
+		return fmt.Sprintf("%q", short(s))
+	}
+	if n, res := asInt(v); res == intOK || res == intOverflow {
+		return fmt.Sprint(n)
+	}
+	if t, ok := deref(v).(time.Time); ok {
+		return t.UTC().Format(time.RFC3339)
+	}
+	return "(" + typeName(v) + ")"
+}
+
 // notes collects bounded diagnostics: a hostile header must not make the
 // notes themselves unbounded.
 type notes struct {

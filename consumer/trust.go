@@ -1,0 +1,112 @@
+package consumer
+
+import (
+	"crypto/rand"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// signedHeaders are the bridge's retry state: the headers a retry or a
+// re-admission carries back into the work queue, and that decide something
+// there. They are trusted only under a valid triage.HeaderSignature, which
+// binds them to the work queue, the message id and the body.
+var signedHeaders = []string{
+	triage.HeaderAttempts,
+	triage.HeaderFirstFailure,
+	quarantine.HeaderOriginalExchange,
+	quarantine.HeaderOriginalRoutingKey,
+	quarantine.HeaderOriginalQueue,
+	quarantine.HeaderNotes,
+	triage.HeaderReadmitted,
+}
+
+// newSigner loads the signing key: Config.SigningKey, else the environment
+// variable the config file names, else a random key for this process only.
+func newSigner(cfg *Config) (*triage.Signer, error) {
+	key := cfg.SigningKey
+	env := cfg.File.Security.SigningKeyEnv
+	if key == nil && env != "" {
+		key = []byte(os.Getenv(env))
+	}
+	if len(key) == 0 {
+		key = make([]byte, 32)
+		_, _ = rand.Read(key)
+		cfg.Logger.Warn("no signing key: $"+env+" is unset, so this process signs its retry headers with a random key of its own. "+
+			"Retries in flight are not trusted after a restart, nor by another consumer process: their attempt count and time budget start over. "+
+			"Set the same key (at least 16 random bytes) in $"+env+" for every consumer of these queues.",
+			"component", "dlxbridge.consumer")
+	}
+	s, err := triage.NewSigner(key)
+	if err != nil {
+		return nil, fmt.Errorf("signing key ($%s or consumer.Config.SigningKey): %w", env, err)
+	}
+	return s, nil
+}
+
+// carriesCounts reports whether a broker may carry a delivery count (and the
+// redelivered flag) across dead-lettering: 4.0.5 does, 3.10.8 does not (see
+// docs/topology.md); 3.13 introduced the message container that 4.x builds
+// on and is treated like 4.x, which costs at most one re-admission.
+func carriesCounts(v topology.BrokerVersion) bool { return v.AtLeast(3, 13) }
+
+// subject is what the bridge's signature on d is bound to.
+func (qr *queueRuntime) subject(d *amqp.Delivery) triage.Subject {
+	return triage.Subject{Queue: qr.cfg.Name, MessageID: d.MessageId, Body: d.Body}
+}
+
+// verify checks the bridge's signature on d. Bridge headers present without
+// a valid one are noted (CountAttempts notes the attempt headers).
+func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string) {
+	v := qr.c.signer.Verify(qr.subject(d), d.Headers, signedHeaders)
+	if v.Valid {
+		return v, nil
+	}
+	var ignored []string
+	for _, k := range signedHeaders {
+		if _, present := d.Headers[k]; present && k != triage.HeaderAttempts && k != triage.HeaderFirstFailure {
+			ignored = append(ignored, k)
+		}
+	}
+	if len(ignored) == 0 {
+		return v, nil
+	}
+	return v, []string{fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem)}
+}
+
+// seal writes the notes and signs the retry state in h for d's work queue.
+// It runs last, after every signed header is final.
+func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
+	delete(h, quarantine.HeaderNotes)
+	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
+	w.resign(d)(h)
+}
+
+// resign returns a function that signs the retry state in h again, for
+// after frame fitting has cut a header or added its notes.
+func (w *worker) resign(d *amqp.Delivery) func(amqp.Table) {
+	return func(h amqp.Table) {
+		h[triage.HeaderSignature] = w.qs.qr.c.signer.Sign(w.qs.qr.subject(d), h, signedHeaders)
+	}
+}
+
+// mergeNotes appends the lists, dropping exact repeats (a note carried
+// through several hops is recorded once).
+func mergeNotes(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, n := range l {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,545 @@
+package consumer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// Issue 7, items 7 and 9: a producer-set header must not make a valid
+// message skip its handler or lose its retry budget. Each forged message
+// reaches its handler on every attempt, gets max_attempts attempts and a
+// fresh time budget, as if the header were absent, and the note about the
+// forgery, made on the first delivery, survives both retries into the
+// quarantine envelope.
+func TestForgedHeadersNeitherSkipTheHandlerNorSpendTheBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		elapsed := 10 * time.Minute // the time budget is on: a forged first failure must not spend it
+		q.Retry.MaxElapsed = &elapsed
+	}) // max_attempts 3, crash_loop_deliveries 2, delivery_limit 4
+	lane := b.wq.Tiers[0].Lanes[0].Queue
+	otherKey, err := triage.NewSigner([]byte("not the consumers' key, 32 bytes"))
+	must(t, err)
+	at := time.Now().Add(-time.Minute)
+
+	type forgery struct {
+		headers func(id string, body []byte) amqp.Table
+		note    string
+	}
+	forgeries := map[string]forgery{
+		"delivery-count-50": {
+			headers: func(string, []byte) amqp.Table { return amqp.Table{"x-delivery-count": int64(50)} },
+			note:    "x-delivery-count=50 ignored",
+		},
+		"x-death-work-queue-delivery-limit": {
+			headers: func(string, []byte) amqp.Table {
+				return amqp.Table{"x-death": []any{amqp.Table{"queue": b.queue.Name, "reason": "delivery_limit", "count": int64(3), "exchange": "", "routing-keys": []any{b.queue.Name}, "time": at}},
+					"x-first-death-queue": b.queue.Name, "x-first-death-reason": "delivery_limit"}
+			},
+			note: "delivery_limit} (count 3) ignored",
+		},
+		"attempts-999999": {
+			headers: func(string, []byte) amqp.Table { return amqp.Table{triage.HeaderAttempts: int64(999_999)} },
+			note:    "dlxbridge-attempts=999999 ignored: no dlxbridge-signature",
+		},
+		"attempts-signed-with-another-key": {
+			headers: func(id string, body []byte) amqp.Table {
+				h := amqp.Table{triage.HeaderAttempts: int64(4)}
+				h[triage.HeaderSignature] = otherKey.Sign(triage.Subject{Queue: b.queue.Name, MessageID: id, Body: body}, h, signedHeaders)
+				return h
+			},
+			note: "dlxbridge-attempts=4 ignored: dlxbridge-signature does not match",
+		},
+		"x-death-lane-count-1e9": {
+			headers: func(string, []byte) amqp.Table {
+				return amqp.Table{"x-death": []any{amqp.Table{"queue": lane, "reason": "expired", "count": int64(1_000_000_000), "exchange": "", "routing-keys": []any{lane}, "time": at}}}
+			},
+			note: "expired} count 1000000000 not counted",
+		},
+		"first-failure-2001": {
+			headers: func(string, []byte) amqp.Table {
+				return amqp.Table{triage.HeaderFirstFailure: "2001-01-01T00:00:00Z"}
+			},
+			note: `dlxbridge-first-failure-at="2001-01-01T00:00:00Z" ignored`,
+		},
+	}
+
+	var mu sync.Mutex
+	calls := map[string][]int{} // message id → the attempts its handler saw
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			mu.Lock()
+			calls[m.MessageID] = append(calls[m.MessageID], m.Attempt)
+			mu.Unlock()
+			return fmt.Errorf("downstream unavailable")
+		})))
+	})
+	start := time.Now()
+	for id, f := range forgeries {
+		body, _ := json.Marshal(map[string]any{"id": id})
+		b.publish(body, amqp.Publishing{MessageId: id, Headers: f.headers(id, body)})
+	}
+
+	deadline := time.After(60 * time.Second)
+	for quarantined := 0; quarantined < len(forgeries); {
+		select {
+		case o := <-b.settled:
+			switch o {
+			case OutcomeRetried:
+			case OutcomeQuarantined:
+				quarantined++
+			default:
+				t.Fatalf("unexpected outcome %q", o)
+			}
+		case <-deadline:
+			t.Fatalf("only %d of %d forged messages reached the quarantine", quarantined, len(forgeries))
+		}
+	}
+	records := b.drainQuarantine(len(forgeries))
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range records {
+		f, ok := forgeries[d.MessageId]
+		if !ok {
+			t.Errorf("unexpected message %q in the quarantine", d.MessageId)
+			continue
+		}
+		env, _ := quarantine.Read(&d)
+		if got := calls[d.MessageId]; fmt.Sprint(got) != "[1 2 3]" {
+			t.Errorf("%s: the handler saw attempts %v, want [1 2 3]", d.MessageId, got)
+		}
+		if env.Class != triage.ClassTransient || env.Attempts != 3 || !strings.Contains(env.Reason, "attempt budget exhausted (3/3)") {
+			t.Errorf("%s: class %q attempts %d reason %q; want transient, 3, budget exhausted", d.MessageId, env.Class, env.Attempts, env.Reason)
+		}
+		if env.FirstFailureAt.Before(start.Add(-time.Second)) {
+			t.Errorf("%s: first failure %v, before the test started", d.MessageId, env.FirstFailureAt)
+		}
+		if !strings.Contains(strings.Join(env.Notes, "\n"), f.note) {
+			t.Errorf("%s: notes %q lack %q", d.MessageId, env.Notes, f.note)
+		}
+		if _, kept := d.Headers[triage.HeaderSignature]; kept {
+			t.Errorf("%s: the quarantined copy carries a signature", d.MessageId)
+		}
+	}
+}
+
+// A retry's signed state can't be lifted onto another message: a producer
+// that copies a real retry's headers (signature included) onto a new message
+// gets the full budget for it.
+func TestCopiedRetryHeadersDoNotCarryOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil) // max_attempts 3
+	var mu sync.Mutex
+	calls := map[string][]int{}
+	var stolen amqp.Table
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[m.MessageID] = append(calls[m.MessageID], m.Attempt)
+			if m.MessageID == "victim" && m.Attempt == 2 {
+				stolen = m.Headers // attempts 1, signed for "victim"
+				return nil
+			}
+			return fmt.Errorf("down")
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "v"}, amqp.Publishing{MessageId: "victim"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+
+	mu.Lock()
+	h := amqp.Table{}
+	for k, v := range stolen {
+		if !strings.HasPrefix(k, "x-") {
+			h[k] = v
+		}
+	}
+	mu.Unlock()
+	if h[triage.HeaderSignature] == nil || h[triage.HeaderAttempts] != int64(1) {
+		t.Fatalf("the retry carried no signed attempt count: %v", h)
+	}
+	h[triage.HeaderAttempts] = int64(2) // and raise it
+	b.publishJSON(map[string]any{"id": "v"}, amqp.Publishing{MessageId: "thief", Headers: h})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := fmt.Sprint(calls["thief"]); got != "[1 2 3]" {
+		t.Fatalf("the copied headers changed the budget: attempts %s, want [1 2 3]", got)
+	}
+}
+
+// upstream declares a quorum queue whose dead-letter exchange is the work
+// queue's exchange (routing key job.test), publishes one valid message to
+// it, delivers it k times there (requeueing) and rejects it, so the broker
+// dead-letters it into the work queue: the chain of services of issue 13.
+func (b *testBundle) upstreamReject(id string, k int) {
+	b.t.Helper()
+	up := b.env.Name("upstream-" + id)
+	b.env.TrackQueue(up)
+	ch := b.env.Channel("upstream")
+	if _, err := ch.QueueDeclare(up, true, false, false, false, amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-dead-letter-exchange":    b.queue.Exchange.Name,
+		"x-dead-letter-routing-key": "job.test",
+	}); err != nil {
+		b.t.Fatal(err)
+	}
+	must(b.t, ch.Confirm(false))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	body, _ := json.Marshal(map[string]any{"id": id})
+	must(b.t, ch.PublishWithContext(context.Background(), "", up, true, false, amqp.Publishing{
+		ContentType: "application/json", Type: testType, MessageId: id, Body: body,
+		Headers: amqp.Table{"schema-version": "1"},
+	}))
+	if c := <-confirms; !c.Ack {
+		b.t.Fatal("upstream publish nacked")
+	}
+	for i := 1; i <= k; i++ {
+		var d amqp.Delivery
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var ok bool
+			var err error
+			d, ok, err = ch.Get(up, false)
+			must(b.t, err)
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.t.Fatalf("upstream delivery %d never came", i)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
+		}
+		if i < k {
+			must(b.t, d.Reject(true))
+		} else {
+			must(b.t, d.Reject(false))
+		}
+	}
+}
+
+// Issue 13: on RabbitMQ 4.x a message the broker dead-letters into the work
+// queue arrives with redelivered=true and x-delivery-count 1. Its first
+// delivery there must reach the handler once and be acked, with
+// delivery_limit 2 (crash_loop_deliveries 1) and with the defaults.
+func TestUpstreamDeadLetterIsHandledOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		limit     int
+		wantGuard int
+		upstreamK int
+	}{
+		{"delivery_limit 2", 2, 1, 1},
+		{"delivery_limit 2, upstream delivered 3 times", 2, 1, 3},
+		{"defaults", 0, 4, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(q *config.Queue) {
+				q.DeliveryLimit = tc.limit
+				q.Consumer.CrashLoopDeliveries = 0 // its default
+			})
+			if b.queue.Consumer.CrashLoopDeliveries != tc.wantGuard {
+				t.Fatalf("crash_loop_deliveries = %d, want %d", b.queue.Consumer.CrashLoopDeliveries, tc.wantGuard)
+			}
+			rec := newRecorder()
+			b.start(func(c *Consumer) {
+				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+					rec.record(m)
+					return nil
+				})))
+			})
+			b.upstreamReject("m-up", tc.upstreamK)
+
+			var outcomes []string
+			for done := false; !done; {
+				select {
+				case o := <-b.settled:
+					outcomes = append(outcomes, o)
+					switch o {
+					case OutcomeAcked:
+						done = true
+					case OutcomeReadmitted:
+					default:
+						t.Fatalf("outcome %q (so far %v), want the handler to run and ack", o, outcomes)
+					}
+				case <-time.After(15 * time.Second):
+					t.Fatalf("not handled within 15s (outcomes %v)", outcomes)
+				}
+			}
+			t.Logf("broker %s: outcomes %v", b.env.ServerVersion, outcomes)
+			if n := rec.count(); n != 1 {
+				t.Fatalf("handler ran %d times, want 1", n)
+			}
+			c := <-rec.ch
+			if c.attempt != 1 {
+				t.Errorf("attempt %d, want 1", c.attempt)
+			}
+			if _, ok := c.msg.Headers["x-death"]; !ok {
+				t.Errorf("the handler lost the upstream x-death: %v", c.msg.Headers)
+			}
+			if d := b.queueDepth(b.wq.Quarantine); d != 0 {
+				t.Errorf("quarantine holds %d", d)
+			}
+			if d := b.queueDepth(b.queue.Name); d != 0 {
+				t.Errorf("work queue holds %d", d)
+			}
+		})
+	}
+}
+
+// The broker's backstop counts this queue's deliveries only, on 3.10 and
+// 4.x alike: with delivery_limit 2 an upstream dead letter is delivered 3
+// times by the work queue before the broker dead-letters it to the
+// quarantine, whatever count it arrived with (docs/topology.md).
+func TestDeliveryLimitCountsOnlyThisQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.DeliveryLimit = 2; q.Consumer.CrashLoopDeliveries = 1 })
+	b.upstreamReject("m-limit", 1)
+	ch := b.env.Channel("raw-consumer")
+	deliveries := 0
+	deadline := time.Now().Add(15 * time.Second)
+	for b.queueDepth(b.wq.Quarantine) == 0 {
+		d, ok, err := ch.Get(b.queue.Name, false)
+		must(t, err)
+		if ok {
+			deliveries++
+			must(t, d.Reject(true))
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not dead-lettered after %d deliveries", deliveries)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
+	}
+	if deliveries != 3 {
+		t.Fatalf("the work queue delivered it %d times before the broker gave up, want 3 (limit 2)", deliveries)
+	}
+}
+
+// drainQuarantine takes (and acks) n messages from the quarantine.
+func (b *testBundle) drainQuarantine(n int) []amqp.Delivery {
+	b.t.Helper()
+	ch := b.env.Channel("drain")
+	var out []amqp.Delivery
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < n {
+		d, ok, err := ch.Get(b.wq.Quarantine, false)
+		must(b.t, err)
+		if ok {
+			must(b.t, d.Ack(false))
+			out = append(out, d)
+			continue
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("quarantine held %d messages, want %d", len(out), n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
+	}
+	return out
+}
+
+// crashChildEnv makes the test binary run crashChild instead of the tests:
+// its value is the path of the child's config (JSON of config.Config).
+const crashChildEnv = "DLXBRIDGE_TEST_CRASH_CHILD"
+
+// crashChild is a consumer process whose handler announces itself on
+// stdout ("handler <id> <attempt>") and then hangs until the parent test
+// SIGKILLs the process: a handler that crashes its worker. Each settled
+// outcome is announced too ("settled <outcome>"); after a quarantine the
+// child stops cleanly.
+func crashChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "crash child:", err); return 2 }
+	raw, err := os.ReadFile(os.Getenv(crashChildEnv))
+	if err != nil {
+		return fail(err)
+	}
+	var file config.Config
+	if err := json.Unmarshal(raw, &file); err != nil {
+		return fail(err)
+	}
+	registry, err := schemas.Load(schemas.LoadOptions{Dir: file.Schemas.Dir})
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out sync.Mutex
+	say := func(format string, args ...any) {
+		out.Lock()
+		defer out.Unlock()
+		fmt.Fprintf(os.Stdout, format+"\n", args...)
+	}
+	c, err := New(&Config{
+		URL: os.Getenv("RABBITMQ_URL"), File: &file, Registry: registry,
+		ConnectionName: os.Getenv("DLXBRIDGE_TEST_CRASH_NAME"),
+		SigningKey:     []byte(testSigningKey),
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		DrainTimeout:   2 * time.Second,
+		hooks: &testHooks{settled: func(_, outcome string) {
+			say("settled %s", outcome)
+			if outcome == OutcomeQuarantined {
+				cancel()
+			}
+		}},
+	})
+	if err != nil {
+		return fail(err)
+	}
+	hang := make(chan struct{})
+	if err := c.Handle(file.Queues[0].Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+		say("handler %s %d", m.MessageID, m.Attempt)
+		<-hang // until SIGKILL
+		return nil
+	})); err != nil {
+		return fail(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// Issue 13: a real crash loop is still caught at the configured count. A
+// consumer process is SIGKILLed while its handler runs, again and again;
+// the guard quarantines the message as crash-loop after the handler ran
+// crash_loop_deliveries times, both for a producer's message and for one an
+// upstream queue dead-lettered into the work queue (which 4.x re-admits
+// first).
+func TestCrashLoopOfAKilledConsumerIsCaughtAtTheConfiguredCount(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and SIGKILLs consumer processes: skipped in -short")
+	}
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.DeliveryLimit = 3
+		q.Consumer.CrashLoopDeliveries = 2
+		q.Consumer.HandlerTimeout = time.Minute // the kill comes first
+	})
+	cfgPath := filepath.Join(t.TempDir(), "child-config.json")
+	raw, err := json.Marshal(b.file)
+	must(t, err)
+	must(t, os.WriteFile(cfgPath, raw, 0o600))
+
+	// run starts one consumer process and reads what it says until its
+	// handler runs (then SIGKILLs it) or it quarantines the message (then it
+	// stops by itself). It returns the lines.
+	run := func() []string {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+cfgPath, "RABBITMQ_URL="+b.env.URL,
+			"DLXBRIDGE_TEST_CRASH_NAME="+b.env.Prefix+"/crash-child")
+		cmd.Stderr = testWriter{t}
+		stdout, err := cmd.StdoutPipe()
+		must(t, err)
+		must(t, cmd.Start())
+		exited := make(chan error, 1)
+		lines := make(chan string, 16)
+		go func() {
+			s := bufio.NewScanner(stdout)
+			for s.Scan() {
+				lines <- s.Text()
+			}
+			close(lines)
+			exited <- cmd.Wait()
+		}()
+		var said []string
+		timeout := time.After(60 * time.Second)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					if err := <-exited; err != nil {
+						t.Fatalf("consumer process ended: %v (it said %q)", err, said)
+					}
+					return said
+				}
+				said = append(said, l)
+				if strings.HasPrefix(l, "handler ") {
+					must(t, cmd.Process.Signal(syscall.SIGKILL))
+					for range lines {
+					}
+					<-exited
+					return said
+				}
+			case <-timeout:
+				_ = cmd.Process.Kill()
+				for range lines {
+				}
+				<-exited
+				t.Fatalf("consumer process said %q and then nothing for 60s", said)
+			}
+		}
+	}
+
+	scenarios := []struct {
+		id      string
+		publish func(id string)
+	}{
+		{"from-a-producer", func(id string) { b.publishJSON(map[string]any{"id": id}, amqp.Publishing{MessageId: id}) }},
+		{"from-upstream", func(id string) { b.upstreamReject(id, 1) }},
+	}
+	for _, sc := range scenarios {
+		sc.publish(sc.id)
+		handlerRuns := 0
+		var transcript []string
+		for runs := 0; ; runs++ {
+			if runs > b.queue.Consumer.CrashLoopDeliveries+2 {
+				t.Fatalf("%s: still not quarantined after %d consumer processes: %q", sc.id, runs, transcript)
+			}
+			said := run()
+			transcript = append(transcript, said...)
+			last := said[len(said)-1]
+			if strings.HasPrefix(last, "handler ") {
+				handlerRuns++
+				continue
+			}
+			if last != "settled "+OutcomeQuarantined {
+				t.Fatalf("%s: consumer process ended with %q", sc.id, said)
+			}
+			break
+		}
+		t.Logf("%s on %s: %q", sc.id, b.env.ServerVersion, transcript)
+		if handlerRuns != b.queue.Consumer.CrashLoopDeliveries {
+			t.Errorf("%s: the handler ran %d times, want crash_loop_deliveries = %d", sc.id, handlerRuns, b.queue.Consumer.CrashLoopDeliveries)
+		}
+		recs := b.drainQuarantine(1)
+		env, _ := quarantine.Read(&recs[0])
+		if recs[0].MessageId != sc.id || env.Class != triage.ClassCrashLoop || !strings.Contains(env.Reason, "delivered 3 times") {
+			t.Errorf("%s: quarantined %q class %q reason %q; want crash-loop, delivered 3 times", sc.id, recs[0].MessageId, env.Class, env.Reason)
+		}
+		if d := b.queueDepth(b.queue.Name); d != 0 {
+			t.Errorf("%s: work queue holds %d", sc.id, d)
+		}
+	}
+}
+
+// testWriter sends a child process's stderr to the test log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("consumer process: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

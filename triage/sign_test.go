@@ -1,0 +1,153 @@
+package triage
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSignerRoundTrip(t *testing.T) {
+	t.Parallel()
+
+	fields := []string{HeaderAttempts, HeaderFirstFailure, "dlxbridge-original-queue", "dlxbridge-notes"}
+	h := table{
+		HeaderAttempts:             int64(3),
+		HeaderFirstFailure:         "2026-03-01T12:00:00Z",
+		"dlxbridge-original-queue": "orders",
+		"x-unrelated":              "not signed, may change",
+	}
+	h[HeaderSignature] = testSigner.Sign(testSubject, h, fields)
+	if v := testSigner.Verify(testSubject, h, fields); !v.Valid || v.Problem != "" {
+		t.Fatalf("fresh signature: %+v", v)
+	}
+	if s := h[HeaderSignature].(string); !strings.HasPrefix(s, "v1:") || len(s) != 3+43 {
+		t.Fatalf("signature %q", s)
+	}
+	h["x-unrelated"] = "changed"
+	if !testSigner.Verify(testSubject, h, fields).Valid {
+		t.Fatal("an unsigned header broke the signature")
+	}
+
+	// The wire may hand values back in another representation of the same
+	// value: any integer type, a byte array for a string.
+	same := table{}
+	for k, v := range h {
+		same[k] = v
+	}
+	same[HeaderAttempts] = int32(3)
+	same["dlxbridge-original-queue"] = []byte("orders")
+	if !testSigner.Verify(testSubject, same, fields).Valid {
+		t.Fatal("the same values in other wire types did not verify")
+	}
+
+	changes := map[string]func(table){
+		"attempts raised":         func(h table) { h[HeaderAttempts] = int64(4) },
+		"first failure moved":     func(h table) { h[HeaderFirstFailure] = "2001-01-01T00:00:00Z" },
+		"origin changed":          func(h table) { h["dlxbridge-original-queue"] = "billing" },
+		"absent field added":      func(h table) { h["dlxbridge-notes"] = "" },
+		"signed field removed":    func(h table) { delete(h, HeaderFirstFailure) },
+		"attempts as a string":    func(h table) { h[HeaderAttempts] = "3" },
+		"attempts as a float":     func(h table) { h[HeaderAttempts] = 3.5 },
+		"signature removed":       func(h table) { delete(h, HeaderSignature) },
+		"signature truncated":     func(h table) { h[HeaderSignature] = h[HeaderSignature].(string)[:20] },
+		"signature of another ve": func(h table) { h[HeaderSignature] = "v2:" + h[HeaderSignature].(string)[3:] },
+	}
+	for name, change := range changes {
+		c := table{}
+		for k, v := range h {
+			c[k] = v
+		}
+		change(c)
+		if v := testSigner.Verify(testSubject, c, fields); v.Valid || v.Problem == "" {
+			t.Errorf("%s: %+v", name, v)
+		}
+	}
+	for name, sub := range map[string]Subject{
+		"another queue":   {Queue: "billing", MessageID: testSubject.MessageID, Body: testSubject.Body},
+		"another message": {Queue: workQueue, MessageID: "m-2", Body: testSubject.Body},
+		"another body":    {Queue: workQueue, MessageID: testSubject.MessageID, Body: []byte(`{"id":2}`)},
+	} {
+		if testSigner.Verify(sub, h, fields).Valid {
+			t.Errorf("the signature verified for %s", name)
+		}
+	}
+	if mustSigner("another key, at least 16 bytes").Verify(testSubject, h, fields).Valid {
+		t.Error("the signature verified under another key")
+	}
+	var none *Signer
+	if v := none.Verify(testSubject, h, fields); v.Valid || none.Sign(testSubject, h, fields) != "" {
+		t.Errorf("nil signer: %+v", v)
+	}
+}
+
+// Field boundaries are part of the signature: moving bytes from one value
+// into the next never yields the same input.
+func TestSignerEncodingIsUnambiguous(t *testing.T) {
+	t.Parallel()
+
+	fields := []string{"a", "b"}
+	h1 := table{"a": "xy", "b": "z"}
+	h2 := table{"a": "x", "b": "yz"}
+	h1[HeaderSignature] = testSigner.Sign(testSubject, h1, fields)
+	h2[HeaderSignature] = h1[HeaderSignature]
+	if testSigner.Verify(testSubject, h2, fields).Valid {
+		t.Fatal("values with moved boundaries share a signature")
+	}
+	s1 := testSigner.Sign(Subject{Queue: "ab", MessageID: "c"}, nil, nil)
+	s2 := testSigner.Sign(Subject{Queue: "a", MessageID: "bc"}, nil, nil)
+	if s1 == s2 {
+		t.Fatal("subjects with moved boundaries share a signature")
+	}
+	empty := testSigner.Sign(testSubject, table{"a": ""}, []string{"a"})
+	absent := testSigner.Sign(testSubject, table{}, []string{"a"})
+	if empty == absent {
+		t.Fatal("an empty header signs like an absent one")
+	}
+}
+
+func TestNewSignerRefusesShortKeys(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{"", "short", strings.Repeat("k", MinKeyBytes-1)} {
+		if _, err := NewSigner([]byte(k)); err == nil {
+			t.Errorf("NewSigner(%d bytes) accepted", len(k))
+		}
+	}
+	key := []byte(strings.Repeat("k", MinKeyBytes))
+	s, err := NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := s.Sign(testSubject, nil, nil)
+	key[0] = 'x' // the signer keeps its own copy
+	if s.Sign(testSubject, nil, nil) != sig {
+		t.Fatal("the signer shares the caller's key slice")
+	}
+}
+
+func TestXDeathDigest(t *testing.T) {
+	t.Parallel()
+
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	up := table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": at, "exchange": "", "routing-keys": []any{"upstream"}}
+	h := table{"x-death": []any{up}}
+	d := XDeathDigest(h)
+	if d == "" || d != XDeathDigest(table{"x-death": []any{table{"queue": "upstream", "reason": "rejected", "count": int32(1), "time": at, "exchange": "", "routing-keys": []any{[]byte("upstream")}}}}) {
+		t.Fatalf("digest %q is not stable across wire types", d)
+	}
+	later := table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": at.Add(time.Second), "exchange": "", "routing-keys": []any{"upstream"}}
+	again := table{"queue": "upstream", "reason": "rejected", "count": int64(2), "time": at, "exchange": "", "routing-keys": []any{"upstream"}}
+	for name, other := range map[string]table{
+		"dead-lettered again later":   {"x-death": []any{later}},
+		"count raised":                {"x-death": []any{again}},
+		"another hop in front":        {"x-death": []any{table{"queue": "mid", "reason": "expired", "count": int64(1)}, up}},
+		"no history":                  {},
+		"history that does not parse": {"x-death": "x"},
+	} {
+		if XDeathDigest(other) == d {
+			t.Errorf("%s: same digest", name)
+		}
+	}
+	if XDeathDigest(nil) != "" {
+		t.Error("digest of nothing")
+	}
+}
