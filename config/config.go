@@ -187,8 +187,10 @@ type Redact struct {
 	// "[redacted]". Defaults to none.
 	Headers []string `yaml:"headers"`
 	// Fields are JSON pointers (RFC 6901, e.g. "/customer/email") into the
-	// body whose values are replaced by "[redacted]". A redacted body is no
-	// longer byte-for-byte; the envelope says so. Defaults to none.
+	// body whose values are replaced by "[redacted]"; every other byte stays
+	// as received, and the envelope lists what was replaced. A body over
+	// Schemas.MaxBodyBytes or not JSON is kept as received, with a note.
+	// Defaults to none.
 	Fields []string `yaml:"fields"`
 }
 

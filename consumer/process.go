@@ -242,10 +242,11 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 			return triage.Permanent(fmt.Errorf("upcast %s to v%s: %w", m.Type, u.to, err))
 		}
 	}
-	if s, ok := qr.c.cfg.Registry.Lookup(m.Type, m.Version); ok {
-		if err := s.Validate(data); err != nil {
-			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
-		}
+	// Validated as the gate validates: the violations never quote a value
+	// (jsonschema's own error text does), since the error goes into the
+	// quarantine envelope, its fingerprint and the log.
+	if err := qr.c.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
+		return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
 	}
 	m.Data = data
 	return nil

@@ -84,7 +84,7 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 		cfg:     q,
 		gate:    gate,
 		policy:  policy,
-		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields},
+		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes},
 		accepts: acceptSet,
 		slots:   make(chan struct{}, q.Consumer.Concurrency),
 	}, nil

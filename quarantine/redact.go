@@ -1,16 +1,20 @@
 package quarantine
 
 import (
-	"bytes"
-	"encoding/json"
 	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
 // Redacted replaces every redacted value.
 const Redacted = "[redacted]"
+
+// redactedJSON is what a redacted body value becomes: Redacted as a JSON
+// string.
+const redactedJSON = `"` + Redacted + `"`
 
 // Redaction says what to scrub before a message is quarantined.
 type Redaction struct {
@@ -19,6 +23,10 @@ type Redaction struct {
 	// Fields are RFC 6901 JSON pointers into the body whose values are
 	// replaced.
 	Fields []string
+	// MaxBodyBytes is the largest body whose fields are redacted; a larger
+	// one is kept as received, and RedactResult.Failed says why. 0 or less
+	// means no limit.
+	MaxBodyBytes int
 }
 
 // Empty reports whether the rules redact nothing.
@@ -36,8 +44,17 @@ type RedactResult struct {
 }
 
 // Apply returns scrubbed copies of headers and body; the inputs are not
-// modified. Bodies are re-encoded only when a configured field was present,
-// so a message with nothing to redact keeps its exact bytes.
+// modified.
+//
+// The body is read in one streaming pass (schemas.Scanner) and only the
+// values at configured pointers are rewritten, each to "[redacted]"; every
+// other byte (key order, whitespace, escapes, number spelling) stays as
+// received, and a body with nothing to redact is returned as is. It costs a
+// copy of the body when something is redacted, and memory proportional to
+// the nesting depth otherwise, at any depth. A body of several JSON values
+// one after another (trailing data) has each value redacted, each from its
+// own root. A body over MaxBodyBytes, or one that is not JSON, is kept as
+// received and Failed says so.
 func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 	res := RedactResult{Headers: make(amqp.Table, len(headers)), Body: body}
 	for k, v := range headers {
@@ -54,67 +71,158 @@ func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 	if len(r.Fields) == 0 {
 		return res
 	}
-	var doc any
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(&doc); err != nil {
-		res.Failed = "body is not JSON; fields not redacted"
+	if r.MaxBodyBytes > 0 && len(body) > r.MaxBodyBytes {
+		res.Failed = "not redacted: body over max_body_bytes (" + strconv.Itoa(len(body)) + " > " + strconv.Itoa(r.MaxBodyBytes) + " bytes)"
 		return res
 	}
-	var changed []string
-	for _, ptr := range r.Fields {
-		if replaceAt(doc, ptr) {
-			changed = append(changed, "body:"+ptr)
+	root, fields := compileFields(r.Fields)
+	out, found, err := redactBody(body, root, len(fields))
+	if err != nil {
+		res.Failed = "not redacted: body is not JSON (" + Truncate(err.Error(), 200) + ")"
+		return res
+	}
+	for i, ok := range found {
+		if ok {
+			res.Changed = append(res.Changed, "body:"+fields[i])
 		}
 	}
-	if len(changed) == 0 {
-		return res
-	}
-	out, err := json.Marshal(doc)
-	if err != nil {
-		res.Failed = "re-encoding the redacted body failed: " + err.Error()
-		return res
-	}
 	res.Body = out
-	res.Changed = append(res.Changed, changed...)
 	return res
 }
 
-// replaceAt sets the value at ptr to Redacted; it reports whether the
-// pointer resolved.
-func replaceAt(doc any, ptr string) bool {
-	if ptr == "" || ptr[0] != '/' {
-		return false
+// fieldNode is one step of the configured pointers, as a tree: the tokens
+// of every pointer that passes through it lead to its children.
+type fieldNode struct {
+	keys map[string]*fieldNode
+	// indices are the children whose token is an array index (RFC 6901:
+	// "0" or digits without a leading zero), so elements are matched
+	// without formatting each index.
+	indices map[int]*fieldNode
+	field   int // index of the pointer ending here in the fields list, or -1
+}
+
+func (n *fieldNode) child(tok string) *fieldNode {
+	if c := n.keys[tok]; c != nil {
+		return c
 	}
-	parts := strings.Split(ptr[1:], "/")
-	cur := doc
-	for i, raw := range parts {
-		tok := strings.ReplaceAll(strings.ReplaceAll(raw, "~1", "/"), "~0", "~")
-		last := i == len(parts)-1
-		switch node := cur.(type) {
-		case map[string]any:
-			v, ok := node[tok]
-			if !ok {
-				return false
-			}
-			if last {
-				node[tok] = Redacted
-				return true
-			}
-			cur = v
-		case []any:
-			idx, err := strconv.Atoi(tok)
-			if err != nil || idx < 0 || idx >= len(node) {
-				return false
-			}
-			if last {
-				node[idx] = Redacted
-				return true
-			}
-			cur = node[idx]
-		default:
-			return false
+	c := &fieldNode{field: -1}
+	if n.keys == nil {
+		n.keys = map[string]*fieldNode{}
+	}
+	n.keys[tok] = c
+	if i, err := strconv.Atoi(tok); err == nil && i >= 0 && strconv.Itoa(i) == tok {
+		if n.indices == nil {
+			n.indices = map[int]*fieldNode{}
+		}
+		n.indices[i] = c
+	}
+	return c
+}
+
+// compileFields builds the tree of the pointers; it returns it with the
+// pointers it holds (duplicates and non-pointers left out), in order.
+func compileFields(ptrs []string) (*fieldNode, []string) {
+	root := &fieldNode{field: -1}
+	var fields []string
+	for _, ptr := range ptrs {
+		if ptr == "" || ptr[0] != '/' {
+			continue
+		}
+		n := root
+		for _, raw := range strings.Split(ptr[1:], "/") {
+			n = n.child(strings.ReplaceAll(strings.ReplaceAll(raw, "~1", "/"), "~0", "~"))
+		}
+		if n.field < 0 {
+			n.field = len(fields)
+			fields = append(fields, ptr)
 		}
 	}
-	return false
+	return root, fields
+}
+
+// level is an open array or object on the path of some configured pointer.
+type level struct {
+	node  *fieldNode
+	obj   bool
+	depth int        // the scanner's depth inside it
+	next  *fieldNode // object: the node of the member whose key was just read
+	index int        // array: the index of the next element
+}
+
+// redactBody copies body with the value at every configured pointer replaced
+// by redactedJSON, or returns body itself if there is none. found says which
+// of the n fields were present. Only containers on a configured path are
+// tracked; everything else is just scanned.
+func redactBody(body []byte, root *fieldNode, n int) (out []byte, found []bool, err error) {
+	sc := schemas.NewScanner(body)
+	found = make([]bool, n)
+	var path []level
+	copied := 0 // body[:copied] is in out
+	for {
+		depth := sc.Depth()
+		tok, err := sc.Next()
+		if err != nil {
+			return nil, nil, err
+		}
+		var node *fieldNode
+		var top *level
+		if len(path) > 0 && path[len(path)-1].depth == depth {
+			top = &path[len(path)-1]
+		}
+		switch tok.Kind {
+		case schemas.TokenEOF:
+			if out == nil {
+				return body, found, nil
+			}
+			return append(out, body[copied:]...), found, nil
+		case schemas.TokenEndObject, schemas.TokenEndArray:
+			if top != nil {
+				path = path[:len(path)-1]
+			}
+			continue
+		case schemas.TokenKey:
+			if top != nil {
+				top.next = top.node.keys[string(sc.Text(tok))]
+			}
+			continue
+		}
+		// A value (or the start of one) at depth.
+		switch {
+		case depth == 0:
+			node = root
+		case top == nil:
+			continue
+		case top.obj:
+			node, top.next = top.next, nil
+		default:
+			if top.node.indices != nil {
+				node = top.node.indices[top.index]
+			}
+			top.index++
+		}
+		if node == nil {
+			continue
+		}
+		begin := tok.Kind == schemas.TokenBeginObject || tok.Kind == schemas.TokenBeginArray
+		if node.field < 0 {
+			if begin {
+				path = append(path, level{node: node, obj: tok.Kind == schemas.TokenBeginObject, depth: depth + 1})
+			}
+			continue
+		}
+		end := tok.End
+		for begin && sc.Depth() > depth { // skip the container's contents
+			t, err := sc.Next()
+			if err != nil {
+				return nil, nil, err
+			}
+			end = t.End
+		}
+		if out == nil {
+			out = make([]byte, 0, len(body)+len(redactedJSON))
+		}
+		out = append(append(out, body[copied:tok.Start]...), redactedJSON...)
+		copied = end
+		found[node.field] = true
+	}
 }

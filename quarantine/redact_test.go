@@ -3,6 +3,8 @@ package quarantine
 import (
 	"bytes"
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -53,4 +55,95 @@ func ExampleRedaction_Apply() {
 	// Output:
 	// {"customer":{"email":"[redacted]"},"total":"9.99"}
 	// [redacted] [header:authorization body:/customer/email]
+}
+
+// Redaction rewrites the redacted values and nothing else: key order,
+// whitespace, escapes and the spelling of numbers stay as received.
+func TestRedactionKeepsEveryOtherByte(t *testing.T) {
+	t.Parallel()
+	r := Redaction{Fields: []string{"/customer/email", "/cards/1", "/x~1y", "/customer/phones"}}
+	body := "\n { \"z\" :1.0e+10,\t\"customer\": {\"name\":\"Ad\\u00e9 \\ud83d\\ude00\", \"em\\u0061il\" : \"ada@example.com\" ,\r\n" +
+		"  \"phones\": [ \"+44 1\", {\"a\":[]} ], \"email\":\"dup@example.com\"}, \"cards\":[\"4111\", {\"n\":\"4222\"},-0.5E-3],\n" +
+		"  \"x/y\":null, \"n\":[1E2,true,false,null,\"\\\"\\\\\"] } \n"
+	want := "\n { \"z\" :1.0e+10,\t\"customer\": {\"name\":\"Ad\\u00e9 \\ud83d\\ude00\", \"em\\u0061il\" : \"[redacted]\" ,\r\n" +
+		"  \"phones\": \"[redacted]\", \"email\":\"[redacted]\"}, \"cards\":[\"4111\", \"[redacted]\",-0.5E-3],\n" +
+		"  \"x/y\":\"[redacted]\", \"n\":[1E2,true,false,null,\"\\\"\\\\\"] } \n"
+	res := r.Apply(nil, []byte(body))
+	if string(res.Body) != want || res.Failed != "" {
+		t.Fatalf("failed %q; body\n%s\nwant\n%s", res.Failed, res.Body, want)
+	}
+	wantChanged := []string{"body:/customer/email", "body:/cards/1", "body:/x~1y", "body:/customer/phones"}
+	if fmt.Sprint(res.Changed) != fmt.Sprint(wantChanged) {
+		t.Fatalf("changed %v, want %v", res.Changed, wantChanged)
+	}
+}
+
+// Every JSON value of a body with trailing data is redacted, each from its
+// own root; a body that is not JSON, or over MaxBodyBytes, is kept as
+// received with a note; nesting deeper than the gate allows is still JSON.
+func TestRedactionOfOddBodies(t *testing.T) {
+	t.Parallel()
+	deep := strings.Repeat(`{"a":[`, 20000) + strings.Repeat(`]}`, 20000)
+	for _, c := range []struct {
+		name, body, want, failed string
+	}{
+		{"trailing value", `{"id":1} {"customer":{"email":"ada@example.com"}}`, `{"id":1} {"customer":{"email":"[redacted]"}}`, ""},
+		{"values back to back", `{"customer":{"email":"a@x"}}{"customer":{"email":"b@x"}}`, `{"customer":{"email":"[redacted]"}}{"customer":{"email":"[redacted]"}}`, ""},
+		{"deep nesting", `{"deep":` + deep + `,"customer":{"email":"ada@example.com"}}`, `{"deep":` + deep + `,"customer":{"email":"[redacted]"}}`, ""},
+		{"deep redacted value", `{"customer":{"email":` + deep + `}}`, `{"customer":{"email":"[redacted]"}}`, ""},
+		{"not JSON", `{"customer":{"email":"ada@example.com"}`, "", "not redacted: body is not JSON"},
+		{"trailing garbage", `{"customer":{"email":"ada@example.com"}} x`, "", "not redacted: body is not JSON"},
+		{"over max_body_bytes", `{"customer":{"email":"ada@example.com"}, "pad":"` + strings.Repeat("x", 100) + `"}`, "", "not redacted: body over max_body_bytes (150 > 100 bytes)"},
+		{"empty", ``, ``, ""},
+	} {
+		res := Redaction{Fields: []string{"/customer/email"}, MaxBodyBytes: 100}.Apply(nil, []byte(c.body))
+		if c.name == "deep nesting" || c.name == "deep redacted value" {
+			res = Redaction{Fields: []string{"/customer/email"}}.Apply(nil, []byte(c.body))
+		}
+		want := c.want
+		if c.failed != "" {
+			want = c.body // kept as received
+		}
+		if string(res.Body) != want || !strings.HasPrefix(res.Failed, c.failed) || (c.failed == "") != (res.Failed == "") {
+			t.Errorf("%s: failed %q (want %q), body %.120q", c.name, res.Failed, c.failed, res.Body)
+		}
+	}
+}
+
+// Redacting a 30 MB body allocates about one copy of it (the output), and
+// nothing at all when no field is present or the body is over the limit.
+// Not parallel: it reads the process's allocation counter.
+func TestRedactionMemoryIsBoundedByTheBody(t *testing.T) {
+	const size = 30 << 20
+	array := make([]byte, 0, size)
+	array = append(array, "[1"...)
+	for len(array) < size-1 {
+		array = append(array, ",1"...)
+	}
+	array = append(array, ']')
+	object := append(append([]byte(`{"customer":{"email":"ada@example.com"},"items":`), array...), '}')
+	r := Redaction{Fields: []string{"/customer/email", "/items/7/x"}}
+	for _, c := range []struct {
+		name     string
+		r        Redaction
+		body     []byte
+		maxAlloc uint64
+		changed  int
+	}{
+		{"array, nothing to redact", r, array, 1 << 20, 0},
+		{"object with a redacted field", r, object, uint64(len(object)) + 1<<20, 1},
+		{"over max_body_bytes", Redaction{Fields: r.Fields, MaxBodyBytes: 1 << 20}, object, 1 << 20, 0},
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		res := c.r.Apply(nil, c.body)
+		runtime.ReadMemStats(&after)
+		if got := after.TotalAlloc - before.TotalAlloc; got > c.maxAlloc {
+			t.Errorf("%s: allocated %d bytes for a %d-byte body, want at most %d", c.name, got, len(c.body), c.maxAlloc)
+		}
+		if len(res.Changed) != c.changed {
+			t.Errorf("%s: changed %v (failed %q)", c.name, res.Changed, res.Failed)
+		}
+	}
 }

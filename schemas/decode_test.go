@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -98,4 +99,97 @@ func FuzzDecode(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkAgainstStd(t, data) })
+}
+
+// checkScanner is the Scanner's contract, relative to encoding/json's
+// Decoder reading a stream of values: it accepts exactly the same inputs,
+// and yields the same tokens with the same values (strings as Text, other
+// scalars as their bytes).
+func checkScanner(t *testing.T, data []byte) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var stdErr error
+	for {
+		var v any
+		if stdErr = dec.Decode(&v); stdErr != nil {
+			break
+		}
+	}
+	stdOK := stdErr == io.EOF
+
+	sc := NewScanner(data)
+	var toks []Token
+	var texts []string
+	for {
+		tok, err := sc.Next()
+		if err != nil {
+			if stdOK {
+				t.Fatalf("%q: scanner error %v, encoding/json reads it", data, err)
+			}
+			if _, again := sc.Next(); again == nil {
+				t.Fatalf("%q: no error after the error %v", data, err)
+			}
+			return
+		}
+		if tok.Kind == TokenEOF {
+			if sc.Depth() != 0 {
+				t.Fatalf("%q: EOF at depth %d", data, sc.Depth())
+			}
+			break
+		}
+		toks = append(toks, tok)
+		texts = append(texts, string(sc.Text(tok)))
+	}
+	if !stdOK {
+		t.Fatalf("%q: scanned, encoding/json says %v", data, stdErr)
+	}
+	tdec := json.NewDecoder(bytes.NewReader(data))
+	tdec.UseNumber()
+	for i, tok := range toks {
+		want, err := tdec.Token()
+		if err != nil {
+			t.Fatalf("%q: token %d: encoding/json %v", data, i, err)
+		}
+		raw := string(data[tok.Start:tok.End])
+		var got any
+		switch tok.Kind {
+		case TokenBeginObject, TokenEndObject, TokenBeginArray, TokenEndArray:
+			got = json.Delim(raw[0])
+		case TokenKey, TokenString:
+			got = texts[i]
+			if !utf8.ValidString(raw) { // encoding/json substitutes U+FFFD
+				continue
+			}
+		case TokenNumber:
+			got = json.Number(raw)
+		case TokenTrue, TokenFalse:
+			got = raw == "true"
+		case TokenNull:
+			got = nil
+		}
+		if got != want {
+			t.Fatalf("%q: token %d (%s) = %#v, encoding/json %#v", data, i, raw, got, want)
+		}
+	}
+}
+
+func TestScannerMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for _, s := range append(decodeSeeds, scannerSeeds...) {
+		checkScanner(t, []byte(s))
+	}
+}
+
+var scannerSeeds = []string{
+	`1 2`, `01`, `1true`, `{}{}`, `"a""b"`, `[1] [2]`, `{"a":1} x`, `{"a":1,"a":2}`, `"\ud800\u0041"`, `"\udc00"`,
+	"\"\xff\"", `1e99999`, strings.Repeat("[", 200) + strings.Repeat("]", 200), ` `, `{"a" 1}`, `[1 2]`, `{"a":1 "b":2}`,
+}
+
+// FuzzScanner checks the Scanner against encoding/json on arbitrary bytes.
+func FuzzScanner(f *testing.F) {
+	for _, s := range append(decodeSeeds, scannerSeeds...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkScanner(t, data) })
 }

@@ -54,8 +54,9 @@ type Violation struct {
 	Pointer string `json:"pointer"`
 	// Keyword is the schema keyword that failed, e.g. "required".
 	Keyword string `json:"keyword"`
-	// Message says what is wrong. It never quotes the offending string
-	// value (which may be personal data), and is at most 200 bytes.
+	// Message says what is wrong. It never quotes the offending value
+	// (which may be personal data; the pointer names its location, key
+	// names included), and is at most 200 bytes.
 	Message string `json:"message"`
 }
 
@@ -155,24 +156,37 @@ func keyword(loc string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(loc, "~1", "/"), "~0", "~")
 }
 
-// redactMessage drops the offending value jsonschema quotes at the start of
-// format and pattern messages ("'jane@x' is not valid 'email'"): violations
-// travel into quarantine envelopes and logs, and the value may be personal
-// data. The schema-side part (format name, pattern) stays.
+// redactMessage drops the offending value that jsonschema quotes in the
+// messages of some keywords ("'jane@x' is not valid 'email'", "must be >= 1
+// but found 0", "7 not multipleOf 2"): violations travel into quarantine
+// envelopes, error headers, fingerprints and logs, and the value may be
+// personal data. The schema-side part (format name, pattern, bound) stays.
+// A message of such a keyword that does not read as expected is replaced
+// whole.
 func redactMessage(kw, msg string) string {
 	var marker string
 	switch kw {
 	case "format":
 		marker = " is not valid "
 	case "pattern":
+		if strings.HasPrefix(msg, "does not match pattern ") { // quotes no value
+			return msg
+		}
 		marker = " does not match pattern "
+	case "multipleOf":
+		marker = " not multipleOf "
+	case "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum":
+		if i := strings.LastIndex(msg, " but found "); i >= 0 {
+			return msg[:i]
+		}
+		return "value out of range (" + kw + ")"
 	default:
 		return msg
 	}
 	if i := strings.LastIndex(msg, marker); i >= 0 {
 		return "value" + msg[i:]
 	}
-	return msg
+	return "value fails " + kw
 }
 
 // capLen cuts s to maxMessageLen bytes on a rune boundary.

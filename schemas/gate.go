@@ -195,7 +195,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
 		}
 	}
-	if verr := g.validate(schema, data, prefix); verr != nil {
+	if verr := validate(schema, data, prefix, g.maxViolations); verr != nil {
 		verr.Type, verr.Version = typ, version
 		return nil, verr
 	}
@@ -310,10 +310,31 @@ func fromEnvelope(doc any) (typ, version string, data any, verr *ValidationError
 	return typ, version, data, nil
 }
 
+// Validate checks data, a value as the gate decodes it (see Message.Data),
+// against the schema of typ's version, as the gate does after decoding: the
+// consumer checks what upcasters produce with it. It returns nil or a
+// *ValidationError: ReasonInvalid with at most DefaultMaxViolations
+// violations, or ReasonUnknownType or ReasonUnknownVersion.
+func (r *Registry) Validate(typ, version string, data any) error {
+	schema, ok := r.Lookup(typ, version)
+	if !ok {
+		reason := ReasonUnknownVersion
+		if !r.HasType(typ) {
+			reason = ReasonUnknownType
+		}
+		return &ValidationError{Type: typ, Version: version, Reason: reason, Detail: "no schema for " + capLen(typ) + " v" + capLen(version)}
+	}
+	if verr := validate(schema, data, "", DefaultMaxViolations); verr != nil {
+		verr.Type, verr.Version = typ, NormalizeVersion(version)
+		return verr
+	}
+	return nil
+}
+
 // validate runs the schema. A panic inside the validator is a bug, but the
 // message that triggers it is exactly a poison pill: it is classified rather
 // than allowed to crash the consumer.
-func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) (verr *ValidationError) {
+func validate(schema *jsonschema.Schema, data any, prefix string, maxViolations int) (verr *ValidationError) {
 	defer func() {
 		if r := recover(); r != nil {
 			verr = &ValidationError{Reason: ReasonInvalid, Detail: capLen(fmt.Sprintf("validator panicked: %v", r))}
@@ -325,7 +346,7 @@ func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) (ver
 	}
 	var ve *jsonschema.ValidationError
 	if errors.As(err, &ve) {
-		vs, truncated := flatten(ve, prefix, g.maxViolations)
+		vs, truncated := flatten(ve, prefix, maxViolations)
 		return &ValidationError{Reason: ReasonInvalid, Violations: vs, Truncated: truncated}
 	}
 	return &ValidationError{Reason: ReasonInvalid, Detail: capLen(err.Error())}

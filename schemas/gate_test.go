@@ -276,3 +276,60 @@ func TestGatePointer(t *testing.T) {
 		}
 	}
 }
+
+// No violation quotes an instance value, whichever keyword failed, through
+// the gate or through Registry.Validate (which checks upcasters' output):
+// violations end up in quarantine headers, fingerprints and logs.
+func TestViolationsNeverQuoteValues(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, dir, "test.pii/v1.json", `{"type":"object","properties":{
+		"email":{"type":"string","format":"email"},
+		"code":{"type":"string","pattern":"^[A-Z]+$"},
+		"salary":{"type":"number","minimum":100000000},
+		"age":{"type":"integer","exclusiveMaximum":3},
+		"pin":{"type":"integer","multipleOf":1000000},
+		"keys":{"type":"object","propertyNames":{"format":"email"}}}}`)
+	reg, err := schemas.Load(schemas.LoadOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"email":"ada-secret-1","code":"secret-2","salary":98765432,"age":47113,"pin":4711987,"keys":{"secret-3":1}}`
+	// Key names are locations, not values: /keys/secret-3 stays a pointer.
+	secrets := []string{"ada-secret-1", "secret-2", "98765432", "47113", "4711987", "'secret-3'"}
+	g, err := schemas.NewGate(schemas.GateConfig{Registry: reg, Accepts: map[string][]string{"test.pii": {"1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, gateErr := g.Check(orderInput("test.pii", "1", body))
+	var data any
+	if err := json.Unmarshal([]byte(body), &data); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{"gate": gateErr, "Registry.Validate": reg.Validate("test.pii", "1", data)} {
+		ve := asValidation(t, err)
+		text := ve.Error()
+		for _, v := range ve.Violations {
+			text += "\n" + v.String()
+		}
+		if len(ve.Violations) != 6 {
+			t.Errorf("%s: %d violations, want 6:\n%s", name, len(ve.Violations), text)
+		}
+		for _, s := range secrets {
+			if strings.Contains(text, s) {
+				t.Errorf("%s: a violation quotes %q:\n%s", name, s, text)
+			}
+		}
+		for _, schemaSide := range []string{"'email'", "^[A-Z]+$", ">= 1e+08", "< 3", "multipleOf 1e+06"} {
+			if !strings.Contains(text, schemaSide) {
+				t.Errorf("%s: the schema's side %q is gone:\n%s", name, schemaSide, text)
+			}
+		}
+	}
+	if err := reg.Validate("test.pii", "1", map[string]any{}); err != nil {
+		t.Errorf("valid data: %v", err)
+	}
+	if ve := asValidation(t, reg.Validate("test.pii", "9", data)); ve.Reason != schemas.ReasonUnknownVersion {
+		t.Errorf("unknown version: %v", ve)
+	}
+}
