@@ -19,6 +19,12 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.buf.Write(p)
 }
 
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
 // records decodes the JSON log lines with message msg.
 func (s *syncBuffer) records(t *testing.T, msg string) []map[string]any {
 	t.Helper()
