@@ -139,9 +139,8 @@ func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *t
 		ReconnectMax:   500 * time.Millisecond,
 		WorkerVersion:  "test-1.2.3",
 		Logger:         slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-		hooks: &testHooks{
-			settled: func(queue, outcome string) { b.settled <- outcome },
-		},
+		OnSettled:      func(s Settled) { b.settled <- s.Outcome },
+		hooks:          &testHooks{},
 	}
 	return b
 }

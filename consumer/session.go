@@ -21,7 +21,7 @@ import (
 type queueRuntime struct {
 	c       *Consumer
 	cfg     *config.Queue
-	gate    *schemas.Gate
+	gate    *schemas.Gate // nil when the queue's gate is off
 	policy  triage.Policy
 	redact  quarantine.Redaction
 	router  *router
@@ -39,6 +39,9 @@ type queueRuntime struct {
 	// broker version is read on connect).
 	wq      *topology.WorkQueue
 	isRetry map[string]bool
+
+	// reportLog samples the gate's report-mode logs.
+	reportLog logSampler
 }
 
 func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
@@ -51,19 +54,9 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 			acceptSet[a.Type][v] = true
 		}
 	}
-	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry: c.cfg.Registry,
-		Identity: schemas.Identity{
-			From:           q.Message.From,
-			VersionHeader:  q.Message.VersionHeader,
-			TypePointer:    q.Message.TypePointer,
-			VersionPointer: q.Message.VersionPointer,
-		},
-		Accepts:      accepts,
-		MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes,
-	})
+	gate, err := newGate(c.cfg.Registry, q, accepts, c.cfg.File.Schemas.MaxBodyBytes)
 	if err != nil {
-		return nil, fmt.Errorf("queue %q: schema gate: %w", q.Name, err)
+		return nil, err
 	}
 	policy := triage.Policy{
 		Tiers:               q.Retry.Tiers,
