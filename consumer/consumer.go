@@ -1,7 +1,9 @@
 // Package consumer is dlxbridge's runtime: it consumes work queues, runs every
-// delivery through the crash-loop guard and the schema gate before any
-// handler sees it, and carries out triage's verdicts: ack, a delayed retry
-// through the TTL retry lanes, or quarantine with a failure envelope.
+// delivery through the crash-loop guard and the schema gate (in the queue's
+// mode: enforce, report or off) before any handler sees it, and carries out
+// triage's verdicts: ack, a delayed retry through the TTL retry lanes, or
+// quarantine with a failure envelope. Config.OnSettled tells the host program
+// each outcome.
 //
 // Nothing is acked before it is safe elsewhere: a retry or quarantine publish
 // waits for the publisher confirm (with mandatory set), and only then is the
