@@ -27,7 +27,7 @@ import (
 func TestReportModeDeliversWhatTheGateWouldRefuse(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(q *config.Queue) { q.Gate = config.GateReport })
-	logs := &syncBuffer{}
+	logs := &lockedLog{}
 	b.cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	got := make(chan *Message, 16)
 	b.start(func(c *Consumer) {
@@ -261,7 +261,7 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 // A panicking OnSettled is logged; the worker goes on.
 func TestOnSettledPanicIsRecovered(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &lockedLog{}
 	c := &Consumer{
 		cfg: &Config{OnSettled: func(Settled) { panic("host bug") }},
 		log: slog.New(slog.NewTextHandler(logs, nil)),
@@ -379,20 +379,46 @@ func collectByID(t *testing.T, got <-chan *Message, n int) map[string]*Message {
 	return byID
 }
 
-// syncBuffer is a bytes.Buffer for loggers on several goroutines.
-type syncBuffer struct {
+// lockedLog is a bytes.Buffer for loggers on several goroutines.
+type lockedLog struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *lockedLog) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *lockedLog) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A message that failed a report-mode gate is upcast as it is, and the
+// result is not refused for failing the target schema: the gate reported
+// it once. Without data there is nothing to upcast: a schema failure.
+func TestUpcastOfAReportedMessage(t *testing.T) {
+	t.Parallel()
+	reg, err := schemas.Load(schemas.LoadOptions{})
+	must(t, err)
+	qr := &queueRuntime{c: &Consumer{cfg: &Config{Registry: reg}}}
+	chain := []upcaster{{to: "2", fn: func(d any) (any, error) { return d, nil }}}
+	msg := func(data any, gateErr *schemas.ValidationError) *Message {
+		return &Message{Type: "orders.created", Version: "2", OriginalVersion: "1", Data: data, GateError: gateErr}
+	}
+	bogus := map[string]any{"bogus": true}
+	if err := qr.upcast(msg(bogus, nil), chain); err == nil {
+		t.Error("an invalid upcast result of a valid message was let through")
+	}
+	verr := &schemas.ValidationError{Type: "orders.created", Version: "1", Reason: schemas.ReasonInvalid}
+	if m := msg(bogus, verr); qr.upcast(m, chain) != nil || m.Data == nil {
+		t.Errorf("a reported message was not upcast as it is: data %v", m.Data)
+	}
+	err = qr.upcast(msg(nil, verr), chain)
+	if class, _ := triage.Classify(err); class != triage.ClassSchema {
+		t.Errorf("upcast without data: %v (class %q), want a schema failure", err, class)
+	}
 }
