@@ -62,10 +62,12 @@ func (c *Consumer) notifySettled(s Settled) {
 	c.cfg.OnSettled(s)
 }
 
-// failed notes a failure's verdict in w.settled.
+// failed notes a failure's verdict in w.settled; called again after the
+// verdict changes, it replaces what it noted.
 func (s *Settled) failed(f failure) {
 	v := f.verdict
 	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
+	s.Tier, s.Delay = 0, 0
 	if v.Attempt > 0 {
 		s.Attempt = v.Attempt
 	}
