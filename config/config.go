@@ -111,9 +111,28 @@ type Queue struct {
 
 	// Accepts lists the message types (and their schema versions) this queue
 	// takes. A message of any other type or version is a schema failure.
-	// At least one is required.
+	// At least one is required, unless Gate is "off".
 	Accepts []Accept `yaml:"accepts"`
+
+	// Gate is the schema gate's mode for this queue: "enforce" quarantines a
+	// message that fails the gate (class schema) before any handler sees it;
+	// "report" validates every message, counts and logs each failure with
+	// its reason, and hands the message to its handler anyway; "off" runs no
+	// gate: no schema and no Accepts are needed, and handlers get the body as
+	// received. The crash-loop guard runs in every mode. Defaults to
+	// "enforce".
+	Gate string `yaml:"gate"`
 }
+
+// Schema gate modes (Queue.Gate).
+const (
+	// GateEnforce refuses (quarantines) what fails the gate.
+	GateEnforce = "enforce"
+	// GateReport validates, counts and logs, and delivers anyway.
+	GateReport = "report"
+	// GateOff skips the gate.
+	GateOff = "off"
+)
 
 // Exchange is the exchange a work queue is bound to.
 type Exchange struct {

@@ -68,6 +68,7 @@ func TestDefaults(t *testing.T) {
 	check("message.version_header", q.Message.VersionHeader, "schema-version")
 	check("message.type_pointer", q.Message.TypePointer, "/type")
 	check("message.version_pointer", q.Message.VersionPointer, "/schemaVersion")
+	check("gate", q.Gate, config.GateEnforce)
 	check("security.signing_key_env", cfg.Security.SigningKeyEnv, "DLXBRIDGE_SIGNING_KEY")
 }
 
@@ -162,6 +163,9 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"type_pointer", queueDoc("message: {from: pointer, type_pointer: type}"), "queues[0].message.type_pointer", "is not a JSON pointer"},
 		{"version_pointer", queueDoc("message: {from: pointer, version_pointer: v}"), "queues[0].message.version_pointer", "is not a JSON pointer"},
 		{"accepts empty", "queues:\n  - name: q\n    exchange: {name: x}\n", "queues[0].accepts", "at least one message type"},
+		{"accepts empty in report mode", "queues:\n  - name: q\n    exchange: {name: x}\n    gate: report\n", "queues[0].accepts", "at least one message type is required (or gate: off)"},
+		{"gate", queueDoc("gate: warn"), "queues[0].gate", `must be enforce, report or off, not "warn"`},
+		{"accept checked with gate off", "queues:\n  - name: q\n    exchange: {name: x}\n    gate: off\n    accepts: [{type: a}]\n", "queues[0].accepts[0].versions", "at least one version"},
 		{"accept type", "queues:\n  - name: q\n    exchange: {name: x}\n    accepts: [{type: 'a b', versions: ['1']}]\n", "queues[0].accepts[0].type", "a type is letters"},
 		{"accept twice", "queues:\n  - name: q\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}, {type: a, versions: ['2']}]\n", "queues[0].accepts[1].type", "is listed twice"},
 		{"versions empty", "queues:\n  - name: q\n    exchange: {name: x}\n    accepts: [{type: a}]\n", "queues[0].accepts[0].versions", "at least one version"},
@@ -201,6 +205,27 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 			}
 			t.Fatalf("no error %s: ...%s...; got:\n%v", tt.path, tt.msg, err)
 		})
+	}
+}
+
+// With the gate off a queue needs no accepts; the other modes keep them
+// (ones given with the gate off stay, so switching modes is a one-key change).
+func TestGateModes(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{
+		"queues:\n  - name: q\n    exchange: {name: x}\n    gate: off\n",
+		queueDoc("gate: off"),
+		queueDoc("gate: report"),
+		queueDoc("gate: enforce"),
+	} {
+		cfg, err := config.Parse([]byte(doc))
+		if err != nil {
+			t.Errorf("%q: %v", doc, err)
+			continue
+		}
+		if g := cfg.Queues[0].Gate; g == "" {
+			t.Errorf("%q: gate left empty", doc)
+		}
 	}
 }
 

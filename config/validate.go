@@ -86,6 +86,9 @@ func (c *Config) ApplyDefaults() {
 		if q.Message.VersionPointer == "" {
 			q.Message.VersionPointer = DefaultVersionPtr
 		}
+		if q.Gate == "" {
+			q.Gate = GateEnforce
+		}
 		for j := range q.Accepts {
 			for k, v := range q.Accepts[j].Versions {
 				q.Accepts[j].Versions[k] = NormalizeVersion(v)
@@ -264,8 +267,14 @@ func (c *Config) Validate() error {
 		default:
 			add(mp+".from", "must be properties, envelope or pointer, not %q", q.Message.From)
 		}
-		if len(q.Accepts) == 0 {
-			add(p+".accepts", "at least one message type is required")
+		switch q.Gate {
+		case GateEnforce, GateReport:
+			if len(q.Accepts) == 0 {
+				add(p+".accepts", "at least one message type is required (or gate: off)")
+			}
+		case GateOff: // accepts are optional, and checked if given
+		default:
+			add(p+".gate", "must be enforce, report or off, not %q", q.Gate)
 		}
 		seen := map[string]bool{}
 		for j, a := range q.Accepts {

@@ -51,9 +51,9 @@ func TestResourceAlarmStallsSafelyAndStopsInTime(t *testing.T) {
 	b.cfg.hooks.blocked = func(active bool) { blocked <- active }
 	var mu sync.Mutex
 	outcomes := map[string]int{}
-	b.cfg.hooks.settled = func(_, outcome string) {
+	b.cfg.OnSettled = func(s Settled) {
 		mu.Lock()
-		outcomes[outcome]++
+		outcomes[s.Outcome]++
 		mu.Unlock()
 		l.notify()
 	}

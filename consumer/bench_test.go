@@ -55,8 +55,8 @@ func benchRuntime(b *testing.B) {
 	tb.publishBatch(b.N, "", tb.queue.Name)
 	var acked atomic.Int64
 	all := make(chan struct{})
-	tb.cfg.hooks.settled = func(_, outcome string) {
-		if outcome == OutcomeAcked && acked.Add(1) == int64(b.N) {
+	tb.cfg.OnSettled = func(s Settled) {
+		if s.Outcome == OutcomeAcked && acked.Add(1) == int64(b.N) {
 			close(all)
 		}
 	}

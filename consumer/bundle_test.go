@@ -147,9 +147,8 @@ func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *t
 		WorkerVersion:  "test-1.2.3",
 		SigningKey:     []byte(testSigningKey),
 		Logger:         slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-		hooks: &testHooks{
-			settled: func(queue, outcome string) { b.settled <- outcome },
-		},
+		OnSettled:      func(s Settled) { b.settled <- s.Outcome },
+		hooks:          &testHooks{},
 	}
 	return b
 }

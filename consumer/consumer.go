@@ -1,7 +1,9 @@
 // Package consumer is dlxbridge's runtime: it consumes work queues, runs every
-// delivery through the crash-loop guard and the schema gate before any
-// handler sees it, and carries out triage's verdicts: ack, a delayed retry
-// through the TTL retry lanes, or quarantine with a failure envelope.
+// delivery through the crash-loop guard and the schema gate (in the queue's
+// mode: enforce, report or off) before any handler sees it, and carries out
+// triage's verdicts: ack, a delayed retry through the TTL retry lanes, or
+// quarantine with a failure envelope. Config.OnSettled tells the host program
+// each outcome.
 //
 // Nothing is acked before it is safe elsewhere: a retry or quarantine publish
 // waits for the publisher confirm (with mandatory set), and only then is the
@@ -38,7 +40,8 @@ type Config struct {
 	// File is the configuration: from config.Load, or built in code and
 	// finished with its Complete method. Required.
 	File *config.Config
-	// Registry is the compiled schema registry. Required.
+	// Registry is the compiled schema registry. Required, unless every
+	// queue's gate is off.
 	Registry *schemas.Registry
 	// ConnectionName names the connection on the broker. Defaults to
 	// File.Broker.ConnectionName + "/consumer".
@@ -85,6 +88,15 @@ type Config struct {
 	// File.Security.SigningKeyEnv, else a random per-process key (with a
 	// warning: a restart then resets the budgets of retries in flight).
 	SigningKey []byte
+	// OnSettled, if set, is told every delivery's outcome (see Settled)
+	// once the runtime has settled it: after the ack, after the reject with
+	// requeue, or when shutdown left it to the broker (OutcomeAbandoned).
+	// Deliveries prefetched but never started at shutdown are not reported.
+	// It runs on the worker's goroutine before that worker takes its next
+	// delivery, and on several workers at once: keep it fast and safe for
+	// concurrent use (count, or hand off to a buffered channel without
+	// blocking). A panic in it is recovered and logged. Defaults to nil.
+	OnSettled func(Settled)
 
 	// Test hooks, nil in production.
 	hooks *testHooks
@@ -102,8 +114,8 @@ func (c *Config) validate() error {
 	} else if err := c.File.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("consumer.Config.File: %w", err))
 	}
-	if c.Registry == nil {
-		errs = append(errs, errors.New("consumer.Config.Registry is required"))
+	if c.Registry == nil && gated(c.File) {
+		errs = append(errs, errors.New("consumer.Config.Registry is required (unless every queue's gate is off)"))
 	}
 	if c.DrainTimeout < 0 {
 		errs = append(errs, errors.New("consumer.Config.DrainTimeout must be >= 0"))
@@ -210,7 +222,12 @@ func New(cfg *Config) (*Consumer, error) {
 	return c, nil
 }
 
-// Handle registers h for every accepted version of msgType on queue.
+// Handle registers h for every accepted version of msgType on queue. With
+// the queue's gate off, msgType may be any type. msgType "" registers the
+// queue's default handler: it gets every message that no handler of its type
+// or version takes, such as one whose type the gate could not read (gate in
+// report mode) or one without a type property (gate off). A message no
+// handler takes is quarantined as a permanent failure.
 func (c *Consumer) Handle(queue, msgType string, h Handler) error {
 	return c.register(queue, msgType, "", h)
 }
@@ -218,19 +235,23 @@ func (c *Consumer) Handle(queue, msgType string, h Handler) error {
 // HandleVersion registers h for one version of msgType on queue. Older
 // versions reach it through upcasters registered with Upcast.
 func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) error {
-	if version == "" {
-		return errors.New("HandleVersion: version is required")
+	if version == "" || msgType == "" {
+		return errors.New("HandleVersion: type and version are required")
 	}
 	return c.register(queue, msgType, config.NormalizeVersion(version), h)
 }
 
 // Upcast registers fn to turn msgType data of version from into version to
-// for every queue. The upcast result is validated against the target
-// version's schema before the handler sees it.
+// for every queue whose gate is on. The upcast result is validated against
+// the target version's schema before the handler sees it (unless the
+// message failed a gate in report mode: see Message.GateError).
 func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
 	from, to = config.NormalizeVersion(from), config.NormalizeVersion(to)
 	if fn == nil || from == to {
 		return fmt.Errorf("Upcast %s v%s→v%s: need a function between two different versions", msgType, from, to)
+	}
+	if c.cfg.Registry == nil {
+		return fmt.Errorf("Upcast %s: needs Config.Registry", msgType)
 	}
 	if _, ok := c.cfg.Registry.Lookup(msgType, to); !ok {
 		return fmt.Errorf("Upcast %s: no schema for target version %s", msgType, to)
@@ -240,7 +261,10 @@ func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
 	if c.running {
 		return errors.New("Upcast after Run")
 	}
-	for _, r := range c.routers {
+	for name, r := range c.routers {
+		if c.queues[name].cfg.Gate == config.GateOff {
+			continue // no decoded data to upcast
+		}
 		r.upcasts[upcastKey{msgType, from}] = upcaster{to: to, fn: fn}
 	}
 	return nil
@@ -254,17 +278,7 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 	if !ok {
 		return fmt.Errorf("queue %q is not in the config", queue)
 	}
-	accepted := false
-	for _, a := range q.Accepts {
-		if a.Type != msgType {
-			continue
-		}
-		accepted = version == ""
-		for _, v := range a.Versions {
-			accepted = accepted || v == version
-		}
-	}
-	if !accepted {
+	if !takes(q, msgType, version) {
 		if version == "" {
 			return fmt.Errorf("queue %q does not accept type %q (see accepts in the config)", queue, msgType)
 		}
@@ -278,7 +292,7 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 	r := c.routers[queue]
 	if version == "" {
 		if _, dup := r.byType[msgType]; dup {
-			return fmt.Errorf("a handler for %s on %q is already registered", msgType, queue)
+			return fmt.Errorf("a handler for %q on %q is already registered", msgType, queue)
 		}
 		r.byType[msgType] = h
 		return nil

@@ -72,9 +72,9 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 	}
 	var outcomesMu sync.Mutex
 	outcomes := map[string]int{}
-	b.cfg.hooks.settled = func(_, outcome string) {
+	b.cfg.OnSettled = func(s Settled) {
 		outcomesMu.Lock()
-		outcomes[outcome]++
+		outcomes[s.Outcome]++
 		outcomesMu.Unlock()
 	}
 	b.start(func(c *Consumer) {

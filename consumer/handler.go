@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -26,16 +27,20 @@ type HandlerFunc func(ctx context.Context, m *Message) error
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
 
-// Message is what a handler sees: a message that passed the schema gate.
+// Message is what a handler sees: a message that passed the schema gate, or,
+// on a queue whose gate is in report mode, one that failed it (GateError), or,
+// on a queue whose gate is off, one nobody checked.
 type Message struct {
 	// Queue is the work queue it came from.
 	Queue string
 	// Type and Version name its schema. After an upcast, Version is the
 	// version the handler was registered for and OriginalVersion the one on
-	// the wire.
+	// the wire. With the queue's gate off they are the AMQP type property
+	// and the version header, "" when absent.
 	Type, Version, OriginalVersion string
 	// Data is the validated JSON value (numbers as json.Number); for
-	// envelope-style messages, the envelope's "data" member.
+	// envelope-style messages, the envelope's "data" member. nil when the
+	// queue's gate is off (Bind decodes Body then).
 	Data any
 	// Body is the payload as received. Treat it as read-only: it is the
 	// same slice the runtime republishes on a retry.
@@ -51,10 +56,29 @@ type Message struct {
 	Attempt int
 	// ReceivedAt is when the runtime received the delivery.
 	ReceivedAt time.Time
+	// GateError is the schema gate's objection when the queue's gate is in
+	// report mode and the message failed it: the handler gets the message
+	// anyway, with Type, Version and Data as far as the gate read them
+	// (Data is nil if the body is not JSON). nil otherwise. Returning it,
+	// or an error that wraps it, quarantines the message as a schema
+	// failure.
+	GateError *schemas.ValidationError
+
+	// raw: the queue's gate is off, Data was not decoded.
+	raw bool
 }
 
-// Bind decodes Data into v (a struct pointer, typically).
+// Bind decodes the message's data into v (a struct pointer, typically):
+// Data, or with the queue's gate off the whole body as received. When a
+// report-mode gate read no data (the body is not JSON), Bind returns an
+// error that wraps GateError.
 func (m *Message) Bind(v any) error {
+	if m.raw {
+		return json.Unmarshal(m.Body, v)
+	}
+	if m.Data == nil && m.GateError != nil {
+		return fmt.Errorf("bind %s: no data: %w", m.Type, m.GateError)
+	}
 	b, err := json.Marshal(m.Data)
 	if err != nil {
 		return err
@@ -79,7 +103,7 @@ type upcaster struct {
 
 // router picks a handler for (type, version): an exact version handler; else
 // a version handler reachable through a chain of upcasters; else a handler for
-// the whole type.
+// the whole type; else the queue's default handler (type "").
 type router struct {
 	byVersion map[routeKey]Handler
 	byType    map[string]Handler
@@ -122,6 +146,9 @@ func (r *router) route(typ, version string) (Handler, string, []upcaster, error)
 		}
 	}
 	if h, ok := r.byType[typ]; ok {
+		return h, version, nil, nil
+	}
+	if h, ok := r.byType[""]; ok {
 		return h, version, nil, nil
 	}
 	return nil, "", nil, triage.Permanent(errNoHandler{typ, version})

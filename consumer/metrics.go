@@ -53,8 +53,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"queue", "class"}),
 		validation: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_validation_failures_total",
-			Help: "Messages refused by the schema gate, by queue, type, version and reason.",
-		}, []string{"queue", "type", "version", "reason"}),
+			Help: "Messages that failed the schema gate, by queue, type, version, reason and gate mode (enforce: refused and quarantined; report: delivered anyway).",
+		}, []string{"queue", "type", "version", "reason", "mode"}),
 		attemptsSuccess: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dlxbridge_attempts_at_success",
 			Help:    "The attempt number on which a handler succeeded.",

@@ -29,6 +29,9 @@ type worker struct {
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
+	// settled is what process has learned of the delivery in hand; record
+	// reports it to Config.OnSettled.
+	settled Settled
 }
 
 func (w *worker) close() {
@@ -88,6 +91,7 @@ func (w *worker) process(d amqp.Delivery) {
 		Now:          now,
 	})
 	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	w.settled = Settled{Queue: qr.cfg.Name, MessageID: d.MessageId, Attempt: attempts.Failed + 1}
 
 	// 1. Crash-loop guard: a message this queue delivered too often never
 	// reaches the handler again; one whose count may be another queue's is
@@ -106,26 +110,13 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 
-	// 2. Schema gate, before any handler.
-	msg, err := qr.gate.Check(schemas.Input{
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Type:            d.Type,
-		Headers:         headers,
-		Body:            d.Body,
-	})
+	// 2. Schema gate, before any handler, in the queue's mode (see admit).
+	msg, err := qr.admit(&d)
 	if err != nil {
-		var verr *schemas.ValidationError
-		errors.As(err, &verr)
-		f := failure{attempts: attempts, err: err, validation: verr}
-		if verr != nil {
-			f.msgType, f.version = verr.Type, verr.Version
-			c.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason)).Inc()
-		}
-		f.verdict = triage.Decide(qr.policy, triage.Failure{Class: triage.ClassSchema, Attempts: attempts, Now: now}, randFunc(c.cfg.Rand))
-		w.settleFailure(ctx, span, &d, f)
+		w.settleFailure(ctx, span, &d, qr.failed(err, attempts, "", ""))
 		return
 	}
+	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
 	span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
 
 	// 3. The handler.
@@ -135,6 +126,7 @@ func (w *worker) process(d amqp.Delivery) {
 		// start a retry or quarantine publish; leave the message unsettled
 		// and the broker requeues it when the channel closes. A handler that
 		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
 		w.record(OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
 		return
@@ -147,9 +139,21 @@ func (w *worker) process(d amqp.Delivery) {
 		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		return
 	}
-	class, hint := triage.Classify(herr)
-	v = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: c.cfg.Now()}, randFunc(c.cfg.Rand))
-	w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts, err: herr, msgType: msg.Type, version: msg.Version})
+	w.settleFailure(ctx, span, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+}
+
+// failed classifies a failed attempt with triage.Classify, the one path for
+// every class (the gate's *schemas.ValidationError is ClassSchema), and
+// decides what follows. typ and version default to the ones the gate's error
+// names.
+func (qr *queueRuntime) failed(err error, attempts triage.Attempts, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version}
+	if errors.As(err, &f.validation) && typ == "" {
+		f.msgType, f.version = f.validation.Type, f.validation.Version
+	}
+	class, hint := triage.Classify(err)
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.c.cfg.Now()}, randFunc(qr.c.cfg.Rand))
+	return f
 }
 
 // runHandler routes, upcasts and calls the handler with a deadline. The
@@ -159,7 +163,7 @@ func (w *worker) process(d amqp.Delivery) {
 // delivery is settled as a timeout while the goroutine keeps its slot (see
 // queueRuntime.slots) until it returns, so handlers never run more than
 // Concurrency at once.
-func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.Message, attempts triage.Attempts, now time.Time) error {
+func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) error {
 	qr := w.qs.qr
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
@@ -180,6 +184,8 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.M
 		IdempotencyKey: idempotencyKey(d),
 		Attempt:        attempts.Failed + 1,
 		ReceivedAt:     now,
+		GateError:      gm.reported,
+		raw:            gm.raw,
 	}
 	select {
 	case qr.slots <- struct{}{}:
@@ -230,10 +236,15 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *schemas.M
 
 // upcast runs the upcaster chain on m.Data and validates the result against
 // the target version's schema. Its failures are permanent: the same input
-// always upcasts the same way.
+// always upcasts the same way. A message that failed a report-mode gate is
+// upcast as it is (a body that is not JSON can't be), and its result is not
+// validated again: the gate reported it once.
 func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	if len(chain) == 0 {
 		return nil
+	}
+	if m.Data == nil && m.GateError != nil {
+		return triage.Permanent(fmt.Errorf("upcast %s v%s: no data: %w", m.Type, m.OriginalVersion, m.GateError))
 	}
 	data := m.Data
 	for _, u := range chain {
@@ -244,9 +255,12 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	}
 	// Validated as the gate validates: the violations never quote a value
 	// (jsonschema's own error text does), since the error goes into the
-	// quarantine envelope, its fingerprint and the log.
-	if err := qr.c.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
-		return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
+	// quarantine envelope, its fingerprint and the log. A message the gate
+	// only reported is not held to its schema here either.
+	if m.GateError == nil {
+		if err := qr.c.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
+		}
 	}
 	m.Data = data
 	return nil
@@ -266,6 +280,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	if f.err != nil {
 		span.RecordError(f.err)
 	}
+	w.settled.failed(f)
 	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
 	if st := panicStack(f.err); st != "" {
 		log = log.With("stack", st)
@@ -283,6 +298,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 			f.verdict.Action = triage.ActionQuarantine
 			f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 			v = f.verdict
+			w.settled.failed(f)
 			err = w.publishQuarantine(ctx, span, d, f)
 			outcome, kind = OutcomeQuarantined, "quarantine"
 		}
@@ -335,6 +351,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		if rerr := w.qs.settle(func() error { return d.Reject(true) }); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
+		w.settled.SettleErr = err
 		w.record(OutcomeRequeued)
 		return
 	}
@@ -365,13 +382,12 @@ func (w *worker) publishBackoff() time.Duration {
 	return d/2 + time.Duration(w.qs.qr.c.cfg.Rand()*float64(d/2))
 }
 
-// record counts a settled delivery and signals tests.
+// record counts a settled delivery and reports it to Config.OnSettled.
 func (w *worker) record(outcome string) {
 	qr := w.qs.qr
 	qr.c.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
-	if h := qr.c.cfg.hooks; h != nil && h.settled != nil {
-		h.settled(qr.cfg.Name, outcome)
-	}
+	w.settled.Outcome = outcome
+	qr.c.notifySettled(w.settled)
 }
 
 // ack acks d and reports whether the ack was written. An ack on a dead
@@ -380,6 +396,7 @@ func (w *worker) record(outcome string) {
 func (w *worker) ack(d *amqp.Delivery) bool {
 	if err := w.qs.settle(func() error { return d.Ack(false) }); err != nil {
 		qr := w.qs.qr
+		w.settled.SettleErr = err
 		w.record(OutcomeAckFailed)
 		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
 		return false

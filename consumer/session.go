@@ -21,7 +21,7 @@ import (
 type queueRuntime struct {
 	c       *Consumer
 	cfg     *config.Queue
-	gate    *schemas.Gate
+	gate    *schemas.Gate // nil when the queue's gate is off
 	policy  triage.Policy
 	redact  quarantine.Redaction
 	router  *router
@@ -42,6 +42,9 @@ type queueRuntime struct {
 	// carriedCounts: the broker may carry a delivery count across
 	// dead-lettering (triage.DeliveryInput.CarriedCounts).
 	carriedCounts bool
+
+	// reportLog samples the gate's report-mode logs.
+	reportLog logSampler
 }
 
 func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
@@ -54,19 +57,9 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 			acceptSet[a.Type][v] = true
 		}
 	}
-	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry: c.cfg.Registry,
-		Identity: schemas.Identity{
-			From:           q.Message.From,
-			VersionHeader:  q.Message.VersionHeader,
-			TypePointer:    q.Message.TypePointer,
-			VersionPointer: q.Message.VersionPointer,
-		},
-		Accepts:      accepts,
-		MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes,
-	})
+	gate, err := newGate(c.cfg.Registry, q, accepts, c.cfg.File.Schemas.MaxBodyBytes)
 	if err != nil {
-		return nil, fmt.Errorf("queue %q: schema gate: %w", q.Name, err)
+		return nil, err
 	}
 	policy := triage.Policy{
 		Tiers:               q.Retry.Tiers,

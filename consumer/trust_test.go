@@ -399,12 +399,12 @@ func crashChild() int {
 		SigningKey:     []byte(testSigningKey),
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		DrainTimeout:   2 * time.Second,
-		hooks: &testHooks{settled: func(_, outcome string) {
-			say("settled %s", outcome)
-			if outcome == OutcomeQuarantined {
+		OnSettled: func(s Settled) {
+			say("settled %s", s.Outcome)
+			if s.Outcome == OutcomeQuarantined {
 				cancel()
 			}
-		}},
+		},
 	})
 	if err != nil {
 		return fail(err)

@@ -10,7 +10,8 @@ import (
 
 // FuzzGateCheck feeds arbitrary bytes, types and versions to a gate in each
 // identity mode. The gate must never panic, and must return either a message
-// and no error or no message and a *ValidationError.
+// and no error or no message and a *ValidationError; CheckReport always
+// returns a message, and an error exactly when Check does.
 func FuzzGateCheck(f *testing.F) {
 	for _, seed := range []struct{ body, typ, version string }{
 		{orderV2, "orders.created", "2"},
@@ -45,6 +46,9 @@ func FuzzGateCheck(f *testing.F) {
 		in := schemas.Input{ContentType: "application/json", Type: typ, Headers: map[string]any{"schema-version": version}, Body: body}
 		for _, g := range gates {
 			msg, err := g.Check(in)
+			if rm, rerr := g.CheckReport(in); rm == nil || (rerr == nil) != (err == nil) {
+				t.Fatalf("CheckReport: message %v, error %v; Check's error %v", rm, rerr, err)
+			}
 			if err == nil {
 				if msg == nil || msg.Type == "" || msg.Version == "" {
 					t.Fatalf("no error and message %+v", msg)

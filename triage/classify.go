@@ -60,9 +60,10 @@ func RetryAfter(d time.Duration, err error) error {
 }
 
 // Schema marks err as a schema failure: the message is quarantined and
-// never retried. The runtime wraps the schema gate's validation errors with
-// it; any error with a SchemaFailure() bool method returning true counts too.
-// Schema(nil) is a non-nil error.
+// never retried. Any error with a SchemaFailure() bool method returning true
+// counts too: the schema gate's *schemas.ValidationError has one, so the
+// runtime classifies the gate's refusals here like every other failure,
+// without triage knowing the schemas package. Schema(nil) is a non-nil error.
 func Schema(err error) error {
 	return &schemaError{err: orDefault(err, "schema failure")}
 }

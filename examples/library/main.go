@@ -138,6 +138,9 @@ func run(ctx context.Context, url, prefix string, inCode bool) error {
 	c, err := consumer.New(&consumer.Config{
 		URL: url, File: cfg, Registry: registry,
 		Registerer: prometheus.DefaultRegisterer, Logger: slog.Default(),
+		OnSettled: func(s consumer.Settled) { // every outcome once settled; runs on the worker: keep it fast
+			slog.Info("settled", "id", s.MessageID, "outcome", s.Outcome, "class", s.Class, "attempt", s.Attempt)
+		},
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// The schema gate runs in one of three modes per queue (config.Queue.Gate):
+//
+//   - enforce: a message that fails the gate is quarantined (class schema)
+//     and never reaches a handler;
+//   - report: every message is checked and every failure counted and logged
+//     (sampled), and the message goes to its handler anyway, with
+//     Message.GateError set;
+//   - off: no gate. Type and Version come from the AMQP type property and
+//     the version header when present, the body is not read, and Bind
+//     decodes it.
+
+// admitted is what the gate lets through to the router.
+type admitted struct {
+	schemas.Message
+	// raw is set when the gate is off: Data was not decoded.
+	raw bool
+	// reported is the gate's objection in report mode.
+	reported *schemas.ValidationError
+}
+
+// newGate builds q's schema gate; with the gate off there is none (nil).
+func newGate(reg *schemas.Registry, q *config.Queue, accepts map[string][]string, maxBody int) (*schemas.Gate, error) {
+	if q.Gate == config.GateOff {
+		return nil, nil
+	}
+	gate, err := schemas.NewGate(schemas.GateConfig{
+		Registry: reg,
+		Identity: schemas.Identity{
+			From:           q.Message.From,
+			VersionHeader:  q.Message.VersionHeader,
+			TypePointer:    q.Message.TypePointer,
+			VersionPointer: q.Message.VersionPointer,
+		},
+		Accepts:      accepts,
+		MaxBodyBytes: maxBody,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue %q: schema gate: %w", q.Name, err)
+	}
+	return gate, nil
+}
+
+// gated reports whether any queue of f runs the gate, and so needs a
+// registry.
+func gated(f *config.Config) bool {
+	if f == nil {
+		return true
+	}
+	for _, q := range f.Queues {
+		if q.Gate != config.GateOff {
+			return true
+		}
+	}
+	return false
+}
+
+// admit runs d through the queue's gate in the queue's mode. It returns the
+// message for the router, or (enforce mode only) the gate's
+// *schemas.ValidationError. Every failure is counted, by mode.
+func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
+	in := schemas.Input{
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Type:            d.Type,
+		Headers:         d.Headers,
+		Body:            d.Body,
+	}
+	switch qr.cfg.Gate {
+	case config.GateOff:
+		typ, version := schemas.ReadProperties(in, qr.cfg.Message.VersionHeader)
+		return &admitted{Message: schemas.Message{Type: typ, Version: version}, raw: true}, nil
+	case config.GateReport:
+		msg, err := qr.gate.CheckReport(in)
+		a := &admitted{Message: *msg}
+		if errors.As(err, &a.reported) {
+			qr.countViolation(a.reported)
+			qr.logReported(d, a.reported)
+		}
+		return a, nil
+	}
+	msg, err := qr.gate.Check(in)
+	if err != nil {
+		var verr *schemas.ValidationError
+		if errors.As(err, &verr) {
+			qr.countViolation(verr)
+		}
+		return nil, err
+	}
+	return &admitted{Message: *msg}, nil
+}
+
+func (qr *queueRuntime) countViolation(verr *schemas.ValidationError) {
+	qr.c.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason), qr.cfg.Gate).Inc()
+}
+
+// logReported logs a report-mode failure, sampled: a flood of bad messages
+// must not flood the logs (the metric counts every one).
+func (qr *queueRuntime) logReported(d *amqp.Delivery, verr *schemas.ValidationError) {
+	ok, suppressed := qr.reportLog.allow(qr.c.cfg.Now())
+	if !ok {
+		return
+	}
+	qr.c.log.Warn("schema gate (report mode): the message fails the gate; delivering it anyway",
+		"queue", qr.cfg.Name, "message_id", d.MessageId, "type", verr.Type, "version", verr.Version,
+		"reason", string(verr.Reason), "error", verr.Error(), "suppressed_since_last", suppressed)
+}
+
+// Report-mode logging: at most reportLogBurst lines per reportLogWindow and
+// queue.
+const (
+	reportLogBurst  = 10
+	reportLogWindow = 10 * time.Second
+)
+
+// logSampler lets reportLogBurst events through per reportLogWindow and
+// counts the rest, which the next event that gets through reports. Safe for
+// concurrent use.
+type logSampler struct {
+	mu         sync.Mutex
+	start      time.Time
+	passed     int
+	suppressed int
+}
+
+func (s *logSampler) allow(now time.Time) (ok bool, suppressed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.start) >= reportLogWindow || now.Before(s.start) {
+		s.start, s.passed = now, 0
+	}
+	if s.passed >= reportLogBurst {
+		s.suppressed++
+		return false, 0
+	}
+	s.passed++
+	suppressed, s.suppressed = s.suppressed, 0
+	return true, suppressed
+}
+
+// takes reports whether handlers for msgType (and version; "" for every
+// version) may be registered on q: msgType "" is the queue's default
+// handler; with the gate off any type may be handled; otherwise the type
+// (and version) must be in q's accepts.
+func takes(q *config.Queue, msgType, version string) bool {
+	if msgType == "" || q.Gate == config.GateOff {
+		return true
+	}
+	for _, a := range q.Accepts {
+		if a.Type != msgType {
+			continue
+		}
+		if version == "" {
+			return true
+		}
+		for _, v := range a.Versions {
+			if v == version {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,80 @@
+package consumer
+
+import (
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// Settled is one delivery's outcome, as Config.OnSettled receives it.
+type Settled struct {
+	// Queue is the work queue the delivery came from.
+	Queue string
+	// MessageID is the AMQP message id.
+	MessageID string
+	// Type and Version name the message's schema as far as the runtime read
+	// them (the version on the wire, before any upcast): "" when the
+	// crash-loop guard settled it before it was read, or when the message
+	// names none.
+	Type, Version string
+	// Outcome is what the runtime did, one of the Outcome constants (the
+	// outcome label of dlxbridge_deliveries_total).
+	Outcome string
+	// Class is the failure's class: triage.Classify's for the gate's and
+	// the handler's errors, triage.ClassCrashLoop from the crash-loop
+	// guard; "" when the handler succeeded.
+	Class triage.Class
+	// Reason says why a failure was retried or quarantined, as the
+	// quarantine envelope does; "" when the handler succeeded.
+	Reason string
+	// Attempt is the attempt's number, 1 on the first delivery (for a
+	// crash-loop, the attempts made).
+	Attempt int
+	// Tier indexes the queue's retry tiers and Delay is the retry's delay
+	// (its TTL), when Outcome is OutcomeRetried.
+	Tier  int
+	Delay time.Duration
+	// Err is the failure: the gate's *schemas.ValidationError or the
+	// handler's error. nil when the handler succeeded and for a crash-loop
+	// (see Reason).
+	Err error
+	// SettleErr is why the runtime could not settle as decided: the failed
+	// retry or quarantine publish (OutcomeRequeued) or ack (OutcomeAckFailed).
+	SettleErr error
+	// GateError is the schema gate's objection to a message that was
+	// delivered anyway because the queue's gate is in report mode; nil
+	// otherwise.
+	GateError *schemas.ValidationError
+}
+
+// notifySettled hands s to Config.OnSettled, if set. A panic in it is
+// logged, never passed on: the delivery is settled already.
+func (c *Consumer) notifySettled(s Settled) {
+	if c.cfg.OnSettled == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("OnSettled panicked; the delivery was settled regardless", "queue", s.Queue, "message_id", s.MessageID, "panic", r)
+		}
+	}()
+	c.cfg.OnSettled(s)
+}
+
+// failed notes a failure's verdict in w.settled; called again after the
+// verdict changes, it replaces what it noted.
+func (s *Settled) failed(f failure) {
+	v := f.verdict
+	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
+	s.Tier, s.Delay = 0, 0
+	if v.Attempt > 0 {
+		s.Attempt = v.Attempt
+	}
+	if s.Type == "" {
+		s.Type, s.Version = f.msgType, f.version
+	}
+	if v.Action == triage.ActionRetry {
+		s.Tier, s.Delay = v.Tier, v.Delay
+	}
+}

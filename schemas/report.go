@@ -1,0 +1,54 @@
+package schemas
+
+import "strings"
+
+// SchemaFailure reports true: a message that fails the gate can never become
+// valid by retrying it. triage.Classify recognises the method (without
+// importing this package) and classes such an error, wrapped or not, as
+// triage.ClassSchema.
+func (e *ValidationError) SchemaFailure() bool { return true }
+
+// CheckReport runs the gate like Check, for a caller that hands refused
+// messages on anyway (a consumer whose gate is in report mode). On success it
+// returns what Check returns. On failure it returns the same
+// *ValidationError and also a Message with what the gate could read: Type
+// and Version as far as it got (either may be ""), and Data when the body
+// decodes as JSON (for FromEnvelope the envelope's "data" member, if any).
+// Data is nil when the body is over the size limit, encoded, or not
+// acceptable JSON. It never panics.
+func (g *Gate) CheckReport(in Input) (*Message, error) {
+	m, err := g.Check(in)
+	if err == nil {
+		return m, nil
+	}
+	verr := err.(*ValidationError) // Check's only error
+	m = &Message{Type: verr.Type, Version: verr.Version}
+	switch verr.Reason {
+	case ReasonTooLarge, ReasonEncoding, ReasonDecode:
+		return m, verr
+	}
+	doc, derr := decodeJSON(in.Body)
+	if derr != nil {
+		return m, verr
+	}
+	m.Data = doc
+	if g.id.From == FromEnvelope {
+		env, _ := doc.(map[string]any)
+		m.Data = env["data"]
+	}
+	return m, verr
+}
+
+// ReadProperties returns the type and version a message names in its
+// properties: the AMQP type property and the versionHeader header
+// (normalized as NormalizeVersion does; "" selects DefaultVersionHeader).
+// Either is "" when absent or unreadable, and both are capped like a
+// ValidationError's. It reads no body and never fails: it is for callers
+// that run no gate.
+func ReadProperties(in Input, versionHeader string) (typ, version string) {
+	if versionHeader == "" {
+		versionHeader = DefaultVersionHeader
+	}
+	version, _ = versionString(in.Headers[versionHeader])
+	return capLen(strings.TrimSpace(in.Type)), capLen(version)
+}
