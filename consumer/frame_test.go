@@ -148,6 +148,11 @@ func TestOversizedHeaderOfEachKindNeverClosesThePublishingConnection(t *testing.
 		if notes := strings.Join(env.Notes, "; "); !strings.Contains(notes, g.header) {
 			t.Errorf("%s: notes %q do not name %s", g.id, notes, g.header)
 		}
+		if g.header == quarantine.HeaderOriginalRoutingKey {
+			// Unsigned, so a producer's: the bridge ignores it (noted above)
+			// and writes the real routing key over it; nothing to drop.
+			continue
+		}
 		var dropped []string
 		_ = json.Unmarshal([]byte(fmt.Sprint(d.Headers[quarantine.HeaderDropped])), &dropped)
 		if !strings.Contains(strings.Join(dropped, " "), g.header) {
