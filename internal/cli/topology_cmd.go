@@ -22,9 +22,12 @@ import (
 // found nothing wrong in what it could. A configured management API that
 // does not answer is warned about, and the command goes on over AMQP.
 func runTopology(ctx context.Context, env *Env, args []string) int {
-	sub, rest, ok := subcommand(env, "topology", args, "plan", "apply", "verify")
+	sub, rest, code, ok := subcommand(env, "topology", args,
+		subcmd{"plan", "what apply would create, what exists, what conflicts; declares nothing"},
+		subcmd{"apply", "declare everything that is missing; refuses if an object conflicts"},
+		subcmd{"verify", "report drift between the broker and the config"})
 	if !ok {
-		return ExitUsage
+		return code
 	}
 	fs := newFlagSet(env, "topology "+sub, "topology "+sub+" [--config config.yaml] [--url amqp://...] [--output text|json]")
 	var c common

@@ -317,3 +317,28 @@ func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
 		t.Errorf("verify does not name the deleted lane:\n%s", out)
 	}
 }
+
+// The top-level usage says "Run 'dlxbridge <command> -h' for its flags":
+// that must list the subcommands and exit 0, not fail as bad usage.
+func TestCommandGroupHelp(t *testing.T) {
+	t.Parallel()
+	for _, group := range []struct {
+		name string
+		subs []string
+	}{{"topology", []string{"plan", "apply", "verify"}}, {"schemas", []string{"list", "lint", "validate"}}} {
+		for _, h := range []string{"-h", "--help", "help"} {
+			code, out, errOut := runCLI(t, "", group.name, h)
+			if code != cli.ExitOK {
+				t.Errorf("dlxbridge %s %s: exit %d, want %d", group.name, h, code, cli.ExitOK)
+			}
+			for _, sub := range group.subs {
+				if !strings.Contains(out+errOut, "\n  "+sub+" ") {
+					t.Errorf("dlxbridge %s %s does not describe %q:\n%s%s", group.name, h, sub, out, errOut)
+				}
+			}
+		}
+		if code, _, _ := runCLI(t, "", group.name); code != cli.ExitUsage {
+			t.Errorf("dlxbridge %s: exit %d, want %d", group.name, code, cli.ExitUsage)
+		}
+	}
+}
