@@ -184,6 +184,15 @@ func TestTopologyVerifyNamesDifferentDeliveryLimit(t *testing.T) {
 	if !found {
 		t.Errorf("JSON problems lack the delivery limit: %+v", r.Problems)
 	}
+	// Plan says apply would refuse: exit 1, not 0 (nor 3, incomplete,
+	// without the management API), so `plan && apply` stops here.
+	noMgmt := writeTopologyConfig(t, b.env, "http://127.0.0.1:1", "")
+	for _, config := range []string{b.config, noMgmt.config} {
+		out := b.mustRun(t, cli.ExitFail, "topology", "plan", "--config", config)
+		if want := "CONFLICT  queue '" + b.work + "': x-delivery-limit: want 3, have 9"; !strings.Contains(out, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
 	// Apply refuses (exit 1), names the difference and deletes nothing.
 	code, out, errOut := b.run(t, "topology", "apply", "--config", b.config)
 	if code != cli.ExitFail || !strings.Contains(out, "x-delivery-limit: want 3, have 9") || !strings.Contains(errOut, "nothing was declared") {
