@@ -180,8 +180,8 @@ func configInCode() (*config.Config, error) {
 	cfg := &config.Config{
 		Broker: config.Broker{ConnectionName: "dlxlibrary"},
 		Queues: []config.Queue{{
-			Name:     "orders",
-			Exchange: config.Exchange{Name: "orders", Type: "topic"},
+			Name:     "library.orders",
+			Exchange: config.Exchange{Name: "library.orders", Type: "topic"},
 			Bindings: []string{"order.created"},
 			Retry:    config.Retry{Tiers: []time.Duration{time.Second}, Jitter: &noJitter},
 			Accepts:  []config.Accept{{Type: "orders.created", Versions: []string{"1", "2"}}},
