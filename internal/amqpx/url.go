@@ -177,7 +177,8 @@ func (e *DialError) Error() string {
 func (e *DialError) Unwrap() error { return e.Err }
 
 // Dial opens a connection whose client-provided name is name, so operators
-// can find it in the management UI. A URL that does not parse is a
+// can find it in the management UI. Over amqp:// (not amqps://) it reads
+// header field types the client could not (see readableConn). A URL that does not parse is a
 // *URLError, any other failure a *DialError; neither contains the password.
 func Dial(rawURL, name string) (*amqp.Connection, error) {
 	ep, err := ParseAMQPURL(rawURL)
@@ -189,6 +190,21 @@ func Dial(rawURL, name string) (*amqp.Connection, error) {
 		Heartbeat:  10 * time.Second,
 	}
 	cfg.Properties.SetClientConnectionName(name)
+	if ep.Scheme == "amqp" {
+		// Under TLS the client reads a stream this layer cannot see.
+		timeout := 30 * time.Second // amqp091-go's default, and the URL's connection_timeout
+		if uri, err := amqp.ParseURI(rawURL); err == nil && uri.ConnectionTimeout > 0 {
+			timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+		}
+		dial := amqp.DefaultDial(timeout)
+		cfg.Dial = func(network, addr string) (net.Conn, error) {
+			c, err := dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newReadableConn(c), nil
+		}
+	}
 	conn, err := amqp.DialConfig(rawURL, cfg)
 	if err != nil {
 		return nil, &DialError{Endpoint: ep, Err: err}
