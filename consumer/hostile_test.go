@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,5 +142,44 @@ func TestUnsignedHeaderFieldTypesNeitherCloseTheConnectionNorSkipTheHandler(t *t
 		if fmt.Sprintf("%#v", h[k]) != fmt.Sprintf("%#v", v) {
 			t.Errorf("header %s = %#v, want %#v", k, h[k], v)
 		}
+	}
+}
+
+// A message an upstream queue dead-lettered into the work queue is
+// re-admitted on RabbitMQ 4.x (see triage.Precheck). The copy keeps every
+// producer header, so a producer header that leaves no room for the bridge's
+// re-admission headers made the copy not fit one frame, and the original
+// was rejected into the quarantine without its handler ever running (on
+// 3.10 the same message is handled). It must reach its handler.
+func TestMessageWhoseReadmissionCannotFitStillReachesItsHandler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.DeliveryLimit = 2
+		q.Consumer.CrashLoopDeliveries = 1
+	})
+	b.cfg.hooks.frameMax = 4096
+	rec := newRecorder()
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			return nil
+		})))
+	})
+	// Fits the upstream publish, the broker's dead-lettering and the
+	// delivery; not with the re-admission's headers on top.
+	b.upstreamRejectWith("big-up", 1, amqp.Table{"x-app-blob": strings.Repeat("b", 3500)})
+	var outcomes []string
+	for done := false; !done; {
+		select {
+		case o := <-b.settled:
+			outcomes = append(outcomes, o)
+			done = o != OutcomeReadmitted
+		case <-time.After(15 * time.Second):
+			t.Fatalf("not settled within 15s (outcomes %v)", outcomes)
+		}
+	}
+	t.Logf("broker %s: outcomes %v", b.env.ServerVersion, outcomes)
+	if n := rec.count(); n != 1 || outcomes[len(outcomes)-1] != OutcomeAcked {
+		t.Fatalf("handler ran %d times, outcomes %v; want it to run once and ack", n, outcomes)
 	}
 }
