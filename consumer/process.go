@@ -106,8 +106,13 @@ func (w *worker) process(d amqp.Delivery) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
-		return
+		if w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts}) {
+			return
+		}
+		// A re-admission that cannot fit one frame was not sent: the
+		// message is handled here, with the count it arrived with (the
+		// broker's delivery limit stays the backstop).
+		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame; handled with the delivery count it arrived with")
 	}
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
@@ -269,7 +274,10 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 // settleFailure carries out a retry or quarantine verdict: publish with
 // confirm + mandatory, then ack. A failed publish rejects the original with
 // requeue: the broker keeps it and the crash-loop guard bounds the loop.
-func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) {
+// It reports false, having done nothing, for a re-admission that cannot
+// fit one frame: the caller delivers the message instead, since rejecting
+// it would quarantine a message whose handler never ran.
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) bool {
 	qr := w.qs.qr
 	c := qr.c
 	v := f.verdict
@@ -305,6 +313,9 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	case triage.ActionReadmit:
 		err = w.publishReadmit(ctx, d, f)
 		outcome, kind = OutcomeReadmitted, "readmit"
+		if errors.Is(err, quarantine.ErrNoFit) {
+			return false
+		}
 	default:
 		err = w.publishQuarantine(ctx, span, d, f)
 		outcome, kind = OutcomeQuarantined, "quarantine"
@@ -317,11 +328,11 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
 		if rerr := d.Reject(false); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
-			return
+			return true
 		}
 		w.record(OutcomeQuarantined)
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		return
+		return true
 	}
 	if err != nil && w.qs.handlerCtx.Err() != nil {
 		// The drain deadline passed while the publish waited (typically on
@@ -331,7 +342,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		w.record(OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
 		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
-		return
+		return true
 	}
 	if err != nil {
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
@@ -353,11 +364,11 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		}
 		w.settled.SettleErr = err
 		w.record(OutcomeRequeued)
-		return
+		return true
 	}
 	w.pubFailures = 0
 	if !w.ack(d) {
-		return
+		return true
 	}
 	w.record(outcome)
 	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
@@ -372,6 +383,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
 		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
 	}
+	return true
 }
 
 // publishBackoff is the pause after the n-th consecutive failed publish:
