@@ -9,4 +9,7 @@ type testHooks struct {
 	// frameMax, if set, replaces the publishing connection's frame_max in
 	// quarantine.Fit.
 	frameMax int
+	// keeper runs the quarantine keepers under test hooks. Without it the
+	// intake keeps what arrives, for the tests that read it directly.
+	keeper bool
 }

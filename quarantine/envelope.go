@@ -82,6 +82,13 @@ const (
 	// "header:<name>" and "property:<name>" (see Fit); absent when nothing
 	// was. It is kept across hops.
 	HeaderDropped = "dlxbridge-dropped"
+	// HeaderRedriveCount is how many times the message was replayed out of
+	// a quarantine (int64); HeaderRedriveAt (RFC 3339) and
+	// HeaderRedriveReason are the last replay's time and reason. Set by
+	// `quarantine replay`, kept by the runtime (see Replayer).
+	HeaderRedriveCount  = "dlxbridge-redrive-count"
+	HeaderRedriveAt     = "dlxbridge-redrive-at"
+	HeaderRedriveReason = "dlxbridge-redrive-reason"
 )
 
 // Limits that keep the envelope well inside one frame.

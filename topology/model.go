@@ -105,7 +105,10 @@ type WorkQueue struct {
 	DeadExchange  string
 	RetryExchange string
 	Quarantine    string
-	Tiers         []RetryTier
+	// Records and Events are the quarantine's streams (see
+	// QuarantineStreams).
+	Records, Events string
+	Tiers           []RetryTier
 }
 
 // Topology is everything dlxbridge declares for a config, in declaration
@@ -240,6 +243,10 @@ func Build(cfg *config.Config, v BrokerVersion) *Topology {
 		}
 		addQ(QueueSpec{Name: w.Quarantine, Role: RoleQuarantine, Owner: qc.Name, Args: qArgs})
 		t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.DeadExchange, Queue: w.Quarantine, Key: ""})
+		for _, q := range QuarantineStreams(qc) {
+			addQ(q)
+		}
+		w.Records, w.Events = qc.Quarantine.RecordsStream(), qc.Quarantine.EventsStream()
 		t.Work = append(t.Work, w)
 	}
 	return t

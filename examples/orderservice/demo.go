@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -89,25 +90,25 @@ func demo(ctx context.Context, o Options, registry *schemas.Registry, events <-c
 			return ctx.Err()
 		}
 	}
-	// The closed-account order is quarantined right after its only attempt.
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	// The closed-account order is quarantined right after its only attempt;
+	// the runtime's keeper moves it from the intake into the records stream.
+	in := &quarantine.Inspector{Conn: conn, Config: o.File}
+	deadline := time.Now().Add(15 * time.Second)
 	for {
-		q, err := ch.QueueDeclarePassive(orders.Quarantine.Queue, true, false, false, false, nil)
+		snap, err := in.Snapshot(ctx)
 		if err != nil {
 			return err
 		}
-		if q.Messages > 0 {
-			printf("quarantine %s holds %d message(s); inspect with the management UI", orders.Quarantine.Queue, q.Messages)
+		if groups := snap.Stats(quarantine.Filter{Queue: orders.Name}); len(groups) > 0 {
+			for _, g := range groups {
+				printf("quarantine stats: %s %s fingerprint %s: %d open (%s)", g.Queue, g.Class, g.Fingerprint, g.Open, g.Example)
+			}
+			printf("see them with: dlxbridge quarantine stats (or list, show ID)")
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return errors.New("demo: the rejected order did not reach the quarantine")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
 	}
 }
