@@ -2,6 +2,9 @@ package quarantine
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -120,4 +124,51 @@ func envelopeHeaders(queue, fingerprint, errText string, at time.Time) amqp.Tabl
 		OriginalRouting: "k", MessageType: "test.job", SchemaVersion: "1"}
 	e.Apply(h)
 	return h
+}
+
+const testJobSchema = `{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "type": "object",
+  "required": ["id"],
+  "properties": {"id": {"type": "string", "minLength": 1}, "n": {"type": "integer"}},
+  "additionalProperties": false
+}`
+
+func (b *storeBundle) registry() *schemas.Registry {
+	b.t.Helper()
+	dir := b.t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "test.job"), 0o755); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "test.job", "v1.json"), []byte(testJobSchema), 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	reg, err := schemas.Load(schemas.LoadOptions{Dir: dir})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return reg
+}
+
+// quarantineJobs puts n test.job messages of one fingerprint into the intake
+// (as the runtime would) with bodies from body(i), and returns their ids.
+func (b *storeBundle) quarantineJobs(n int, fingerprint string, body func(i int) string) {
+	b.t.Helper()
+	now := time.Now().UTC()
+	for i := 0; i < n; i++ {
+		h := envelopeHeaders(b.q.Name, fingerprint, "failed "+fingerprint, now)
+		h["dlxbridge-attempts"] = int64(3)
+		h["x-death"] = []any{amqp.Table{"count": int64(1), "reason": "rejected", "queue": b.q.Name}}
+		h["x-delivery-count"] = int64(2)
+		b.publish(b.q.Quarantine.Queue, amqp.Publishing{
+			MessageId: fmt.Sprintf("%s-%d", fingerprint, i), Type: "test.job", ContentType: "application/json",
+			Headers: h, Body: []byte(body(i)),
+		})
+	}
+}
+
+func validJob(i int) string { return fmt.Sprintf(`{"id":"j-%d","n":%d}`, i, i) }
+
+func (b *storeBundle) replayer() *Replayer {
+	return &Replayer{Conn: b.env.Dial("replayer"), Config: b.cfg, Registry: b.registry(), By: "tester@test"}
 }

@@ -196,9 +196,18 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 		go func() {
 			defer wg.Done()
 			p := &parts[i]
+			// The two streams are read at once: finding that a stream is
+			// empty takes emptyWait.
+			var evErr error
+			evDone := make(chan struct{})
+			go func() {
+				defer close(evDone)
+				p.events, evErr = readEvents(ctx, in.Conn, s.cfg.Quarantine.EventsStream())
+			}()
 			p.records, p.bad, p.err = in.readRecords(ctx, s)
+			<-evDone
 			if p.err == nil {
-				p.events, p.err = readEvents(ctx, in.Conn, s.cfg.Quarantine.EventsStream())
+				p.err = evErr
 			}
 			if p.err == nil {
 				p.waiting, p.err = intakeDepth(in.Conn, s.cfg.Quarantine.Queue)

@@ -209,7 +209,12 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("keeper %s: open channel: %w", k.Intake, err)
 	}
-	defer ch.Close()
+	defer func() {
+		// An ack written just before its channel closes can be lost (seen
+		// on 3.10.8); the message would then be stored twice (same id).
+		time.Sleep(20 * time.Millisecond)
+		_ = ch.Close()
+	}()
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("keeper %s: prefetch: %w", k.Intake, err)
 	}
