@@ -172,3 +172,5 @@ func validJob(i int) string { return fmt.Sprintf(`{"id":"j-%d","n":%d}`, i, i) }
 func (b *storeBundle) replayer() *Replayer {
 	return &Replayer{Conn: b.env.Dial("replayer"), Config: b.cfg, Registry: b.registry(), By: "tester@test"}
 }
+
+func nowUTC() time.Time { return time.Now().UTC() }

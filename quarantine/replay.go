@@ -346,9 +346,11 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 }
 
 // Header names a replay keeps although they start with "dlxbridge-": what
-// the bridge had to drop on the way, and properties moved into headers.
+// the bridge had to drop on the way, properties moved into headers, and the
+// exchange and routing key the message was first published with (the
+// queue is where the replay sends it, so the runtime sets that anew).
 var keptOnReplay = map[string]bool{
-	HeaderNotes: true, HeaderDropped: true,
+	HeaderNotes: true, HeaderDropped: true, HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true,
 	"dlxbridge-original-expiration": true, "dlxbridge-original-user-id": true,
 }
 
