@@ -77,8 +77,8 @@ func TestRuntimeKeepsQuarantineRecordsInTheStream(t *testing.T) {
 		t.Fatalf("bridge record envelope %+v", e)
 	}
 	br := byMsg["m-broker"]
-	if br.Envelope.Source != quarantine.SourceBroker || br.Headers["x-death"] == nil || br.Envelope.OriginalQueue != raw {
-		t.Fatalf("broker record: envelope %+v, x-death %v", br.Envelope, br.Headers["x-death"])
+	if br.Envelope.Source != quarantine.SourceBroker || br.Headers()["x-death"] == nil || br.Envelope.OriginalQueue != raw {
+		t.Fatalf("broker record: envelope %+v, x-death %v", br.Envelope, br.Headers()["x-death"])
 	}
 	if n := b.queueDepth(b.wq.Quarantine); n != 0 {
 		t.Fatalf("intake holds %d", n)
@@ -122,8 +122,8 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	if e := again.Envelope; e.OriginalExchange != first.Envelope.OriginalExchange || e.OriginalRouting != first.Envelope.OriginalRouting || e.OriginalExchange == "" {
 		t.Fatalf("origin lost: first %s/%s, again %s/%s", first.Envelope.OriginalExchange, first.Envelope.OriginalRouting, e.OriginalExchange, e.OriginalRouting)
 	}
-	if again.Headers[quarantine.HeaderRedriveReason] != "customer 99 created" {
-		t.Fatalf("redrive reason %v", again.Headers[quarantine.HeaderRedriveReason])
+	if again.Headers()[quarantine.HeaderRedriveReason] != "customer 99 created" {
+		t.Fatalf("redrive reason %v", again.Headers()[quarantine.HeaderRedriveReason])
 	}
 	hist := snap.History(again)
 	if len(hist) != 1 || hist[0].ID != first.ID || hist[0].State != quarantine.StateReplayed || hist[0].Resolution == nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"time"
@@ -111,21 +112,22 @@ func encodeValue(v any, depth int) ([]any, error) {
 }
 
 // DecodeTable reads a typed encoding back into a table. It never panics on
-// bad input; it returns an error wrapping ErrCodec.
+// bad input; it returns an error wrapping ErrCodec. The JSON is parsed once
+// and then walked (readers decode every record of a stream).
 func DecodeTable(b []byte) (amqp.Table, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	var raw map[string]json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCodec, err)
+	var raw map[string]any
+	if err := dec.Decode(&raw); err != nil || raw == nil {
+		return nil, fmt.Errorf("%w: want an object", ErrCodec)
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: trailing data", ErrCodec)
 	}
 	return decodeTable(raw, 0)
 }
 
-func decodeTable(raw map[string]json.RawMessage, depth int) (amqp.Table, error) {
+func decodeTable(raw map[string]any, depth int) (amqp.Table, error) {
 	t := make(amqp.Table, len(raw))
 	for k, r := range raw {
 		v, err := decodeValue(r, depth+1)
@@ -137,54 +139,54 @@ func decodeTable(raw map[string]json.RawMessage, depth int) (amqp.Table, error) 
 	return t, nil
 }
 
-func decodeValue(r json.RawMessage, depth int) (any, error) {
+func decodeValue(r any, depth int) (any, error) {
 	if depth > maxCodecDepth {
 		return nil, fmt.Errorf("%w: nested deeper than %d", ErrCodec, maxCodecDepth)
 	}
-	var pair []json.RawMessage
-	if err := json.Unmarshal(r, &pair); err != nil || len(pair) != 2 {
+	pair, ok := r.([]any)
+	if !ok || len(pair) != 2 {
 		return nil, fmt.Errorf("%w: want [tag, value]", ErrCodec)
 	}
-	var tag string
-	if err := json.Unmarshal(pair[0], &tag); err != nil {
+	tag, ok := pair[0].(string)
+	if !ok {
 		return nil, fmt.Errorf("%w: tag is not a string", ErrCodec)
 	}
 	p := pair[1]
-	bad := func(err error) error { return fmt.Errorf("%w: %s: %v", ErrCodec, tag, err) }
+	bad := func(what string) error { return fmt.Errorf("%w: %s: want %s", ErrCodec, tag, what) }
 	switch tag {
 	case "nil":
-		if string(bytes.TrimSpace(p)) != "null" {
-			return nil, bad(errors.New("want null"))
+		if p != nil {
+			return nil, bad("null")
 		}
 		return nil, nil
 	case "str":
-		var s string
-		if err := json.Unmarshal(p, &s); err != nil {
-			return nil, bad(err)
+		s, ok := p.(string)
+		if !ok {
+			return nil, bad("a string")
 		}
 		return s, nil
 	case "bytes":
-		var s string
-		if err := json.Unmarshal(p, &s); err != nil {
-			return nil, bad(err)
+		s, ok := p.(string)
+		if !ok {
+			return nil, bad("base64")
 		}
 		b, err := base64.StdEncoding.DecodeString(s)
 		if err != nil {
-			return nil, bad(err)
+			return nil, bad("base64")
 		}
 		return b, nil
 	case "bool":
-		var x bool
-		if err := json.Unmarshal(p, &x); err != nil {
-			return nil, bad(err)
+		x, ok := p.(bool)
+		if !ok {
+			return nil, bad("true or false")
 		}
 		return x, nil
 	case "u8", "i8", "i16", "i32", "i64":
 		return decodeInt(tag, p)
 	case "f32", "f64":
-		var s string
-		if err := json.Unmarshal(p, &s); err != nil {
-			return nil, bad(err)
+		s, ok := p.(string)
+		if !ok {
+			return nil, bad("a decimal string")
 		}
 		bits := 64
 		if tag == "f32" {
@@ -192,16 +194,16 @@ func decodeValue(r json.RawMessage, depth int) (any, error) {
 		}
 		f, err := strconv.ParseFloat(s, bits)
 		if err != nil && !math.IsInf(f, 0) {
-			return nil, bad(err)
+			return nil, bad("a decimal string")
 		}
 		if bits == 32 {
 			return float32(f), nil
 		}
 		return f, nil
 	case "dec":
-		var sv []json.RawMessage
-		if err := json.Unmarshal(p, &sv); err != nil || len(sv) != 2 {
-			return nil, bad(errors.New("want [scale, value]"))
+		sv, ok := p.([]any)
+		if !ok || len(sv) != 2 {
+			return nil, bad("[scale, value]")
 		}
 		scale, err := decodeInt("u8", sv[0])
 		if err != nil {
@@ -213,19 +215,19 @@ func decodeValue(r json.RawMessage, depth int) (any, error) {
 		}
 		return amqp.Decimal{Scale: scale.(uint8), Value: value.(int32)}, nil
 	case "time":
-		var s string
-		if err := json.Unmarshal(p, &s); err != nil {
-			return nil, bad(err)
+		s, ok := p.(string)
+		if !ok {
+			return nil, bad("an RFC 3339 time")
 		}
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {
-			return nil, bad(err)
+			return nil, bad("an RFC 3339 time")
 		}
 		return t, nil
 	case "arr":
-		var items []json.RawMessage
-		if err := json.Unmarshal(p, &items); err != nil {
-			return nil, bad(err)
+		items, ok := p.([]any)
+		if !ok {
+			return nil, bad("an array")
 		}
 		arr := make([]any, len(items))
 		for i, it := range items {
@@ -237,19 +239,19 @@ func decodeValue(r json.RawMessage, depth int) (any, error) {
 		}
 		return arr, nil
 	case "tab":
-		var raw map[string]json.RawMessage
-		if err := json.Unmarshal(p, &raw); err != nil || raw == nil {
-			return nil, bad(errors.New("want an object"))
+		raw, ok := p.(map[string]any)
+		if !ok {
+			return nil, bad("an object")
 		}
 		return decodeTable(raw, depth)
 	}
 	return nil, fmt.Errorf("%w: unknown tag %q", ErrCodec, tag)
 }
 
-func decodeInt(tag string, p json.RawMessage) (any, error) {
-	var n json.Number
-	if err := json.Unmarshal(p, &n); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCodec, tag, err)
+func decodeInt(tag string, p any) (any, error) {
+	n, ok := p.(json.Number)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s: want a number", ErrCodec, tag)
 	}
 	bits := map[string]int{"u8": 8, "i8": 8, "i16": 16, "i32": 32, "i64": 64}[tag]
 	if tag == "u8" {

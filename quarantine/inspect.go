@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -56,9 +57,28 @@ type Record struct {
 	// Exchange and RoutingKey are what it reached the intake with.
 	Exchange   string `json:"intake_exchange"`
 	RoutingKey string `json:"intake_routing_key"`
-	// Headers and Body are exactly as received.
-	Headers amqp.Table `json:"-"`
-	Body    []byte     `json:"-"`
+	// Body is the payload exactly as received; Headers returns the headers.
+	Body []byte `json:"-"`
+
+	version     string // the schema-version header
+	rawHeaders  json.RawMessage
+	headersOnce sync.Once
+	headers     amqp.Table
+}
+
+// Headers returns the message's headers exactly as received (decoded on
+// first use: listing a large quarantine never needs them). A record whose
+// header encoding cannot be read has none.
+func (r *Record) Headers() amqp.Table {
+	r.headersOnce.Do(func() {
+		if r.headers == nil {
+			r.headers, _ = DecodeTable(r.rawHeaders)
+		}
+		if r.headers == nil {
+			r.headers = amqp.Table{}
+		}
+	})
+	return r.headers
 }
 
 // Seen is when the message was quarantined (the envelope's time, else when
@@ -77,7 +97,7 @@ func (r *Record) Seen() time.Time {
 // text when it is UTF-8 JSON or text, else base64).
 func (r *Record) MarshalJSON() ([]byte, error) {
 	type plain Record
-	headers, err := EncodeTable(r.Headers)
+	headers, err := EncodeTable(r.Headers())
 	if err != nil {
 		return nil, err
 	}
@@ -270,31 +290,63 @@ func (in *Inspector) retention(intake string) time.Duration {
 }
 
 func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Record, int, error) {
-	var out []*Record
-	bad := 0
+	type raw struct {
+		off  int64
+		body []byte
+	}
+	var raws []raw
 	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), func(off int64, d *amqp.Delivery) error {
-		r, err := recordFrom(d.Body, off, s)
-		if err != nil {
-			bad++
-			return nil
-		}
-		out = append(out, r)
+		raws = append(raws, raw{off, d.Body})
 		return nil
 	})
-	return out, bad, err
+	if err != nil {
+		return nil, 0, err
+	}
+	// Decoding is most of a read's work: spread it over the CPUs, keeping
+	// stream order.
+	decoded := make([]*Record, len(raws))
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/256))
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(raws); i += workers {
+				decoded[i], _ = recordFrom(raws[i].body, raws[i].off, s)
+			}
+		}()
+	}
+	wg.Wait()
+	out := make([]*Record, 0, len(decoded))
+	bad := 0
+	for _, r := range decoded {
+		if r == nil {
+			bad++
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, bad, nil
 }
 
 func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
-	meta, headers, payload, err := decodeRecord(body)
+	meta, payload, err := decodeRecord(body)
 	if err != nil {
 		return nil, err
 	}
 	r := &Record{
 		ID: meta.ID, Intake: meta.Intake, Offset: off, StoredAt: meta.StoredAt, Properties: meta.Props,
-		Exchange: meta.Exchange, RoutingKey: meta.RoutingKey, Headers: headers, Body: payload,
+		Exchange: meta.Exchange, RoutingKey: meta.RoutingKey, Body: payload, rawHeaders: meta.Headers,
+		Redrives: meta.Redrives, version: meta.Version,
 	}
-	d := &amqp.Delivery{Headers: headers, MessageId: meta.Props.MessageID}
-	r.Envelope, _ = Read(d)
+	if meta.Envelope != nil {
+		r.Envelope = *meta.Envelope
+	} else {
+		h := r.Headers()
+		r.Envelope, _ = Read(&amqp.Delivery{Headers: h, MessageId: meta.Props.MessageID})
+		r.Redrives = intOf(h[HeaderRedriveCount])
+		r.version = str(h, versionHeader)
+	}
 	r.Queue = r.Envelope.OriginalQueue
 	owner := s.cfg
 	for _, q := range s.queues {
@@ -306,7 +358,6 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 		r.Queue = owner.Name
 	}
 	r.Owner = owner.Owner
-	r.Redrives = intOf(headers[HeaderRedriveCount])
 	return r, nil
 }
 
@@ -492,7 +543,7 @@ func schemaVersion(r *Record) string {
 	if r.Envelope.SchemaVersion != "" {
 		return r.Envelope.SchemaVersion
 	}
-	return str(r.Headers, config.DefaultVersionHeader)
+	return r.version
 }
 
 // List returns the records f selects, in stream order.

@@ -1,6 +1,8 @@
 package quarantine
 
 import (
+	"context"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -75,4 +77,15 @@ func (m *Metrics) purged(queue, class string) {
 	if m != nil {
 		m.purges.WithLabelValues(queue, class).Inc()
 	}
+}
+
+// Refresh takes a snapshot with in and observes it: call it on a timer
+// (every scrape would read every record).
+func (m *Metrics) Refresh(ctx context.Context, in *Inspector) error {
+	s, err := in.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	m.Observe(s)
+	return nil
 }

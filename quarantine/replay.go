@@ -299,7 +299,7 @@ func (res *ReplayResult) planFor(id string) Planned {
 
 func (rp *Replayer) publishTraced(ctx context.Context, tp trace.TracerProvider, pub *amqpx.Publisher, r *Record, to string, msg *amqp.Publishing) error {
 	prop := propagation.TraceContext{}
-	orig := trace.SpanContextFromContext(prop.Extract(context.Background(), telemetry.HeaderCarrier(r.Headers)))
+	orig := trace.SpanContextFromContext(prop.Extract(context.Background(), telemetry.HeaderCarrier(r.Headers())))
 	var opts []trace.SpanStartOption
 	if orig.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: orig}))
@@ -341,7 +341,7 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 		gates[qc.Name] = g
 	}
 	_, err := g.Check(schemas.Input{ContentType: r.Properties.ContentType, ContentEncoding: r.Properties.ContentEncoding,
-		Type: r.Properties.Type, Headers: r.Headers, Body: body})
+		Type: r.Properties.Type, Headers: r.Headers(), Body: body})
 	return err
 }
 
@@ -363,7 +363,7 @@ var keptOnReplay = map[string]bool{
 // the header was dropped to fit a frame.
 func (rp *Replayer) message(r *Record, body []byte, reason string) amqp.Publishing {
 	h := amqp.Table{}
-	for k, v := range r.Headers {
+	for k, v := range r.Headers() {
 		switch {
 		case k == "x-death" || k == "x-delivery-count" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-"):
 		case strings.HasPrefix(k, "dlxbridge-") && !keptOnReplay[k]:

@@ -79,6 +79,11 @@ type recordMeta struct {
 	RoutingKey string          `json:"routing_key"`
 	Props      Properties      `json:"properties"`
 	Headers    json.RawMessage `json:"headers"`
+	// Envelope, Redrives and Version are read from the headers when the
+	// record is written, so that listing a stream needs no header decode.
+	Envelope *Envelope `json:"envelope,omitempty"`
+	Redrives int       `json:"redrive_count,omitempty"`
+	Version  string    `json:"version_header,omitempty"`
 }
 
 // RecordID is a quarantined message's stable, short id: the first 12 hex
@@ -121,9 +126,11 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
+	env, _ := Read(d)
 	meta, err := json.Marshal(recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
-		Props: propertiesOf(d), Headers: headers,
+		Props: propertiesOf(d), Headers: headers, Envelope: &env,
+		Redrives: intOf(d.Headers[HeaderRedriveCount]), Version: str(d.Headers, versionHeader),
 	})
 	if err != nil {
 		return amqp.Publishing{}, "", err
@@ -142,26 +149,27 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	}, id, nil
 }
 
-// decodeRecord reads a record body back: its meta, headers and payload.
-func decodeRecord(body []byte) (*recordMeta, amqp.Table, []byte, error) {
+// versionHeader is the default schema version header, kept in a record's
+// meta for filtering records whose envelope has no version.
+const versionHeader = "schema-version"
+
+// decodeRecord reads a record body back: its meta and payload. The headers
+// stay encoded in meta.Headers until someone asks for them.
+func decodeRecord(body []byte) (*recordMeta, []byte, error) {
 	if !bytes.HasPrefix(body, []byte(recordMagic)) || len(body) < len(recordMagic)+4 {
-		return nil, nil, nil, ErrNotRecord
+		return nil, nil, ErrNotRecord
 	}
 	rest := body[len(recordMagic):]
 	n := binary.BigEndian.Uint32(rest)
 	rest = rest[4:]
 	if uint64(n) > uint64(len(rest)) {
-		return nil, nil, nil, fmt.Errorf("%w: meta length %d over the body", ErrNotRecord, n)
+		return nil, nil, fmt.Errorf("%w: meta length %d over the body", ErrNotRecord, n)
 	}
 	var m recordMeta
 	if err := json.Unmarshal(rest[:n], &m); err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
+		return nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
 	}
-	h, err := DecodeTable(m.Headers)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("%w: %v", ErrNotRecord, err)
-	}
-	return &m, h, rest[n:], nil
+	return &m, rest[n:], nil
 }
 
 // Keeper drains one quarantine's intake into its records stream: each

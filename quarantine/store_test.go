@@ -53,8 +53,8 @@ func TestKeeperStoresRecordsAsReceivedAndReadingChangesNothing(t *testing.T) {
 		}
 	}
 	r := s1.Records[0]
-	if !sameValue(r.Headers, headers) {
-		t.Fatalf("headers changed on the way:\n got %#v\nwant %#v", r.Headers, headers)
+	if !sameValue(r.Headers(), headers) {
+		t.Fatalf("headers changed on the way:\n got %#v\nwant %#v", r.Headers(), headers)
 	}
 	p := r.Properties
 	if p.ContentType != "application/json" || p.ContentEncoding != "identity" || p.Priority != 3 || p.CorrelationID != "corr" ||
@@ -75,7 +75,7 @@ func TestKeeperStoresRecordsAsReceivedAndReadingChangesNothing(t *testing.T) {
 	}
 
 	// A crash between confirm and ack writes a record again: same id.
-	dup, id, err := encodeRecord(&amqp.Delivery{MessageId: "m-1", Type: "test.job", Headers: s1.Records[1].Headers,
+	dup, id, err := encodeRecord(&amqp.Delivery{MessageId: "m-1", Type: "test.job", Headers: s1.Records[1].Headers(),
 		Body: s1.Records[1].Body, Exchange: s1.Records[1].Exchange, RoutingKey: s1.Records[1].RoutingKey}, intake, time.Now())
 	if err != nil || id != s1.Records[1].ID {
 		t.Fatalf("re-encoded id %s, want %s (%v)", id, s1.Records[1].ID, err)

@@ -18,7 +18,7 @@ import (
 // written after the read began are left for the next read.
 
 const (
-	streamPrefetch = 2000
+	streamPrefetch = 5000
 	// emptyWait is how long a consumer at "last" may stay silent before the
 	// stream is taken to be empty. The broker delivers a stream's last chunk
 	// at once; the margin is for a loaded machine.
@@ -67,7 +67,7 @@ func readStream(ctx context.Context, conn *amqp.Connection, name string, fn func
 			return fmt.Errorf("read %s: channel closed", name)
 		}
 		off := streamOffset(&d)
-		if n++; n%(streamPrefetch/2) == 0 {
+		if n++; n%100 == 0 {
 			if err := d.Ack(true); err != nil {
 				return fmt.Errorf("read %s: %w", name, err)
 			}

@@ -397,13 +397,14 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	for _, n := range e.Notes {
 		row("note", n)
 	}
-	keys := make([]string, 0, len(r.Headers))
-	for k := range r.Headers {
+	headers := r.Headers()
+	keys := make([]string, 0, len(headers))
+	for k := range headers {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		row("header "+k, fmt.Sprintf("%v", r.Headers[k]))
+		row("header "+k, fmt.Sprintf("%v", headers[k]))
 	}
 	for _, h := range hist {
 		row("history", fmt.Sprintf("%s %s %s %s (redrives %d)", h.ID, h.StoredAt.Format(time.RFC3339), h.State, h.Envelope.Class, h.Redrives))
