@@ -251,6 +251,11 @@ func TestPurgeAuditAndExpiry(t *testing.T) {
 	b.quarantineJobs(2, "fp-b", validJob)
 	b.keep(7)
 	rp := b.replayer()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp.Metrics = m
 	ctx := context.Background()
 	if _, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{Fingerprint: "fp-a"}}); !errors.Is(err, ErrNoReason) {
 		t.Fatalf("purge without reason: %v", err)
@@ -286,13 +291,40 @@ func TestPurgeAuditAndExpiry(t *testing.T) {
 	if expired != 2 || purged != 5 || len(s.List(Filter{})) != 0 {
 		t.Fatalf("after retention: %d expired, %d purged, %d open", expired, purged, len(s.List(Filter{})))
 	}
-	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
+	if got := testutil.ToFloat64(m.purges.WithLabelValues(b.q.Name, "permanent")); got != 5 {
+		t.Fatalf("purges metric %v", got)
 	}
 	m.Observe(s)
 	if got := testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, "permanent", "expired")); got != 2 {
 		t.Fatalf("expired metric %v", got)
+	}
+}
+
+// Stopping a replay (Ctrl-C cancels the context) ends it after the message
+// in flight: what was sent is marked, the rest stay open, and the audit
+// trail says it stopped.
+func TestReplayStopsCleanlyWhenCancelled(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(30, "fp-a", validJob)
+	b.keep(30)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res, err := b.replayer().Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}, Rate: 20,
+		Progress: func(p Progress) {
+			if p.Done == 5 {
+				cancel()
+			}
+		}})
+	if err != nil || !res.Stopped || len(res.Sent) != 5 {
+		t.Fatalf("stopped replay: sent %d, stopped %v, %v", len(res.Sent), res.Stopped, err)
+	}
+	snap := b.snapshot(b.inspector())
+	if open := len(snap.List(Filter{Fingerprint: "fp-a"})); open != 25 || b.depth(b.q.Name) != 5 {
+		t.Fatalf("%d open, %d sent to the work queue", open, b.depth(b.q.Name))
+	}
+	last := snap.Events[len(snap.Events)-1]
+	if last.Kind != EventReplayFinished || last.Counts["stopped"] != 1 || last.Counts["sent"] != 5 {
+		t.Fatalf("last event %+v", last)
 	}
 }
