@@ -171,6 +171,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	gates := map[string]*schemas.Gate{}
 	var send []*Record
 	var msgs []amqp.Publishing
+	var dests []string
 	for _, r := range selected {
 		if opts.Max > 0 && len(send) >= opts.Max {
 			break
@@ -209,6 +210,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		if p.Refused == "" {
 			send = append(send, r)
 			msgs = append(msgs, rp.message(r, body, opts.Reason))
+			dests = append(dests, to)
 		}
 	}
 	if len(res.Invalid) > 0 && !opts.SkipInvalid {
@@ -253,8 +255,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			res.Stopped = true
 			break
 		}
-		to := res.planFor(r.ID).ToQueue
-		msg := msgs[i]
+		to, msg := dests[i], msgs[i]
 		err := rp.publishTraced(ctx, tracer, pub, r, to, &msg)
 		if err != nil {
 			sendErr = fmt.Errorf("replay %s to %s: %w", r.ID, to, err)
@@ -286,15 +287,6 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			Counts: map[string]int{"sent": len(res.Sent), "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
 	}
 	return res, sendErr
-}
-
-func (res *ReplayResult) planFor(id string) Planned {
-	for _, p := range res.Plan {
-		if p.ID == id {
-			return p
-		}
-	}
-	return Planned{}
 }
 
 func (rp *Replayer) publishTraced(ctx context.Context, tp trace.TracerProvider, pub *amqpx.Publisher, r *Record, to string, msg *amqp.Publishing) error {
