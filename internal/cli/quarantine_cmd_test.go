@@ -187,6 +187,29 @@ func TestReplayKilledMidwayLosesNothing(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	work := cfg.Queues[0].Name
+
+	// Two processes listing at once, and a third after them, print the same
+	// records in the same order.
+	list := func() *exec.Cmd {
+		c := exec.Command(bin, "quarantine", "list", "--state", "all", "--limit", "0", "--output", "json", "--config", b.config)
+		c.Env = append(os.Environ(), "RABBITMQ_URL="+b.env.URL)
+		return c
+	}
+	outs := make([][]byte, 3)
+	errs := make([]error, 3)
+	done := make(chan int, 2)
+	for i := 0; i < 2; i++ {
+		go func() { outs[i], errs[i] = list().Output(); done <- i }()
+	}
+	<-done
+	<-done
+	outs[2], errs[2] = list().Output()
+	for i := range outs {
+		if errs[i] != nil || string(outs[i]) != string(outs[2]) || !strings.Contains(string(outs[i]), `"total": 60`) {
+			t.Fatalf("listing %d differs or failed (%v):\n%.300s\nvs\n%.300s", i, errs[i], outs[i], outs[2])
+		}
+	}
+
 	cmd := exec.Command(bin, "quarantine", "replay", "--fingerprint", "fp-k", "--rate", "20", "--config", b.config)
 	cmd.Env = append(os.Environ(), "RABBITMQ_URL="+b.env.URL)
 	var stderr strings.Builder
