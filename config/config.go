@@ -122,6 +122,18 @@ type Queue struct {
 	// received. The crash-loop guard runs in every mode. Defaults to
 	// "enforce".
 	Gate string `yaml:"gate"`
+
+	// Owner says whom to page about this queue's quarantine; it is in every
+	// quarantine record and in `quarantine stats`. Defaults to none.
+	Owner Owner `yaml:"owner"`
+}
+
+// Owner is the team responsible for a queue.
+type Owner struct {
+	// Team, e.g. "payments". Defaults to "".
+	Team string `yaml:"team"`
+	// Contact, e.g. "#payments-oncall" or an e-mail address. Defaults to "".
+	Contact string `yaml:"contact"`
 }
 
 // Schema gate modes (Queue.Gate).
@@ -192,12 +204,18 @@ type Quarantine struct {
 	// Queue is the quarantine queue's name. Queues that name the same
 	// quarantine share it. Defaults to "<name>.quarantine".
 	Queue string `yaml:"queue"`
-	// Retention is how long quarantined messages are kept before the
-	// inspection tooling may purge them. The broker never expires, drops or
-	// dead-letters quarantined messages on its own. Defaults to 336h (14d).
+	// Retention is how long quarantine records are kept: the records
+	// stream's x-max-age (rounded up to whole seconds), and the age past
+	// which `quarantine stats` counts a record as expired instead of open.
+	// The intake queue itself never expires, drops or dead-letters anything.
+	// Defaults to 336h (14d).
 	Retention time.Duration `yaml:"retention"`
 	// Redact lists what is scrubbed from a message before it is quarantined.
 	Redact Redact `yaml:"redact"`
+	// MaxRedrives is how many times one message may be replayed out of the
+	// quarantine; `quarantine replay` refuses a message that has used them
+	// up. Must be >= 0 (0 forbids replay). Defaults to 3.
+	MaxRedrives *int `yaml:"max_redrives"`
 }
 
 // Redact lists headers and body fields to scrub before quarantine.

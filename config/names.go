@@ -23,11 +23,15 @@ const (
 	RoleWorkQueue     Role = "work queue"
 	RoleRetryLane     Role = "retry lane"
 	RoleQuarantine    Role = "quarantine"
+	RoleRecordsStream Role = "quarantine records stream"
+	RoleEventsStream  Role = "quarantine events stream"
 )
 
 // shared reports whether several queues may name the object on purpose:
 // queues bound to one exchange, or parking in one quarantine.
-func (r Role) shared() bool { return r == RoleWorkExchange || r == RoleQuarantine }
+func (r Role) shared() bool {
+	return r == RoleWorkExchange || r == RoleQuarantine || r == RoleRecordsStream || r == RoleEventsStream
+}
 
 // DerivedName is one broker object that a queue's config makes dlxbridge
 // declare.
@@ -62,7 +66,10 @@ func (q *Queue) Names() []DerivedName {
 				Field: fmt.Sprintf("retry.tiers[%d]", i), Tier: i, Lane: lane, Delay: d})
 		}
 	}
-	return append(ns, DerivedName{Name: q.Quarantine.Queue, Kind: KindQueue, Role: RoleQuarantine, Field: "quarantine.queue"})
+	return append(ns,
+		DerivedName{Name: q.Quarantine.Queue, Kind: KindQueue, Role: RoleQuarantine, Field: "quarantine.queue"},
+		DerivedName{Name: q.Quarantine.RecordsStream(), Kind: KindQueue, Role: RoleRecordsStream, Field: "quarantine.queue"},
+		DerivedName{Name: q.Quarantine.EventsStream(), Kind: KindQueue, Role: RoleEventsStream, Field: "quarantine.queue"})
 }
 
 // SharableWith reports whether n and o may be one object on the broker: the

@@ -74,6 +74,10 @@ func (c *Config) ApplyDefaults() {
 		if q.Quarantine.Retention == 0 {
 			q.Quarantine.Retention = DefaultRetention
 		}
+		if q.Quarantine.MaxRedrives == nil {
+			n := DefaultMaxRedrives
+			q.Quarantine.MaxRedrives = &n
+		}
 		if q.Message.From == "" {
 			q.Message.From = IdentityProperties
 		}
@@ -249,6 +253,9 @@ func (c *Config) Validate() error {
 		}
 		if q.Quarantine.Retention < 0 {
 			add(qp+".retention", "must be >= 0")
+		}
+		if q.Quarantine.MaxRedrivesValue() < 0 {
+			add(qp+".max_redrives", "must be >= 0 (0 forbids replay)")
 		}
 		for j, f := range q.Quarantine.Redact.Fields {
 			if f == "" || f[0] != '/' {

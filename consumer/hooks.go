@@ -11,4 +11,7 @@ type testHooks struct {
 	frameMax int
 	stopping func(queue string) // a queue session's stop began (its consumer is being cancelled)
 	blocked  func(active bool)  // the broker blocked or unblocked the publishing connection
+	// keeper runs the quarantine keepers under test hooks. Without it the
+	// intake keeps what arrives, for the tests that read it directly.
+	keeper bool
 }

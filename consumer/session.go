@@ -155,6 +155,8 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		}
 		runners = append(runners, qs)
 	}
+	stopKeepers := c.startKeepers(ctx, conn, pubConn, queues)
+	defer stopKeepers()
 	c.log.Info("consuming", "queues", len(runners), "broker", version.String())
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()

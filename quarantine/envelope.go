@@ -86,6 +86,13 @@ const (
 	// HeaderStack is the stack of a handler panic (class panic), from the
 	// panicking frame down, at most MaxStackBytes (see PanicStack).
 	HeaderStack = "dlxbridge-stack"
+	// HeaderRedriveCount is how many times the message was replayed out of
+	// a quarantine (int64); HeaderRedriveAt (RFC 3339) and
+	// HeaderRedriveReason are the last replay's time and reason. Set by
+	// `quarantine replay`, kept by the runtime (see Replayer).
+	HeaderRedriveCount  = "dlxbridge-redrive-count"
+	HeaderRedriveAt     = "dlxbridge-redrive-at"
+	HeaderRedriveReason = "dlxbridge-redrive-reason"
 )
 
 // Limits that keep the envelope well inside one frame.

@@ -69,8 +69,12 @@ func TestBuildIsVersionAware(t *testing.T) {
 				if lim, ok := q.Args[topology.ArgDeliveryLimit]; ok && v.Major < 4 && topology.FormatArg(lim) == "-1" {
 					t.Errorf("%s: x-delivery-limit=-1 sent to %s", q.Name, v)
 				}
-				if q.Args[topology.ArgQueueType] != topology.QueueTypeQuorum {
+				isStream := q.Role == topology.RoleRecords || q.Role == topology.RoleEvents
+				if !isStream && q.Args[topology.ArgQueueType] != topology.QueueTypeQuorum {
 					t.Errorf("%s: not a quorum queue: %v", q.Name, q.Args)
+				}
+				if isStream && (q.Args[topology.ArgQueueType] != topology.QueueTypeStream || q.Args[topology.ArgMaxAge] == nil) {
+					t.Errorf("%s: not a stream with x-max-age: %v", q.Name, q.Args)
 				}
 				switch q.Role {
 				case topology.RoleQuarantine:

@@ -107,7 +107,10 @@ type WorkQueue struct {
 	DeadExchange  string
 	RetryExchange string
 	Quarantine    string
-	Tiers         []RetryTier
+	// Records and Events are the quarantine's streams (see
+	// QuarantineStreams).
+	Records, Events string
+	Tiers           []RetryTier
 }
 
 // Topology is everything dlxbridge declares for a config, in declaration
@@ -281,8 +284,15 @@ func Build(cfg *config.Config, v BrokerVersion) (*Topology, error) {
 					t.Queues = append(t.Queues, QueueSpec{Name: n.Name, Role: RoleQuarantine, Owner: qc.Name, Args: quarantineArgs(v)})
 				}
 				t.Bindings = append(t.Bindings, BindingSpec{Exchange: w.DeadExchange, Queue: n.Name, Key: ""})
+			case config.RoleRecordsStream, config.RoleEventsStream:
+				for _, q := range QuarantineStreams(qc) {
+					if isNew && q.Name == n.Name {
+						t.Queues = append(t.Queues, q)
+					}
+				}
 			}
 		}
+		w.Records, w.Events = qc.Quarantine.RecordsStream(), qc.Quarantine.EventsStream()
 		t.Work = append(t.Work, w)
 	}
 	return t, nil

@@ -22,6 +22,7 @@ var overridingPolicyKeys = map[string]string{
 	"max-length-bytes":        "x-max-length-bytes",
 	"overflow":                ArgOverflow,
 	"expires":                 "x-expires",
+	"max-age":                 ArgMaxAge,
 }
 
 // policyProblems reports every overriding key of the policy and operator

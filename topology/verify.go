@@ -140,9 +140,10 @@ func exchangeProblems(want ExchangeSpec, have *MgmtExchange) []Problem {
 func queueProblems(want QueueSpec, have *MgmtQueue) []Problem {
 	obj := queueObject(want.Name)
 	var ps []Problem
-	wrongType := have.Type != QueueTypeQuorum
+	wantType := want.queueType()
+	wrongType := have.Type != wantType
 	if wrongType {
-		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueQueueType, Arg: ArgQueueType, Want: FormatArg(QueueTypeQuorum), Have: FormatArg(have.Type)})
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueQueueType, Arg: ArgQueueType, Want: FormatArg(wantType), Have: FormatArg(have.Type)})
 	}
 	if !have.Durable || have.AutoDelete {
 		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueProperty, Arg: "durable, auto_delete",

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -89,25 +92,64 @@ func demo(ctx context.Context, o Options, registry *schemas.Registry, events <-c
 			return ctx.Err()
 		}
 	}
-	// The closed-account order is quarantined right after its only attempt.
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	// The closed-account order is quarantined right after its only attempt;
+	// the runtime's keeper moves it from the intake into the records stream.
+	in := &quarantine.Inspector{Conn: conn, Config: o.File}
+	deadline := time.Now().Add(15 * time.Second)
 	for {
-		q, err := ch.QueueDeclarePassive(orders.Quarantine.Queue, true, false, false, false, nil)
+		snap, err := in.Snapshot(ctx)
 		if err != nil {
 			return err
 		}
-		if q.Messages > 0 {
-			printf("quarantine %s holds %d message(s); inspect with the management UI", orders.Quarantine.Queue, q.Messages)
-			return nil
+		if groups := snap.Stats(quarantine.Filter{Queue: orders.Name}); len(groups) > 0 {
+			for _, g := range groups {
+				printf("quarantine stats: %s %s fingerprint %s: %d open (%s)", g.Queue, g.Class, g.Fingerprint, g.Open, g.Example)
+			}
+			printf("see them with: dlxbridge quarantine stats (or list, show ID)")
+			return replayGroup(ctx, conn, o, registry, in, groups[0], printf)
 		}
 		if time.Now().After(deadline) {
 			return errors.New("demo: the rejected order did not reach the quarantine")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
+	}
+}
+
+// replayGroup replays one fingerprint group, as `dlxbridge quarantine replay
+// --fingerprint F` would. The closed account is still closed, so the order
+// comes back to the quarantine, now with redrive count 1.
+func replayGroup(ctx context.Context, conn *amqp.Connection, o Options, registry *schemas.Registry, in *quarantine.Inspector, g quarantine.Group, printf func(string, ...any)) error {
+	rp := &quarantine.Replayer{Conn: conn, Config: o.File, Registry: registry, By: "orderservice-demo"}
+	res, err := rp.Replay(ctx, quarantine.ReplayOptions{Filter: quarantine.Filter{Fingerprint: g.Fingerprint}, Rate: 10, Reason: "demo: account reopened?"})
+	if errors.Is(err, quarantine.ErrInvalid) {
+		// The quarantine redacted /customer/email (see config.yaml), so the
+		// stored body no longer passes the schema: repair it with a patch,
+		// as `--patch FILE` would.
+		for _, p := range res.Plan {
+			printf("replay refused %s: %s", p.ID, p.Refused)
+		}
+		res, err = rp.Replay(ctx, quarantine.ReplayOptions{Filter: quarantine.Filter{Fingerprint: g.Fingerprint}, Rate: 10,
+			Reason: "demo: restore the redacted e-mail", Patch: &quarantine.Patch{Merge: []byte(`{"customer":{"email":"closed@example.com"}}`)}})
+	}
+	if err != nil {
+		return err
+	}
+	printf("replayed %d record(s) of fingerprint %s", len(res.Sent), g.Fingerprint)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		snap, err := in.Snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		for _, r := range snap.List(quarantine.Filter{Fingerprint: g.Fingerprint}) {
+			if r.Redrives > 0 {
+				printf("quarantined again with redrive count %d: %s", r.Redrives, r.Envelope.Reason)
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return errors.New("demo: the replayed order did not come back")
+		}
+		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
 	}
 }

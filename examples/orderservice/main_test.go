@@ -57,7 +57,7 @@ func TestDemoShowsEveryOutcome(t *testing.T) {
 		"orders.created v2 (sent as v1): order 0b7d6c5a-1e2f-4a3b-8c9d-0e1f2a3b4c5d, 1 line(s), total 8.97 EUR, attempt 1",
 		"notifications.email: sent demo-email-1 on attempt 2",
 		"publisher refused an invalid orders.created v2",
-		"holds 1 message(s)",
+		"permanent fingerprint", ": 1 open (", "replayed 1 record(s) of fingerprint", "quarantined again with redrive count 1",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)

@@ -42,8 +42,9 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"topology": {"plan, apply or verify the broker topology", runTopology},
-		"schemas":  {"list, lint and validate against the schema registry", runSchemas},
+		"topology":   {"plan, apply or verify the broker topology", runTopology},
+		"schemas":    {"list, lint and validate against the schema registry", runSchemas},
+		"quarantine": {"list, show, stats, replay, purge and audit quarantined messages", runQuarantine},
 	}
 }
 

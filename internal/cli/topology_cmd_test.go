@@ -102,11 +102,11 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 		t.Errorf("first apply does not list the work queue:\n%s", first)
 	}
 	second := b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
-	// 3 exchanges + work, two retry lanes, quarantine; 4 bindings, which
-	// only the management API can see.
-	want, checked := "apply: 0 created, 11 unchanged\n", cli.ExitOK
+	// 3 exchanges + work, two retry lanes, quarantine and its two streams;
+	// 4 bindings, which only the management API can see.
+	want, checked := "apply: 0 created, 13 unchanged\n", cli.ExitOK
 	if b.env.ManagementURL == "" {
-		want, checked = "apply: 0 created, 7 unchanged, 4 binding(s) ensured", cli.ExitIncomplete
+		want, checked = "apply: 0 created, 9 unchanged, 4 binding(s) ensured", cli.ExitIncomplete
 	}
 	if !strings.Contains(second, want) {
 		t.Errorf("second apply changed something:\n%s", second)

@@ -1,0 +1,48 @@
+package config
+
+import (
+	"strconv"
+	"time"
+)
+
+// DefaultMaxRedrives is how many times a message may be replayed out of the
+// quarantine when a queue names no max_redrives.
+const DefaultMaxRedrives = 3
+
+// Suffixes of the streams beside each quarantine queue (see
+// docs/quarantine.md): the records, read without consuming, and the events
+// (replayed, purged: the audit trail).
+const (
+	RecordsSuffix = ".records"
+	EventsSuffix  = ".events"
+)
+
+// RecordsStream names the stream that keeps this quarantine's records.
+func (q Quarantine) RecordsStream() string { return q.Queue + RecordsSuffix }
+
+// EventsStream names the stream of what happened to those records.
+func (q Quarantine) EventsStream() string { return q.Queue + EventsSuffix }
+
+// MaxRedrivesValue returns the effective redrive budget.
+func (q Quarantine) MaxRedrivesValue() int {
+	if q.MaxRedrives == nil {
+		return DefaultMaxRedrives
+	}
+	return *q.MaxRedrives
+}
+
+// MaxAge is Retention as a stream's x-max-age: whole seconds, rounded up,
+// at least one.
+func (q Quarantine) MaxAge() string {
+	s := int64((q.Retention + time.Second - 1) / time.Second)
+	return formatSeconds(max(s, 1))
+}
+
+// EventsMaxAge keeps events twice as long as records: an event that expired
+// before its record would make a resolved record look open again.
+func (q Quarantine) EventsMaxAge() string {
+	s := int64((2*q.Retention + time.Second - 1) / time.Second)
+	return formatSeconds(max(s, 1))
+}
+
+func formatSeconds(s int64) string { return strconv.FormatInt(s, 10) + "s" }

@@ -1,0 +1,150 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// The runtime keeps its quarantine: a message already in the intake when
+// it starts, one it quarantines itself and one the broker dead-letters all
+// end up as records in the records stream (confirm before ack), the intake
+// empty, and the broker's x-death (which a stream would drop on 3.10)
+// readable from the record.
+func TestRuntimeKeepsQuarantineRecordsInTheStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.DeliveryLimit = 1; q.Consumer.CrashLoopDeliveries = 1 })
+	b.cfg.hooks.keeper = true
+	// Waiting before the runtime starts.
+	if err := b.pubCh.PublishWithContext(context.Background(), "", b.wq.Quarantine, true, false,
+		amqp.Publishing{MessageId: "m-early", Body: []byte(`{"id":"early"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	<-b.confirms
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("refused"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-bridge"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	// A message the broker dead-letters: published straight to the work
+	// queue's dead-letter exchange with an x-death of its own making is not
+	// the broker's; reject one from a raw consumer of a second queue instead.
+	raw := b.env.Name("raw")
+	ch := b.env.Channel("raw")
+	if _, err := ch.QueueDeclare(raw, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": b.wq.DeadExchange}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pubCh.PublishWithContext(context.Background(), "", raw, true, false, amqp.Publishing{MessageId: "m-broker", Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	<-b.confirms
+	d, ok, err := ch.Get(raw, false)
+	if err != nil || !ok {
+		t.Fatalf("get raw: %v %v", ok, err)
+	}
+	_ = d.Reject(false)
+
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
+	var snap *quarantine.Snapshot
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		snap, err = in.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Records) >= 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
+	}
+	byMsg := map[string]*quarantine.Record{}
+	for _, r := range snap.Records {
+		byMsg[r.Properties.MessageID] = r
+	}
+	if len(snap.Records) != 3 || byMsg["m-early"] == nil || byMsg["m-bridge"] == nil || byMsg["m-broker"] == nil {
+		t.Fatalf("records %d: %v", len(snap.Records), byMsg)
+	}
+	if e := byMsg["m-bridge"].Envelope; e.Source != quarantine.SourceBridge || e.Class != triage.ClassPermanent {
+		t.Fatalf("bridge record envelope %+v", e)
+	}
+	br := byMsg["m-broker"]
+	if br.Envelope.Source != quarantine.SourceBroker || br.Headers()["x-death"] == nil || br.Envelope.OriginalQueue != raw {
+		t.Fatalf("broker record: envelope %+v, x-death %v", br.Envelope, br.Headers()["x-death"])
+	}
+	if n := b.queueDepth(b.wq.Quarantine); n != 0 {
+		t.Fatalf("intake holds %d", n)
+	}
+}
+
+// A replayed message that fails again comes back to the quarantine with
+// redrive count 1, a fresh failure envelope (the attempts start over), and
+// its history intact: the first record, now marked replayed, is linked to
+// the new one by message id and idempotency key.
+func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.cfg.hooks.keeper = true
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("customer 99 unknown"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1", Headers: amqp.Table{HeaderIdempotencyKey: "idem-1"}})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
+	first := waitRecords(t, in, 1).Records[0]
+
+	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry}
+	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "customer 99 created"})
+	if err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	snap := waitRecords(t, in, 2)
+	var again *quarantine.Record
+	for _, r := range snap.Records {
+		if r.ID != first.ID {
+			again = r
+		}
+	}
+	if again.Redrives != 1 || again.State != quarantine.StateOpen || again.Envelope.Attempts != 1 || again.Envelope.IdempotencyKey != "idem-1" {
+		t.Fatalf("second record: redrives %d, state %s, envelope %+v", again.Redrives, again.State, again.Envelope)
+	}
+	if e := again.Envelope; e.OriginalExchange != first.Envelope.OriginalExchange || e.OriginalRouting != first.Envelope.OriginalRouting || e.OriginalExchange == "" {
+		t.Fatalf("origin lost: first %s/%s, again %s/%s", first.Envelope.OriginalExchange, first.Envelope.OriginalRouting, e.OriginalExchange, e.OriginalRouting)
+	}
+	if again.Headers()[quarantine.HeaderRedriveReason] != "customer 99 created" {
+		t.Fatalf("redrive reason %v", again.Headers()[quarantine.HeaderRedriveReason])
+	}
+	hist := snap.History(again)
+	if len(hist) != 1 || hist[0].ID != first.ID || hist[0].State != quarantine.StateReplayed || hist[0].Resolution == nil {
+		t.Fatalf("history %+v", hist)
+	}
+}
+
+func waitRecords(t *testing.T, in *quarantine.Inspector, n int) *quarantine.Snapshot {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		snap, err := in.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Records) >= n {
+			return snap
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records, want %d", len(snap.Records), n)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
+	}
+}

@@ -1,0 +1,513 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// runQuarantine: dlxbridge quarantine list|show|stats|replay|purge|audit.
+//
+// list, show, stats and audit only read (the records and events streams,
+// by offset): they change nothing on the broker. Exit 1: the broker could
+// not be reached, no record has the id, or a replay or purge was refused
+// (invalid payloads, a lock held elsewhere) or failed midway. Exit 2: bad
+// usage or config, or a replay or purge without a selector.
+func runQuarantine(ctx context.Context, env *Env, args []string) int {
+	sub, rest, code, ok := subcommand(env, "quarantine", args,
+		subcmd{"list", "list records, filtered; changes nothing"},
+		subcmd{"show", "one record's envelope and payload"},
+		subcmd{"stats", "records grouped by queue, class and fingerprint, with ages and owners"},
+		subcmd{"replay", "send selected records back through the normal path: filtered, paced, audited"},
+		subcmd{"purge", "mark selected records resolved without sending them (--reason required)"},
+		subcmd{"audit", "who replayed or purged what, when and why"})
+	if !ok {
+		return code
+	}
+	usage := map[string]string{
+		"list":   "quarantine list [filters] [--state open|replayed|purged|expired|all] [--limit N]",
+		"show":   "quarantine show ID",
+		"stats":  "quarantine stats [filters] [--state ...]",
+		"replay": "quarantine replay FILTERS [--to-queue Q] [--dry-run] [--max N] [--rate R] [--reason TEXT] [--skip-invalid] [--patch FILE | --replace-body FILE] [--lock-wait 10s]",
+		"purge":  "quarantine purge FILTERS --reason TEXT [--dry-run] [--max N]",
+		"audit":  "quarantine audit [--all]",
+	}[sub]
+	fs := newFlagSet(env, "quarantine "+sub, usage+" [--config config.yaml] [--url amqp://...] [--output text|json]")
+	var c common
+	c.register(fs, env)
+	var f filterFlags
+	if sub != "show" && sub != "audit" {
+		f.register(fs, sub == "list" || sub == "stats")
+	}
+	limit := fs.Int("limit", 50, "list: show at most N records (0: all)")
+	var ro replayFlags
+	if sub == "replay" || sub == "purge" {
+		ro.register(fs, sub)
+	}
+	all := fs.Bool("all", false, "audit: include the per-record replayed events")
+	var id string
+	if sub == "show" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		id, rest = rest[0], rest[1:] // show ID [flags]
+	}
+	if err := fs.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	switch {
+	case sub == "show" && id == "" && fs.NArg() == 1:
+		id = fs.Arg(0)
+	case sub == "show" && (id == "" || fs.NArg() > 0):
+		fmt.Fprintln(env.Stderr, "usage: dlxbridge "+usage)
+		return ExitUsage
+	case fs.NArg() > 0:
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: unexpected argument %q\n", sub, fs.Arg(0))
+		return ExitUsage
+	}
+	if !c.checkOutput(env) {
+		return ExitUsage
+	}
+	filter, err := f.filter(time.Now())
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %v\n", sub, err)
+		return ExitUsage
+	}
+	cfg, ok := loadConfig(env, c.configPath)
+	if !ok {
+		return ExitUsage
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %s\n", sub, fmt.Sprintf(format, a...))
+		return ExitFail
+	}
+	if (sub == "replay" || sub == "purge") && !filter.HasSelector() {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %v\n", sub, quarantine.ErrNoSelector)
+		return ExitUsage
+	}
+	if sub == "purge" && strings.TrimSpace(ro.reason) == "" {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine purge: %v (--reason)\n", quarantine.ErrNoReason)
+		return ExitUsage
+	}
+	// Errors never quote a URL: they are built from its parsed parts (see
+	// amqpx), so they are printed as they are.
+	url, from := c.brokerURL(env)
+	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %s: %v\n", sub, from, err)
+		return ExitUsage
+	}
+	conn, err := amqpx.Dial(url, cfg.Broker.ConnectionName+"/quarantine-"+sub)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer conn.Close()
+
+	switch sub {
+	case "replay", "purge":
+		return runRedrive(ctx, env, sub, &c, &ro, cfg, filter, conn, fail)
+	}
+	in := &quarantine.Inspector{Conn: conn, Config: cfg}
+	snap, err := in.Snapshot(ctx)
+	if err != nil {
+		return fail("%v", err)
+	}
+	switch sub {
+	case "list":
+		recs := snap.List(filter)
+		total := len(recs)
+		if *limit > 0 && len(recs) > *limit {
+			recs = recs[:*limit]
+		}
+		return renderOr(env, c.output, fail, map[string]any{"total": total, "records": nonNil(recs)}, func(w io.Writer) error {
+			return writeList(w, recs, total, snap.At)
+		})
+	case "show":
+		r, err := snap.Get(id)
+		if err != nil {
+			return fail("%v", err)
+		}
+		hist := snap.History(r)
+		return renderOr(env, c.output, fail, map[string]any{"record": r, "history": nonNil(hist)}, func(w io.Writer) error {
+			return writeRecord(w, r, hist, snap.At)
+		})
+	case "stats":
+		groups := snap.Stats(filter)
+		return renderOr(env, c.output, fail, map[string]any{"groups": groups, "intake_waiting": snap.Intake, "undecodable": snap.Undecodable}, func(w io.Writer) error {
+			return writeStats(w, groups, snap)
+		})
+	default: // audit
+		var events []quarantine.Event
+		for _, e := range snap.Events {
+			if *all || e.Kind != quarantine.EventReplayed {
+				events = append(events, e)
+			}
+		}
+		return renderOr(env, c.output, fail, map[string]any{"events": nonNil(events)}, func(w io.Writer) error {
+			return writeAudit(w, events)
+		})
+	}
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func renderOr(env *Env, output string, fail func(string, ...any) int, v any, text func(io.Writer) error) int {
+	if err := render(env.Stdout, output, v, text); err != nil {
+		return fail("%v", err)
+	}
+	return ExitOK
+}
+
+// filterFlags are the selectors shared by list, stats, replay and purge.
+type filterFlags struct {
+	ids, queue, class, reason, fingerprint, typ, version, since, until, errText, state string
+}
+
+func (f *filterFlags) register(fs *flag.FlagSet, states bool) {
+	fs.StringVar(&f.ids, "id", "", "record ids (or unique prefixes of at least 4), comma-separated")
+	fs.StringVar(&f.queue, "queue", "", "work queue (or quarantine queue)")
+	fs.StringVar(&f.class, "class", "", "failure class: schema, permanent, transient, timeout, panic, crash-loop, expired, maxlen")
+	fs.StringVar(&f.reason, "reason-contains", "", "text in the quarantine reason")
+	fs.StringVar(&f.fingerprint, "fingerprint", "", "failure fingerprint (or a prefix)")
+	fs.StringVar(&f.typ, "type", "", "message type")
+	fs.StringVar(&f.version, "version", "", "schema version")
+	fs.StringVar(&f.since, "since", "", "quarantined at or after: RFC 3339 time, or a duration ago (e.g. 2h)")
+	fs.StringVar(&f.until, "until", "", "quarantined before: RFC 3339 time, or a duration ago")
+	fs.StringVar(&f.errText, "error", "", "text in the error")
+	if states {
+		fs.StringVar(&f.state, "state", "open", "open, replayed, purged, expired, comma-separated, or all (stats: all unless given)")
+	}
+}
+
+func (f *filterFlags) filter(now time.Time) (quarantine.Filter, error) {
+	q := quarantine.Filter{Queue: f.queue, Class: f.class, Reason: f.reason, Fingerprint: f.fingerprint,
+		Type: f.typ, Version: f.version, Error: f.errText}
+	for _, id := range strings.Split(f.ids, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			q.IDs = append(q.IDs, id)
+		}
+	}
+	var err error
+	if q.Since, err = parseWhen(f.since, now); err != nil {
+		return q, fmt.Errorf("--since: %w", err)
+	}
+	if q.Until, err = parseWhen(f.until, now); err != nil {
+		return q, fmt.Errorf("--until: %w", err)
+	}
+	switch f.state {
+	case "", "open":
+	case "all":
+		q.States = []quarantine.State{quarantine.StateOpen, quarantine.StateReplayed, quarantine.StatePurged, quarantine.StateExpired}
+	default:
+		for _, s := range strings.Split(f.state, ",") {
+			st := quarantine.State(strings.TrimSpace(s))
+			switch st {
+			case quarantine.StateOpen, quarantine.StateReplayed, quarantine.StatePurged, quarantine.StateExpired:
+				q.States = append(q.States, st)
+			default:
+				return q, fmt.Errorf("--state: %q is not open, replayed, purged, expired or all", s)
+			}
+		}
+	}
+	return q, nil
+}
+
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration", s)
+	}
+	return t, nil
+}
+
+// replayFlags are replay's and purge's own flags.
+type replayFlags struct {
+	toQueue, reason, patch, replace string
+	dryRun, skipInvalid             bool
+	max                             int
+	rate                            float64
+	lockWait                        time.Duration
+}
+
+func (r *replayFlags) register(fs *flag.FlagSet, sub string) {
+	fs.BoolVar(&r.dryRun, "dry-run", false, "show exactly what would move; change nothing")
+	fs.IntVar(&r.max, "max", 0, "at most N records (0: no cap)")
+	fs.DurationVar(&r.lockWait, "lock-wait", 10*time.Second, "wait this long for another replay or purge of the same quarantine")
+	if sub == "purge" {
+		fs.StringVar(&r.reason, "reason", "", "why (required; recorded in the audit trail)")
+		return
+	}
+	fs.StringVar(&r.reason, "reason", "", "why (recorded in each message and the audit trail)")
+	fs.StringVar(&r.toQueue, "to-queue", "", "send to this queue instead of each record's own work queue")
+	fs.Float64Var(&r.rate, "rate", 0, "messages per second (0: unpaced)")
+	fs.BoolVar(&r.skipInvalid, "skip-invalid", false, "leave out messages that fail the current schema instead of refusing")
+	fs.StringVar(&r.patch, "patch", "", "JSON merge patch FILE applied to each payload (the result must pass the schema)")
+	fs.StringVar(&r.replace, "replace-body", "", "FILE replacing each payload (it must pass the schema)")
+}
+
+func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replayFlags, cfg *config.Config,
+	filter quarantine.Filter, conn *amqp.Connection, fail func(string, ...any) int) int {
+	rp := &quarantine.Replayer{Conn: conn, Config: cfg, LockWait: ro.lockWait}
+	if sub == "purge" {
+		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
+		if err != nil {
+			return fail("%v", err)
+		}
+		return renderOr(env, c.output, fail, res, func(w io.Writer) error {
+			verb := "purged"
+			if res.DryRun {
+				verb = "would purge"
+			}
+			_, err := fmt.Fprintf(w, "%s %d of %d selected record(s) (run %s): %s\n", verb, len(res.Purged), res.Selected, res.Run, strings.Join(res.Purged, " "))
+			return err
+		})
+	}
+	registry, err := schemas.Load(schemas.LoadOptions{Dir: cfg.Schemas.Dir})
+	if err != nil {
+		return fail("schema registry: %v", err)
+	}
+	rp.Registry = registry
+	opts := quarantine.ReplayOptions{Filter: filter, ToQueue: ro.toQueue, DryRun: ro.dryRun, Max: ro.max, Rate: ro.rate,
+		Reason: ro.reason, SkipInvalid: ro.skipInvalid}
+	if ro.reason == "" {
+		opts.Reason = "replayed with dlxbridge quarantine replay"
+	}
+	switch {
+	case ro.patch != "" && ro.replace != "":
+		fmt.Fprintln(env.Stderr, "dlxbridge quarantine replay: --patch and --replace-body exclude each other")
+		return ExitUsage
+	case ro.patch != "":
+		b, err := os.ReadFile(ro.patch)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if !json.Valid(b) {
+			return fail("--patch %s: not JSON", ro.patch)
+		}
+		opts.Patch = &quarantine.Patch{Merge: b}
+	case ro.replace != "":
+		b, err := os.ReadFile(ro.replace)
+		if err != nil {
+			return fail("%v", err)
+		}
+		opts.Patch = &quarantine.Patch{Replace: b}
+	}
+	if isTerminal(env.Stderr) {
+		opts.Progress = func(p quarantine.Progress) {
+			fmt.Fprintf(env.Stderr, "\r%d/%d sent  %.1f/s  ETA %s   ", p.Done, p.Total, p.Rate, p.ETA.Round(time.Second))
+		}
+	}
+	res, err := rp.Replay(ctx, opts)
+	if opts.Progress != nil {
+		fmt.Fprintln(env.Stderr)
+	}
+	if res != nil {
+		if rerr := render(env.Stdout, c.output, res, func(w io.Writer) error { return writeReplay(w, res) }); rerr != nil {
+			return fail("%v", rerr)
+		}
+	}
+	if err != nil {
+		return fail("%v", err)
+	}
+	if res.Stopped {
+		fmt.Fprintln(env.Stderr, "dlxbridge quarantine replay: stopped; the rest stay open")
+		return ExitFail
+	}
+	return ExitOK
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func age(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return now.Sub(t).Round(time.Second).String()
+}
+
+func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tREDRIVES\tREASON")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Envelope.Class, r.Envelope.Fingerprint,
+			age(now, r.Seen()), r.State, r.Redrives, quarantine.Truncate(r.Envelope.Reason, 80))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d of %d record(s)\n", len(recs), total)
+	return err
+}
+
+func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, now time.Time) error {
+	e := r.Envelope
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) {
+		if s := fmt.Sprint(v); s != "" && s != "0" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, s)
+		}
+	}
+	row("id", r.ID)
+	row("state", r.State)
+	if r.Resolution != nil {
+		row("resolved", fmt.Sprintf("%s at %s by %s (run %s): %s", r.Resolution.Kind, r.Resolution.At.Format(time.RFC3339), r.Resolution.By, r.Resolution.Run, r.Resolution.Reason))
+	}
+	row("queue", r.Queue)
+	row("owner", strings.TrimSpace(r.Owner.Team+" "+r.Owner.Contact))
+	row("intake", r.Intake)
+	row("stored", r.StoredAt.Format(time.RFC3339)+" ("+age(now, r.StoredAt)+" ago)")
+	row("source", e.Source)
+	row("class", e.Class)
+	row("reason", e.Reason)
+	row("error", e.Error)
+	row("fingerprint", e.Fingerprint)
+	row("attempts", e.Attempts)
+	row("redrives", r.Redrives)
+	row("first failure", formatTime(e.FirstFailureAt))
+	row("quarantined", formatTime(e.QuarantinedAt))
+	row("original", strings.Trim(fmt.Sprintf("%s %s %s", e.OriginalExchange, e.OriginalRouting, e.OriginalQueue), " "))
+	row("message id", r.Properties.MessageID)
+	row("idempotency key", e.IdempotencyKey)
+	row("type", r.Properties.Type)
+	row("schema version", e.SchemaVersion)
+	row("content type", r.Properties.ContentType)
+	row("trace id", e.TraceID)
+	for _, v := range e.Validation {
+		row("violation", v.Pointer+" "+v.Keyword+": "+v.Message)
+	}
+	for _, n := range e.Notes {
+		row("note", n)
+	}
+	headers := r.Headers()
+	keys := make([]string, 0, len(headers))
+	for k := range headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		row("header "+k, fmt.Sprintf("%v", headers[k]))
+	}
+	for _, h := range hist {
+		row("history", fmt.Sprintf("%s %s %s %s (redrives %d)", h.ID, h.StoredAt.Format(time.RFC3339), h.State, h.Envelope.Class, h.Redrives))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Body), r.Body)
+	return err
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapshot) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tCLASS\tFINGERPRINT\tOPEN\tREPLAYED\tPURGED\tEXPIRED\tFIRST SEEN\tLAST SEEN\tOLDEST OPEN\tOWNER\tEXAMPLE")
+	var open, replayed, purged, expired int
+	for _, g := range groups {
+		oldest := "-"
+		if g.Open > 0 {
+			oldest = g.OldestOpenAge.Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, g.Class, g.Fingerprint, g.Open, g.Replayed, g.Purged, g.Expired,
+			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), quarantine.Truncate(g.Example, 60))
+		open, replayed, purged, expired = open+g.Open, replayed+g.Replayed, purged+g.Purged, expired+g.Expired
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "total: %d open, %d replayed, %d purged, %d expired (older than retention, never replayed or purged)\n", open, replayed, purged, expired)
+	for _, intake := range sortedIntakes(snap.Intake) {
+		if n := snap.Intake[intake]; n > 0 {
+			fmt.Fprintf(w, "intake %s: %d message(s) not yet stored (is the runtime running?)\n", intake, n)
+		}
+	}
+	if snap.Undecodable > 0 {
+		fmt.Fprintf(w, "%d stream message(s) are not records this version reads\n", snap.Undecodable)
+	}
+	return nil
+}
+
+func sortedIntakes(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func writeAudit(w io.Writer, events []quarantine.Event) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tKIND\tBY\tRUN\tREASON\tFILTER\tCOUNTS\tIDS")
+	for _, e := range events {
+		counts := make([]string, 0, len(e.Counts))
+		for k, v := range e.Counts {
+			counts = append(counts, fmt.Sprintf("%s=%d", k, v))
+		}
+		sort.Strings(counts)
+		ids := strings.Join(e.IDs, ",")
+		if len(e.IDs) > 5 {
+			ids = strings.Join(e.IDs[:5], ",") + fmt.Sprintf(",… (%d)", len(e.IDs))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), e.Kind, e.By, e.Run, e.Reason, e.Filter, strings.Join(counts, " "), ids)
+	}
+	return tw.Flush()
+}
+
+func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
+	for _, p := range res.Plan {
+		verb := "send"
+		if p.Refused != "" {
+			verb = "refuse"
+		}
+		fmt.Fprintf(w, "%-7s %s -> %s (redrive %d)", verb, p.ID, p.ToQueue, p.Redrives)
+		if p.Refused != "" {
+			fmt.Fprintf(w, ": %s", p.Refused)
+		}
+		fmt.Fprintln(w)
+	}
+	if res.DryRun {
+		_, err := fmt.Fprintf(w, "dry run: %d selected, %d would be sent; nothing changed\n", res.Selected, len(res.Plan)-len(res.Invalid)-len(res.OverBudget))
+		return err
+	}
+	_, err := fmt.Fprintf(w, "replayed %d of %d selected in %s (run %s); %d invalid, %d over budget\n",
+		len(res.Sent), res.Selected, res.Duration.Round(time.Millisecond), res.Run, len(res.Invalid), len(res.OverBudget))
+	return err
+}

@@ -1,0 +1,278 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+)
+
+// setupQuarantine is a CLI bundle whose work queue's quarantine holds n
+// records per fingerprint, stored by a keeper as the runtime would.
+func setupQuarantine(t *testing.T, perFingerprint map[string]int) (*topoBundle, *config.Config) {
+	t.Helper()
+	b := setupTopology(t, "")
+	// test.event v1: any object with an integer n.
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "test.event"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	schema := `{"type":"object","required":["n"],"properties":{"n":{"type":"integer"}}}`
+	if err := os.WriteFile(filepath.Join(dir, "test.event", "v1.json"), []byte(schema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(b.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = append([]byte(fmt.Sprintf("schemas:\n  dir: %q\n", dir)), doc...)
+	if err := os.WriteFile(b.config, doc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	cfg, err := config.Load(b.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &cfg.Queues[0]
+	ch := b.env.Channel("producer")
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
+	total := 0
+	for fp, n := range perFingerprint {
+		for i := 0; i < n; i++ {
+			h := amqp.Table{"schema-version": "1"}
+			(&quarantine.Envelope{Source: quarantine.SourceBridge, Class: "permanent", Reason: "refused", Error: "no " + fp,
+				Fingerprint: fp, Attempts: 1, QuarantinedAt: time.Now(), OriginalQueue: q.Name}).Apply(h)
+			err := ch.PublishWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+				MessageId: fmt.Sprintf("%s-%d", fp, i), Type: "test.event", ContentType: "application/json", Headers: h,
+				Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-confirms
+			total++
+		}
+	}
+	keep(t, b.env, cfg, total)
+	return b, cfg
+}
+
+// keep runs a keeper until the records stream holds want records. (A
+// quorum queue's depth counts ready messages only, not those the keeper
+// holds unacked.)
+func keep(t *testing.T, env *brokertest.Env, cfg *config.Config, want int) {
+	t.Helper()
+	q := &cfg.Queues[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &quarantine.Keeper{Consume: env.Dial("keeper"), Publish: env.Dial("keeper-pub"), Intake: q.Quarantine.Queue, Records: q.Quarantine.RecordsStream()}
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	in := &quarantine.Inspector{Conn: env.Dial("keep-check"), Config: cfg}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		snap, err := in.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Records) >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keeper stored %d of %d", len(snap.Records), want)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the broker: no event to wait on
+	}
+}
+
+func TestQuarantineCommands(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, map[string]int{"fp-a": 6, "fp-b": 3, "fp-c": 1})
+	cfgFlag := []string{"--config", b.config}
+	run := func(code int, args ...string) string { return b.mustRun(t, code, append(args, cfgFlag...)...) }
+
+	var stats struct {
+		Groups []quarantine.Group `json:"groups"`
+	}
+	if err := json.Unmarshal([]byte(run(cli.ExitOK, "quarantine", "stats", "--output", "json")), &stats); err != nil {
+		t.Fatal(err)
+	}
+	if len(stats.Groups) != 3 || stats.Groups[0].Fingerprint != "fp-a" || stats.Groups[0].Open != 6 || stats.Groups[2].Open != 1 {
+		t.Fatalf("stats %+v", stats.Groups)
+	}
+	text := run(cli.ExitOK, "quarantine", "stats")
+	if !strings.Contains(text, "total: 10 open, 0 replayed, 0 purged, 0 expired") {
+		t.Fatalf("stats text:\n%s", text)
+	}
+	var list struct {
+		Total   int               `json:"total"`
+		Records []json.RawMessage `json:"records"`
+	}
+	if err := json.Unmarshal([]byte(run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--output", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Total != 3 {
+		t.Fatalf("list fp-b: %d", list.Total)
+	}
+	var first struct {
+		ID      string `json:"id"`
+		Payload string `json:"payload"`
+	}
+	if err := json.Unmarshal(list.Records[0], &first); err != nil || first.ID == "" || !strings.HasPrefix(first.Payload, `{"n":`) {
+		t.Fatalf("record json %s: %v", list.Records[0], err)
+	}
+	show := run(cli.ExitOK, "quarantine", "show", first.ID[:6])
+	for _, want := range []string{first.ID, "fingerprint", "fp-b", "payload ("} {
+		if !strings.Contains(show, want) {
+			t.Fatalf("show lacks %q:\n%s", want, show)
+		}
+	}
+	run(cli.ExitFail, "quarantine", "show", "ffffffffffff")
+
+	// Replay and purge never select everything.
+	if code, _, errOut := b.run(t, append([]string{"quarantine", "replay"}, cfgFlag...)...); code != cli.ExitUsage || !strings.Contains(errOut, "selector") {
+		t.Fatalf("replay without selector: exit %d, %s", code, errOut)
+	}
+	run(cli.ExitUsage, "quarantine", "purge", "--fingerprint", "fp-c")
+	dry := run(cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-b", "--dry-run")
+	if !strings.Contains(dry, "dry run: 3 selected, 3 would be sent; nothing changed") {
+		t.Fatalf("dry run:\n%s", dry)
+	}
+	out := run(cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-b", "--reason", "fixed in 1.2.4", "--rate", "100")
+	if !strings.Contains(out, "replayed 3 of 3 selected") {
+		t.Fatalf("replay:\n%s", out)
+	}
+	run(cli.ExitOK, "quarantine", "purge", "--fingerprint", "fp-c", "--reason", "test data")
+	audit := run(cli.ExitOK, "quarantine", "audit")
+	for _, want := range []string{"replay-started", "replay-finished", "purged", "fixed in 1.2.4", "test data", "fingerprint=fp-c"} {
+		if !strings.Contains(audit, want) {
+			t.Fatalf("audit lacks %q:\n%s", want, audit)
+		}
+	}
+	text = run(cli.ExitOK, "quarantine", "stats")
+	if !strings.Contains(text, "total: 6 open, 3 replayed, 1 purged, 0 expired") {
+		t.Fatalf("stats after:\n%s", text)
+	}
+	if st, err := b.env.Channel("depth").QueueDeclarePassive(cfg.Queues[0].Name, true, false, false, false, nil); err != nil || st.Messages != 3 {
+		t.Fatalf("work queue: %+v %v", st, err)
+	}
+}
+
+// A replay killed midway (SIGKILL of the CLI process) loses nothing: every
+// record is either still open or its message is in the work queue, and a
+// second replay sends the rest (a message sent but not yet marked may go
+// twice: a duplicate, never a loss). The lock dies with the process.
+func TestReplayKilledMidwayLosesNothing(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	b, cfg := setupQuarantine(t, map[string]int{"fp-k": n})
+	bin := filepath.Join(t.TempDir(), "dlxbridge")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/dlxbridge").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	work := cfg.Queues[0].Name
+
+	// Two processes listing at once, and a third after them, print the same
+	// records in the same order.
+	list := func() *exec.Cmd {
+		c := exec.Command(bin, "quarantine", "list", "--state", "all", "--limit", "0", "--output", "json", "--config", b.config)
+		c.Env = append(os.Environ(), "RABBITMQ_URL="+b.env.URL)
+		return c
+	}
+	outs := make([][]byte, 3)
+	errs := make([]error, 3)
+	done := make(chan int, 2)
+	for i := 0; i < 2; i++ {
+		go func() { outs[i], errs[i] = list().Output(); done <- i }()
+	}
+	<-done
+	<-done
+	outs[2], errs[2] = list().Output()
+	for i := range outs {
+		if errs[i] != nil || string(outs[i]) != string(outs[2]) || !strings.Contains(string(outs[i]), `"total": 60`) {
+			t.Fatalf("listing %d differs or failed (%v):\n%.300s\nvs\n%.300s", i, errs[i], outs[i], outs[2])
+		}
+	}
+
+	cmd := exec.Command(bin, "quarantine", "replay", "--fingerprint", "fp-k", "--rate", "20", "--config", b.config)
+	cmd.Env = append(os.Environ(), "RABBITMQ_URL="+b.env.URL)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := b.env.Channel("depth")
+	depth := func() int {
+		st, err := ch.QueueDeclarePassive(work, true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Messages
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for depth() < 10 {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatalf("the replay sent nothing: %s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the broker: no event to wait on
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspect"), Config: cfg}
+	snap, err := in.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string]int{}
+	get := b.env.Channel("get")
+	for {
+		d, ok, err := get.Get(work, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		sent[d.MessageId]++
+	}
+	open := 0
+	for _, r := range snap.Records {
+		if r.State == quarantine.StateOpen {
+			open++
+			continue
+		}
+		if sent[r.Properties.MessageID] == 0 {
+			t.Errorf("%s (%s) marked %s but not in the work queue: lost", r.ID, r.Properties.MessageID, r.State)
+		}
+	}
+	t.Logf("killed after %d sent; %d open", len(sent), open)
+	if open == 0 || open == n {
+		t.Fatalf("kill did not land midway: %d open", open)
+	}
+	// The lock died with the process: a second replay runs at once and
+	// sends what is still open.
+	out := b.mustRun(t, cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-k", "--lock-wait", "0s", "--config", b.config)
+	if !strings.Contains(out, fmt.Sprintf("replayed %d of %d selected", open, open)) {
+		t.Fatalf("second replay:\n%s", out)
+	}
+}

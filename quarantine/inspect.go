@@ -1,0 +1,650 @@
+package quarantine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+)
+
+// State is where a record stands.
+type State string
+
+const (
+	// StateOpen: waiting for someone to replay or purge it.
+	StateOpen State = "open"
+	// StateReplayed: sent back (a "replayed" event names it).
+	StateReplayed State = "replayed"
+	// StatePurged: resolved without sending (a "purged" event names it).
+	StatePurged State = "purged"
+	// StateExpired: older than the quarantine's retention and never
+	// resolved. It is counted, not dropped; the stream's x-max-age removes
+	// it from the broker later.
+	StateExpired State = "expired"
+)
+
+// Record is one quarantined message as the quarantine keeps it.
+type Record struct {
+	// ID is stable and short (see RecordID).
+	ID string `json:"id"`
+	// Queue is the work queue the message failed on.
+	Queue string `json:"queue"`
+	// Intake is the quarantine queue it arrived in.
+	Intake string `json:"intake"`
+	// Offset is its position in the records stream (not stable across
+	// retention; use ID).
+	Offset   int64     `json:"offset"`
+	StoredAt time.Time `json:"stored_at"`
+	State    State     `json:"state"`
+	// Resolution is the event that replayed or purged it.
+	Resolution *Event `json:"resolution,omitempty"`
+	// Envelope is the bridge's failure envelope, or one derived from x-death
+	// for a message the broker dead-lettered itself.
+	Envelope   Envelope     `json:"envelope"`
+	Owner      config.Owner `json:"owner"`
+	Redrives   int          `json:"redrive_count"`
+	Properties Properties   `json:"properties"`
+	// Exchange and RoutingKey are what it reached the intake with.
+	Exchange   string `json:"intake_exchange"`
+	RoutingKey string `json:"intake_routing_key"`
+	// Body is the payload exactly as received; Headers returns the headers.
+	Body []byte `json:"-"`
+
+	version     string // the schema-version header
+	rawHeaders  json.RawMessage
+	headersOnce sync.Once
+	headers     amqp.Table
+}
+
+// Headers returns the message's headers exactly as received (decoded on
+// first use: listing a large quarantine never needs them). A record whose
+// header encoding cannot be read has none.
+func (r *Record) Headers() amqp.Table {
+	r.headersOnce.Do(func() {
+		if r.headers == nil {
+			r.headers, _ = DecodeTable(r.rawHeaders)
+		}
+		if r.headers == nil {
+			r.headers = amqp.Table{}
+		}
+	})
+	return r.headers
+}
+
+// Seen is when the message was quarantined (the envelope's time, else when
+// its record was stored).
+func (r *Record) Seen() time.Time {
+	if !r.Envelope.QuarantinedAt.IsZero() {
+		return r.Envelope.QuarantinedAt
+	}
+	if !r.Envelope.LastFailureAt.IsZero() {
+		return r.Envelope.LastFailureAt
+	}
+	return r.StoredAt
+}
+
+// MarshalJSON adds the headers in their typed encoding and the payload (as
+// text when it is UTF-8 JSON or text, else base64).
+func (r *Record) MarshalJSON() ([]byte, error) {
+	type plain Record
+	headers, err := EncodeTable(r.Headers())
+	if err != nil {
+		return nil, err
+	}
+	out := struct {
+		*plain
+		Headers json.RawMessage `json:"headers"`
+		Payload string          `json:"payload,omitempty"`
+		Base64  []byte          `json:"payload_base64,omitempty"`
+	}{plain: (*plain)(r), Headers: headers}
+	if isText(r.Body) {
+		out.Payload = string(r.Body)
+	} else {
+		out.Base64 = r.Body
+	}
+	return json.Marshal(out)
+}
+
+// Event is one entry of a quarantine's events stream: what happened to
+// records, by whom and why. It is also the audit trail.
+type Event struct {
+	// Kind is one of the Event* constants.
+	Kind   string    `json:"kind"`
+	At     time.Time `json:"at"`
+	By     string    `json:"by"`
+	Reason string    `json:"reason,omitempty"`
+	// Run groups the events of one replay or purge.
+	Run string `json:"run"`
+	// Filter is the selection as the operator gave it.
+	Filter string `json:"filter,omitempty"`
+	// IDs are the records it is about.
+	IDs     []string       `json:"ids,omitempty"`
+	ToQueue string         `json:"to_queue,omitempty"`
+	Counts  map[string]int `json:"counts,omitempty"`
+	Offset  int64          `json:"-"`
+}
+
+// Event kinds. "replayed" and "purged" resolve the records they name.
+const (
+	EventReplayStarted  = "replay-started"
+	EventReplayed       = "replayed"
+	EventReplayFinished = "replay-finished"
+	EventPurged         = "purged"
+)
+
+// Inspector reads quarantines without changing them: listing, showing and
+// counting read the records and events streams by offset, which consumes
+// nothing, so two readers see the same records in the same order and a
+// reader that dies midway loses nothing. It serves the CLI and the metrics.
+type Inspector struct {
+	// Conn reads the streams. Required.
+	Conn *amqp.Connection
+	// Config names the quarantines, owners and retention. Required.
+	Config *config.Config
+	// Now is the clock (record ages, expiry). Defaults to time.Now.
+	Now func() time.Time
+}
+
+// quarantineSet is one quarantine queue and the work queues that use it.
+type quarantineSet struct {
+	cfg    *config.Queue // the first work queue naming it
+	queues []*config.Queue
+}
+
+func (in *Inspector) quarantines() []*quarantineSet {
+	var out []*quarantineSet
+	byName := map[string]*quarantineSet{}
+	for i := range in.Config.Queues {
+		q := &in.Config.Queues[i]
+		s, ok := byName[q.Quarantine.Queue]
+		if !ok {
+			s = &quarantineSet{cfg: q}
+			byName[q.Quarantine.Queue] = s
+			out = append(out, s)
+		}
+		s.queues = append(s.queues, q)
+	}
+	return out
+}
+
+func (in *Inspector) now() time.Time {
+	if in.Now != nil {
+		return in.Now()
+	}
+	return time.Now()
+}
+
+// Snapshot is every record and event of the configured quarantines at one
+// moment, records in stream order (quarantines in config order), each id
+// once.
+type Snapshot struct {
+	Records []*Record
+	Events  []Event
+	// Intake is how many messages wait in each intake queue for the keeper
+	// (the runtime) to store them.
+	Intake map[string]int
+	// Undecodable counts stream messages that are not records.
+	Undecodable int
+	At          time.Time
+	byID        map[string]*Record
+}
+
+// Snapshot reads every quarantine's streams.
+func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
+	sets := in.quarantines()
+	type part struct {
+		records []*Record
+		events  []Event
+		waiting int
+		bad     int
+		err     error
+	}
+	parts := make([]part, len(sets))
+	var wg sync.WaitGroup
+	for i, s := range sets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := &parts[i]
+			// The two streams are read at once: finding that a stream is
+			// empty takes emptyWait.
+			var evErr error
+			evDone := make(chan struct{})
+			go func() {
+				defer close(evDone)
+				p.events, evErr = readEvents(ctx, in.Conn, s.cfg.Quarantine.EventsStream())
+			}()
+			p.records, p.bad, p.err = in.readRecords(ctx, s)
+			<-evDone
+			if p.err == nil {
+				p.err = evErr
+			}
+			if p.err == nil {
+				p.waiting, p.err = intakeDepth(in.Conn, s.cfg.Quarantine.Queue)
+			}
+		}()
+	}
+	wg.Wait()
+	snap := &Snapshot{At: in.now(), Intake: map[string]int{}, byID: map[string]*Record{}}
+	resolvedBy := map[string]*Event{}
+	for i, s := range sets {
+		p := &parts[i]
+		if p.err != nil {
+			return nil, p.err
+		}
+		snap.Undecodable += p.bad
+		snap.Intake[s.cfg.Quarantine.Queue] = p.waiting
+		for j := range p.events {
+			e := &p.events[j]
+			snap.Events = append(snap.Events, *e)
+			if e.Kind == EventReplayed || e.Kind == EventPurged {
+				for _, id := range e.IDs {
+					if _, done := resolvedBy[id]; !done {
+						resolvedBy[id] = e
+					}
+				}
+			}
+		}
+		for _, r := range p.records {
+			if _, dup := snap.byID[r.ID]; dup {
+				continue
+			}
+			snap.byID[r.ID] = r
+			snap.Records = append(snap.Records, r)
+		}
+	}
+	for _, r := range snap.Records {
+		r.State = StateOpen
+		if e, ok := resolvedBy[r.ID]; ok {
+			ev := *e
+			ev.IDs = nil
+			r.Resolution = &ev
+			r.State = State(e.Kind)
+			continue
+		}
+		retention := in.retention(r.Intake)
+		if retention > 0 && snap.At.Sub(r.StoredAt) > retention {
+			r.State = StateExpired
+		}
+	}
+	return snap, nil
+}
+
+func (in *Inspector) retention(intake string) time.Duration {
+	for i := range in.Config.Queues {
+		if in.Config.Queues[i].Quarantine.Queue == intake {
+			return in.Config.Queues[i].Quarantine.Retention
+		}
+	}
+	return 0
+}
+
+func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Record, int, error) {
+	type raw struct {
+		off  int64
+		body []byte
+	}
+	var raws []raw
+	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), func(off int64, d *amqp.Delivery) error {
+		raws = append(raws, raw{off, d.Body})
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	// Decoding is most of a read's work: spread it over the CPUs, keeping
+	// stream order.
+	decoded := make([]*Record, len(raws))
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/256))
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(raws); i += workers {
+				decoded[i], _ = recordFrom(raws[i].body, raws[i].off, s)
+			}
+		}()
+	}
+	wg.Wait()
+	out := make([]*Record, 0, len(decoded))
+	bad := 0
+	for _, r := range decoded {
+		if r == nil {
+			bad++
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, bad, nil
+}
+
+func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
+	meta, payload, err := decodeRecord(body)
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{
+		ID: meta.ID, Intake: meta.Intake, Offset: off, StoredAt: meta.StoredAt, Properties: meta.Props,
+		Exchange: meta.Exchange, RoutingKey: meta.RoutingKey, Body: payload, rawHeaders: meta.Headers,
+		Redrives: meta.Redrives, version: meta.Version,
+	}
+	if meta.Envelope != nil {
+		r.Envelope = *meta.Envelope
+	} else {
+		h := r.Headers()
+		r.Envelope, _ = Read(&amqp.Delivery{Headers: h, MessageId: meta.Props.MessageID})
+		r.Redrives = intOf(h[HeaderRedriveCount])
+		r.version = str(h, versionHeader)
+	}
+	r.Queue = r.Envelope.OriginalQueue
+	owner := s.cfg
+	for _, q := range s.queues {
+		if q.Name == r.Queue {
+			owner = q
+		}
+	}
+	if r.Queue == "" {
+		r.Queue = owner.Name
+	}
+	r.Owner = owner.Owner
+	return r, nil
+}
+
+func readEvents(ctx context.Context, conn *amqp.Connection, stream string) ([]Event, error) {
+	var out []Event
+	err := readStream(ctx, conn, stream, func(off int64, d *amqp.Delivery) error {
+		var e Event
+		if json.Unmarshal(d.Body, &e) != nil || e.Kind == "" {
+			return nil // not an event this version writes
+		}
+		e.Offset = off
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}
+
+// intakeDepth is how many messages wait in an intake queue (a passive
+// declare: it changes nothing).
+func intakeDepth(conn *amqp.Connection, intake string) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(intake, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("intake %s (was the topology applied?): %w", intake, err)
+	}
+	return q.Messages, nil
+}
+
+// ErrNoRecord: no record has that id.
+var ErrNoRecord = errors.New("no quarantine record with that id")
+
+// ErrAmbiguous: an id prefix matches more than one record.
+var ErrAmbiguous = errors.New("id prefix matches more than one record")
+
+// Get returns the record with id, or the one record whose id starts with
+// id (at least 4 characters).
+func (s *Snapshot) Get(id string) (*Record, error) {
+	if r, ok := s.byID[id]; ok {
+		return r, nil
+	}
+	if len(id) < 4 {
+		return nil, fmt.Errorf("%w: %q", ErrNoRecord, id)
+	}
+	var found *Record
+	for _, r := range s.Records {
+		if strings.HasPrefix(r.ID, id) {
+			if found != nil {
+				return nil, fmt.Errorf("%w: %q", ErrAmbiguous, id)
+			}
+			found = r
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("%w: %q", ErrNoRecord, id)
+	}
+	return found, nil
+}
+
+// History is every record of the same message (same message id or
+// idempotency key) other than r, oldest first: its earlier and later trips
+// through the quarantine.
+func (s *Snapshot) History(r *Record) []*Record {
+	var out []*Record
+	key := func(x *Record) string {
+		if x.Envelope.IdempotencyKey != "" {
+			return "k:" + x.Envelope.IdempotencyKey
+		}
+		if x.Properties.MessageID != "" {
+			return "m:" + x.Properties.MessageID
+		}
+		return ""
+	}
+	k := key(r)
+	if k == "" {
+		return nil
+	}
+	for _, x := range s.Records {
+		if x != r && key(x) == k {
+			out = append(out, x)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].StoredAt.Before(out[j].StoredAt) })
+	return out
+}
+
+// Filter selects records. Every set field must match.
+type Filter struct {
+	IDs         []string  `json:"ids,omitempty"`
+	Queue       string    `json:"queue,omitempty"`
+	Class       string    `json:"class,omitempty"`
+	Reason      string    `json:"reason,omitempty"` // substring of the reason
+	Fingerprint string    `json:"fingerprint,omitempty"`
+	Type        string    `json:"type,omitempty"`
+	Version     string    `json:"version,omitempty"`
+	Since       time.Time `json:"since,omitzero"`
+	Until       time.Time `json:"until,omitzero"`
+	Error       string    `json:"error,omitempty"` // substring of the error
+	// States defaults to open only. It is not a selector.
+	States []State `json:"states,omitempty"`
+}
+
+// HasSelector reports whether f selects anything narrower than "all":
+// replay and purge refuse a filter without one.
+func (f Filter) HasSelector() bool {
+	return len(f.IDs) > 0 || f.Queue != "" || f.Class != "" || f.Reason != "" || f.Fingerprint != "" ||
+		f.Type != "" || f.Version != "" || !f.Since.IsZero() || !f.Until.IsZero() || f.Error != ""
+}
+
+func (f Filter) String() string {
+	var parts []string
+	add := func(k, v string) {
+		if v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	add("ids", strings.Join(f.IDs, ","))
+	add("queue", f.Queue)
+	add("class", f.Class)
+	add("reason", f.Reason)
+	add("fingerprint", f.Fingerprint)
+	add("type", f.Type)
+	add("version", f.Version)
+	if !f.Since.IsZero() {
+		add("since", f.Since.UTC().Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		add("until", f.Until.UTC().Format(time.RFC3339))
+	}
+	add("error", f.Error)
+	return strings.Join(parts, " ")
+}
+
+// Match reports whether r passes f.
+func (f Filter) Match(r *Record) bool {
+	states := f.States
+	if len(states) == 0 {
+		states = []State{StateOpen}
+	}
+	ok := false
+	for _, s := range states {
+		ok = ok || s == r.State
+	}
+	if !ok {
+		return false
+	}
+	if len(f.IDs) > 0 {
+		hit := false
+		for _, id := range f.IDs {
+			hit = hit || r.ID == id || (len(id) >= 4 && strings.HasPrefix(r.ID, id))
+		}
+		if !hit {
+			return false
+		}
+	}
+	env := &r.Envelope
+	switch {
+	case f.Queue != "" && r.Queue != f.Queue && r.Intake != f.Queue,
+		f.Class != "" && string(env.Class) != f.Class,
+		f.Reason != "" && !strings.Contains(env.Reason, f.Reason),
+		f.Fingerprint != "" && !strings.HasPrefix(env.Fingerprint, f.Fingerprint),
+		f.Type != "" && messageType(r) != f.Type,
+		f.Version != "" && config.NormalizeVersion(f.Version) != schemaVersion(r),
+		!f.Since.IsZero() && r.Seen().Before(f.Since),
+		!f.Until.IsZero() && !r.Seen().Before(f.Until),
+		f.Error != "" && !strings.Contains(env.Error, f.Error):
+		return false
+	}
+	return true
+}
+
+func messageType(r *Record) string {
+	if r.Envelope.MessageType != "" {
+		return r.Envelope.MessageType
+	}
+	return r.Properties.Type
+}
+
+func schemaVersion(r *Record) string {
+	if r.Envelope.SchemaVersion != "" {
+		return r.Envelope.SchemaVersion
+	}
+	return r.version
+}
+
+// List returns the records f selects, in stream order.
+func (s *Snapshot) List(f Filter) []*Record {
+	var out []*Record
+	for _, r := range s.Records {
+		if f.Match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Group is one line of stats: records of one queue, class and
+// fingerprint.
+type Group struct {
+	Queue       string       `json:"queue"`
+	Class       string       `json:"class"`
+	Fingerprint string       `json:"fingerprint"`
+	Owner       config.Owner `json:"owner"`
+	Open        int          `json:"open"`
+	Replayed    int          `json:"replayed"`
+	Purged      int          `json:"purged"`
+	Expired     int          `json:"expired"`
+	FirstSeen   time.Time    `json:"first_seen"`
+	LastSeen    time.Time    `json:"last_seen"`
+	// OldestOpenAge is the age of the oldest open record (0 if none).
+	OldestOpenAge time.Duration `json:"oldest_open_age"`
+	// Example is one record's reason, for people.
+	Example string `json:"example"`
+}
+
+// Stats groups the records f selects (every state, unless f names
+// states) by queue, class and fingerprint; the most open first.
+func (s *Snapshot) Stats(f Filter) []Group {
+	if len(f.States) == 0 {
+		f.States = []State{StateOpen, StateReplayed, StatePurged, StateExpired}
+	}
+	byKey := map[[3]string]*Group{}
+	var order []*Group
+	for _, r := range s.List(f) {
+		k := [3]string{r.Queue, string(r.Envelope.Class), r.Envelope.Fingerprint}
+		g, ok := byKey[k]
+		if !ok {
+			g = &Group{Queue: k[0], Class: k[1], Fingerprint: k[2], Owner: r.Owner, FirstSeen: r.Seen(), LastSeen: r.Seen(), Example: r.Envelope.Reason}
+			byKey[k] = g
+			order = append(order, g)
+		}
+		seen := r.Seen()
+		if seen.Before(g.FirstSeen) {
+			g.FirstSeen = seen
+		}
+		if seen.After(g.LastSeen) {
+			g.LastSeen = seen
+		}
+		switch r.State {
+		case StateOpen:
+			g.Open++
+			g.OldestOpenAge = max(g.OldestOpenAge, s.At.Sub(seen))
+		case StateReplayed:
+			g.Replayed++
+		case StatePurged:
+			g.Purged++
+		case StateExpired:
+			g.Expired++
+		}
+	}
+	sort.SliceStable(order, func(i, j int) bool {
+		if order[i].Open != order[j].Open {
+			return order[i].Open > order[j].Open
+		}
+		return order[i].OldestOpenAge > order[j].OldestOpenAge
+	})
+	out := make([]Group, len(order))
+	for i, g := range order {
+		out[i] = *g
+	}
+	return out
+}
+
+// OldestOpenAge is the age of the oldest open record of queue ("" for
+// every queue), 0 if none is open.
+func (s *Snapshot) OldestOpenAge(queue string) time.Duration {
+	var oldest time.Duration
+	for _, r := range s.Records {
+		if r.State == StateOpen && (queue == "" || r.Queue == queue) {
+			oldest = max(oldest, s.At.Sub(r.Seen()))
+		}
+	}
+	return oldest
+}
+
+// isText: valid UTF-8 without control characters other than whitespace.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, c := range b {
+		if c < 0x20 && c != '\n' && c != '\r' && c != '\t' {
+			return false
+		}
+	}
+	return true
+}

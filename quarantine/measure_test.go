@@ -1,0 +1,70 @@
+package quarantine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// TestMeasureListing writes DLXBRIDGE_MEASURE_RECORDS records (e.g. 100000)
+// straight into a records stream and logs how long a snapshot, list and
+// stats take. A measurement, not a timed test: it asserts only the count,
+// and runs only when asked.
+//
+//	DLXBRIDGE_MEASURE_RECORDS=100000 RABBITMQ_URL=... go test -run TestMeasureListing -v ./quarantine/
+func TestMeasureListing(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("DLXBRIDGE_MEASURE_RECORDS"))
+	if n <= 0 {
+		t.Skip("set DLXBRIDGE_MEASURE_RECORDS to measure")
+	}
+	b := setupStore(t, nil)
+	stream := b.q.Quarantine.RecordsStream()
+	now := time.Now().UTC()
+	start := time.Now()
+	const batch = 500
+	for from := 0; from < n; from += batch {
+		for i := from; i < min(from+batch, n); i++ {
+			fp := fmt.Sprintf("fp-%d", i%3)
+			d := &amqp.Delivery{MessageId: fmt.Sprintf("m-%d", i), Type: "test.job", ContentType: "application/json",
+				Headers: envelopeHeaders(b.q.Name, fp, "failed "+fp, now), Body: []byte(validJob(i))}
+			msg, _, err := encodeRecord(d, b.q.Quarantine.Queue, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.pub.PublishWithContext(context.Background(), "", stream, false, false, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := from; i < min(from+batch, n); i++ {
+			if c := <-b.conf; !c.Ack {
+				t.Fatal("nacked")
+			}
+		}
+	}
+	t.Logf("wrote %d records in %s", n, time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	raw := 0
+	if err := readStream(context.Background(), b.env.Dial("raw"), stream, func(int64, *amqp.Delivery) error { raw++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("raw read of %d stream messages, nothing decoded: %s", raw, time.Since(start).Round(time.Millisecond))
+	in := b.inspector()
+	for round := 1; round <= 2; round++ {
+		start = time.Now()
+		snap := b.snapshot(in)
+		read := time.Since(start)
+		start = time.Now()
+		list := snap.List(Filter{})
+		stats := snap.Stats(Filter{})
+		t.Logf("round %d: snapshot of %d records in %s; list (%d) and stats (%d groups) in %s", round, len(snap.Records), read.Round(time.Millisecond),
+			len(list), len(stats), time.Since(start).Round(time.Millisecond))
+		if len(snap.Records) != n {
+			t.Fatalf("read %d of %d", len(snap.Records), n)
+		}
+	}
+}

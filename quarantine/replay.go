@@ -1,0 +1,537 @@
+package quarantine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"sort"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// Errors a replay or purge refuses with. Nothing was sent or resolved.
+var (
+	// ErrNoSelector: the filter selects everything. Replay and purge need
+	// an explicit selection (ids, queue, class, reason, fingerprint,
+	// type/version, time range or error text), never "all".
+	ErrNoSelector = errors.New("refused: give a selector (--id, --queue, --class, --reason, --fingerprint, --type, --version, --since, --until or --error); replay and purge never select everything")
+	// ErrInvalid: some selected messages fail the current schema and would
+	// be quarantined again (see ReplayResult.Invalid; --skip-invalid leaves
+	// them out).
+	ErrInvalid = errors.New("refused: some selected messages fail the current schema and would be quarantined again")
+	// ErrNoReason: purge needs a reason.
+	ErrNoReason = errors.New("refused: a purge needs a reason")
+	// ErrLocked: another replay or purge of the same quarantine holds its
+	// lock, and LockWait ran out.
+	ErrLocked = errors.New("another replay or purge of this quarantine is running")
+)
+
+// ReplayOptions say what to replay and how.
+type ReplayOptions struct {
+	// Filter selects open records; it must have a selector.
+	Filter Filter
+	// ToQueue overrides where messages go (default: each record's own work
+	// queue, through the default exchange, so no other queue bound to the
+	// original exchange gets a copy).
+	ToQueue string
+	// DryRun reports what would move and sends nothing.
+	DryRun bool
+	// Max caps how many are sent (0: no cap).
+	Max int
+	// Rate paces sending, messages per second (0: unpaced).
+	Rate float64
+	// Reason is recorded in each message and the audit trail.
+	Reason string
+	// SkipInvalid leaves out messages that fail the current schema instead
+	// of refusing the replay.
+	SkipInvalid bool
+	// Patch replaces a payload (see Patch) before the schema check.
+	Patch *Patch
+	// Progress, when set, is called after each message sent.
+	Progress func(p Progress)
+}
+
+// Progress is a replay's state after each message.
+type Progress struct {
+	Done, Total int
+	Rate        float64 // messages per second so far
+	ETA         time.Duration
+}
+
+// Planned is one selected record and what replay does with it.
+type Planned struct {
+	ID      string `json:"id"`
+	ToQueue string `json:"to_queue"`
+	// Redrives is the count the message will carry.
+	Redrives int `json:"redrive_count"`
+	// Refused says why it is not sent ("" if it is).
+	Refused string `json:"refused,omitempty"`
+}
+
+// ReplayResult is what a replay did (or, dry run, would do).
+type ReplayResult struct {
+	Run      string    `json:"run"`
+	DryRun   bool      `json:"dry_run"`
+	Selected int       `json:"selected"`
+	Plan     []Planned `json:"plan"`
+	// Sent are the ids sent and marked replayed, in order.
+	Sent []string `json:"sent"`
+	// Invalid are ids that fail the current schema; OverBudget ids that
+	// used up their redrives (never sent).
+	Invalid    []string `json:"invalid,omitempty"`
+	OverBudget []string `json:"over_budget,omitempty"`
+	// Stopped: the context ended before every message was sent.
+	Stopped  bool          `json:"stopped"`
+	Duration time.Duration `json:"duration"`
+}
+
+// Replayer replays and purges records. One per command.
+type Replayer struct {
+	// Conn publishes and holds the lock. Required.
+	Conn *amqp.Connection
+	// Config and Registry give the queues, their schemas and budgets.
+	// Required.
+	Config   *config.Config
+	Registry *schemas.Registry
+	// By names the operator in the audit trail. Defaults to user@host.
+	By string
+	// LockWait is how long to wait for another replay or purge of the same
+	// quarantine to finish. Defaults to 0 (fail at once with ErrLocked).
+	LockWait time.Duration
+	// TracerProvider makes the replay spans (linked to each message's
+	// original trace). Defaults to the global provider.
+	TracerProvider trace.TracerProvider
+	// Metrics, when set, counts replays and purges.
+	Metrics *Metrics
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (rp *Replayer) now() time.Time {
+	if rp.Now != nil {
+		return rp.Now()
+	}
+	return time.Now()
+}
+
+func (rp *Replayer) by() string {
+	if rp.By != "" {
+		return rp.By
+	}
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+func newRun() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Replay sends the selected open records back, one at a time: published
+// with mandatory and confirmed first, then marked replayed in the events
+// stream, so a crash in between gives a duplicate, never a loss. It holds
+// the lock of every quarantine the filter can touch (an exclusive queue on
+// the broker, released with the connection even if the process is killed)
+// and reads the open set only after taking it, so two replays of the same
+// records never both send one.
+func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResult, error) {
+	if !opts.Filter.HasSelector() {
+		return nil, ErrNoSelector
+	}
+	opts.Filter.States = nil // open records only
+	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
+	start := time.Now()
+	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	res.Selected = len(selected)
+	gates := map[string]*schemas.Gate{}
+	var send []*Record
+	var msgs []amqp.Publishing
+	var dests []string
+	for _, r := range selected {
+		if opts.Max > 0 && len(send) >= opts.Max {
+			break
+		}
+		to := opts.ToQueue
+		if to == "" {
+			to = r.Queue
+		}
+		p := Planned{ID: r.ID, ToQueue: to, Redrives: r.Redrives + 1}
+		qc, ok := rp.Config.QueueByName(r.Queue)
+		if tq, isWork := rp.Config.QueueByName(to); isWork {
+			qc, ok = tq, true
+		}
+		switch {
+		case !ok:
+			p.Refused = fmt.Sprintf("queue %q is not in the config", r.Queue)
+		case r.Redrives >= qc.Quarantine.MaxRedrivesValue():
+			p.Refused = fmt.Sprintf("over its redrive budget: replayed %d time(s), max_redrives is %d", r.Redrives, qc.Quarantine.MaxRedrivesValue())
+			res.OverBudget = append(res.OverBudget, r.ID)
+		}
+		body := r.Body
+		if p.Refused == "" && opts.Patch != nil {
+			body, err = opts.Patch.Apply(body)
+			if err != nil {
+				p.Refused = "patch: " + err.Error()
+				res.Invalid = append(res.Invalid, r.ID)
+			}
+		}
+		if p.Refused == "" {
+			if verr := rp.check(gates, qc, r, body); verr != nil {
+				p.Refused = "fails the current schema: " + verr.Error()
+				res.Invalid = append(res.Invalid, r.ID)
+			}
+		}
+		res.Plan = append(res.Plan, p)
+		if p.Refused == "" {
+			send = append(send, r)
+			msgs = append(msgs, rp.message(r, body, opts.Reason))
+			dests = append(dests, to)
+		}
+	}
+	if len(res.Invalid) > 0 && !opts.SkipInvalid {
+		return res, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(res.Invalid, ", "))
+	}
+	if opts.DryRun || len(send) == 0 {
+		res.Duration = time.Since(start)
+		return res, nil
+	}
+
+	pub, err := amqpx.NewPublisher(rp.Conn)
+	if err != nil {
+		return res, err
+	}
+	defer pub.Close()
+	by := rp.by()
+	start = time.Now() // Duration is the sending, not the reading
+	event := func(intake string, e Event) error {
+		e.At, e.By, e.Run, e.Reason = rp.now().UTC(), by, res.Run, opts.Reason
+		b, _ := json.Marshal(e)
+		return pub.Publish(context.WithoutCancel(ctx), "", intakeEvents(rp.Config, intake),
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b})
+	}
+	intakes := map[string][]string{}
+	for _, r := range send {
+		intakes[r.Intake] = append(intakes[r.Intake], r.ID)
+	}
+	for _, intake := range sortedKeys(intakes) {
+		if err := event(intake, Event{Kind: EventReplayStarted, Filter: opts.Filter.String(), IDs: intakes[intake], ToQueue: opts.ToQueue,
+			Counts: map[string]int{"selected": res.Selected, "to_send": len(intakes[intake]), "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}); err != nil {
+			return res, fmt.Errorf("write audit event: %w", err)
+		}
+	}
+	tracer := rp.TracerProvider
+	if tracer == nil {
+		tracer = otel.GetTracerProvider()
+	}
+	limiter := newPacer(opts.Rate)
+	var sendErr error
+	for i, r := range send {
+		if err := limiter.wait(ctx); err != nil {
+			res.Stopped = true
+			break
+		}
+		to, msg := dests[i], msgs[i]
+		err := rp.publishTraced(ctx, tracer, pub, r, to, &msg)
+		if err != nil {
+			sendErr = fmt.Errorf("replay %s to %s: %w", r.ID, to, err)
+			break
+		}
+		if err := event(r.Intake, Event{Kind: EventReplayed, IDs: []string{r.ID}, ToQueue: to}); err != nil {
+			// Sent but not marked: a later replay may send it again (a
+			// duplicate, never a loss).
+			sendErr = fmt.Errorf("replayed %s but could not mark it: %w", r.ID, err)
+			res.Sent = append(res.Sent, r.ID)
+			break
+		}
+		res.Sent = append(res.Sent, r.ID)
+		rp.Metrics.replayed(r.Queue, string(r.Envelope.Class))
+		if opts.Progress != nil {
+			el := time.Since(start).Seconds()
+			rate := float64(len(res.Sent)) / max(el, 1e-9)
+			opts.Progress(Progress{Done: len(res.Sent), Total: len(send), Rate: rate,
+				ETA: time.Duration(float64(len(send)-len(res.Sent)) / rate * float64(time.Second))})
+		}
+		if ctx.Err() != nil && len(res.Sent) < len(send) {
+			res.Stopped = true
+			break
+		}
+	}
+	res.Duration = time.Since(start)
+	for _, intake := range sortedKeys(intakes) {
+		_ = event(intake, Event{Kind: EventReplayFinished, Filter: opts.Filter.String(), ToQueue: opts.ToQueue,
+			Counts: map[string]int{"sent": len(res.Sent), "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
+	}
+	return res, sendErr
+}
+
+func (rp *Replayer) publishTraced(ctx context.Context, tp trace.TracerProvider, pub *amqpx.Publisher, r *Record, to string, msg *amqp.Publishing) error {
+	prop := propagation.TraceContext{}
+	orig := trace.SpanContextFromContext(prop.Extract(context.Background(), telemetry.HeaderCarrier(r.Headers())))
+	var opts []trace.SpanStartOption
+	if orig.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: orig}))
+	}
+	opts = append(opts, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		attribute.String("messaging.system", "rabbitmq"),
+		attribute.String("messaging.destination.name", to),
+		attribute.String("messaging.operation.type", "send"),
+		attribute.String("messaging.message.id", r.Properties.MessageID),
+		attribute.String("dlxbridge.record.id", r.ID),
+	))
+	sctx, span := tp.Tracer("github.com/dlxbridge/dlxbridge/quarantine").Start(context.Background(), "replay "+to, opts...)
+	defer span.End()
+	prop.Inject(sctx, telemetry.HeaderCarrier(msg.Headers))
+	err := pub.Publish(context.WithoutCancel(ctx), "", to, *msg)
+	if err != nil {
+		span.RecordError(err)
+	}
+	return err
+}
+
+func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *Record, body []byte) error {
+	g, ok := gates[qc.Name]
+	if !ok {
+		accepts := map[string][]string{}
+		for _, a := range qc.Accepts {
+			accepts[a.Type] = a.Versions
+		}
+		var err error
+		g, err = schemas.NewGate(schemas.GateConfig{
+			Registry: rp.Registry,
+			Identity: schemas.Identity{From: qc.Message.From, VersionHeader: qc.Message.VersionHeader,
+				TypePointer: qc.Message.TypePointer, VersionPointer: qc.Message.VersionPointer},
+			Accepts: accepts, MaxBodyBytes: rp.Config.Schemas.MaxBodyBytes,
+		})
+		if err != nil {
+			return err
+		}
+		gates[qc.Name] = g
+	}
+	_, err := g.Check(schemas.Input{ContentType: r.Properties.ContentType, ContentEncoding: r.Properties.ContentEncoding,
+		Type: r.Properties.Type, Headers: r.Headers(), Body: body})
+	return err
+}
+
+// Header names a replay keeps although they start with "dlxbridge-": what
+// the bridge had to drop on the way, properties moved into headers, and the
+// exchange and routing key the message was first published with (the
+// queue is where the replay sends it, so the runtime sets that anew).
+var keptOnReplay = map[string]bool{
+	HeaderNotes: true, HeaderDropped: true, HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true,
+	"dlxbridge-original-expiration": true, "dlxbridge-original-user-id": true,
+}
+
+// message builds the replayed message: the record's properties, payload
+// and producer headers; its retry state reset (every dlxbridge envelope and
+// attempt header, x-death, x-first-death-*, x-last-death-* and
+// x-delivery-count stripped: a stale x-death can make a 3.x broker drop it
+// and a stale count would trip the crash-loop guard); the redrive count,
+// time and reason set. The idempotency key comes back from the envelope if
+// the header was dropped to fit a frame.
+func (rp *Replayer) message(r *Record, body []byte, reason string) amqp.Publishing {
+	h := amqp.Table{}
+	for k, v := range r.Headers() {
+		switch {
+		case k == "x-death" || k == "x-delivery-count" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-"):
+		case strings.HasPrefix(k, "dlxbridge-") && !keptOnReplay[k]:
+		default:
+			h[k] = v
+		}
+	}
+	if _, ok := h["idempotency-key"]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
+		h["idempotency-key"] = r.Envelope.IdempotencyKey
+	}
+	h[HeaderRedriveCount] = int64(r.Redrives + 1)
+	h[HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
+	h[HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
+	p := r.Properties
+	if p.Expiration != "" {
+		h["dlxbridge-original-expiration"] = p.Expiration
+	}
+	if p.UserID != "" {
+		h["dlxbridge-original-user-id"] = p.UserID
+	}
+	return amqp.Publishing{
+		Headers: h, ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, DeliveryMode: amqp.Persistent,
+		Priority: p.Priority, CorrelationId: p.CorrelationID, ReplyTo: p.ReplyTo, MessageId: p.MessageID,
+		Timestamp: p.Timestamp, Type: p.Type, AppId: p.AppID, Body: body,
+	}
+}
+
+// selectLocked takes the lock of the quarantines f can touch (unless this
+// is a dry run) and only then reads the records f selects, so what another
+// replay or purge resolved meanwhile is no longer selected.
+func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool) ([]*Record, func(), error) {
+	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now}
+	release := func() {}
+	if !dryRun {
+		var err error
+		if release, err = rp.lock(ctx, in.quarantines(), f.Queue); err != nil {
+			return nil, nil, err
+		}
+	}
+	snap, err := in.Snapshot(ctx)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return snap.List(f), release, nil
+}
+
+// lock takes the replay lock of each quarantine the filter can touch, in
+// name order: an exclusive queue "<intake>.replay-lock". The broker allows
+// one connection to hold it and deletes it when that connection closes, so
+// a replay that is killed releases it.
+func (rp *Replayer) lock(ctx context.Context, sets []*quarantineSet, queue string) (release func(), err error) {
+	var names []string
+	for _, s := range sets {
+		match := queue == "" || s.cfg.Quarantine.Queue == queue
+		for _, q := range s.queues {
+			match = match || q.Name == queue
+		}
+		if match {
+			names = append(names, s.cfg.Quarantine.Queue+".replay-lock")
+		}
+	}
+	sort.Strings(names)
+	type lockHeld struct {
+		ch   *amqp.Channel
+		name string
+	}
+	var held []lockHeld
+	// An exclusive queue belongs to the connection, not the channel:
+	// delete it to release the lock while the connection lives on.
+	release = func() {
+		for _, l := range held {
+			_, _ = l.ch.QueueDelete(l.name, false, false, false)
+			_ = l.ch.Close()
+		}
+	}
+	deadline := time.Now().Add(rp.LockWait)
+	for _, name := range names {
+		for {
+			ch, err := rp.Conn.Channel()
+			if err != nil {
+				release()
+				return nil, err
+			}
+			const durable, autoDelete, exclusive, noWait = false, true, true, false
+			_, err = ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, nil)
+			if err == nil {
+				held = append(held, lockHeld{ch, name})
+				break
+			}
+			var ae *amqp.Error
+			if !errors.As(err, &ae) || ae.Code != amqp.ResourceLocked {
+				release()
+				return nil, fmt.Errorf("lock %s: %w", name, err)
+			}
+			if time.Now().After(deadline) {
+				release()
+				return nil, fmt.Errorf("%w (lock %s)", ErrLocked, name)
+			}
+			select {
+			case <-ctx.Done():
+				release()
+				return nil, ctx.Err()
+			case <-time.After(200 * time.Millisecond): // the broker has no lock-released event
+			}
+		}
+	}
+	return release, nil
+}
+
+func intakeEvents(cfg *config.Config, intake string) string {
+	for i := range cfg.Queues {
+		if cfg.Queues[i].Quarantine.Queue == intake {
+			return cfg.Queues[i].Quarantine.EventsStream()
+		}
+	}
+	return intake + config.EventsSuffix
+}
+
+func sortedKeys(m map[string][]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// pacer is a token bucket refilled at rate per second, holding at most one
+// second of tokens and starting empty: the n-th message leaves no earlier
+// than start + n/rate.
+type pacer struct {
+	interval time.Duration
+	next     time.Time
+}
+
+func newPacer(rate float64) *pacer {
+	if rate <= 0 {
+		return &pacer{}
+	}
+	return &pacer{interval: time.Duration(float64(time.Second) / rate)}
+}
+
+func (p *pacer) wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.interval == 0 {
+		return nil
+	}
+	// The bucket holds at most one second of tokens and starts empty: a
+	// slow publish is made up for, but never with more than rate messages
+	// at once.
+	now := time.Now()
+	if p.next.IsZero() {
+		p.next = now
+	}
+	if floor := now.Add(-time.Second); p.next.Before(floor) {
+		p.next = floor
+	}
+	if d := p.next.Sub(now); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	p.next = p.next.Add(p.interval)
+	return nil
+}

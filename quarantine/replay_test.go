@@ -1,0 +1,330 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+)
+
+// 100 records across 3 fingerprints: stats groups them exactly; two readers
+// at once, each on its own connection, and a third read after them, see the
+// same records in the same order; reading changes nothing on the broker.
+func TestStatsGroupExactlyAndConcurrentReadersAgree(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(50, "fp-a", validJob)
+	b.quarantineJobs(30, "fp-b", validJob)
+	b.quarantineJobs(20, "fp-c", validJob)
+	b.keep(100)
+
+	var wg sync.WaitGroup
+	snaps := make([]*Snapshot, 2)
+	for i := range snaps {
+		wg.Add(1)
+		go func() { defer wg.Done(); snaps[i] = b.snapshot(b.inspector()) }()
+	}
+	wg.Wait()
+	third := b.snapshot(b.inspector())
+	for _, s := range append(snaps, third) {
+		if len(s.Records) != 100 {
+			t.Fatalf("read %d records, want 100", len(s.Records))
+		}
+		for i, r := range s.Records {
+			if r.ID != third.Records[i].ID || r.Offset != third.Records[i].Offset {
+				t.Fatalf("readers disagree at %d: %s@%d vs %s@%d", i, r.ID, r.Offset, third.Records[i].ID, third.Records[i].Offset)
+			}
+		}
+	}
+	groups := third.Stats(Filter{})
+	got := map[string]int{}
+	for _, g := range groups {
+		if g.Queue != b.q.Name || g.Class != "permanent" || g.Owner.Team != "payments" || g.Replayed+g.Purged+g.Expired != 0 {
+			t.Errorf("group %+v", g)
+		}
+		got[g.Fingerprint] = g.Open
+	}
+	if len(groups) != 3 || got["fp-a"] != 50 || got["fp-b"] != 30 || got["fp-c"] != 20 || groups[0].Fingerprint != "fp-a" {
+		t.Fatalf("groups %+v", groups)
+	}
+	if n := len(third.List(Filter{Fingerprint: "fp-b"})); n != 30 {
+		t.Fatalf("list fp-b: %d", n)
+	}
+	if n := b.depth(b.q.Quarantine.Queue); n != 0 {
+		t.Fatalf("intake holds %d", n)
+	}
+}
+
+// Replaying one fingerprint at 50/s moves exactly those, paced (100 at 50/s
+// is 99 intervals: 1.98 s), with their retry state reset and a redrive
+// count, and leaves the rest open. The lower bound is strict; the upper one
+// is loose (+50%), because the machine running the suite is shared and a
+// confirm can stall.
+func TestReplayOneFingerprintAtRate(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(100, "fp-a", validJob)
+	b.quarantineJobs(10, "fp-b", validJob)
+	b.keep(110)
+	rp := b.replayer()
+
+	if _, err := rp.Replay(context.Background(), ReplayOptions{}); !errors.Is(err, ErrNoSelector) {
+		t.Fatalf("replay without a selector: %v", err)
+	}
+	dry, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}, DryRun: true, Max: 7})
+	if err != nil || len(dry.Plan) != 7 || len(dry.Sent) != 0 || dry.Selected != 100 {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	if n := b.depth(b.q.Name); n != 0 {
+		t.Fatalf("dry run sent %d", n)
+	}
+
+	res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}, Rate: 50, Reason: "fixed the bug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replayed %d at 50/s in %s", len(res.Sent), res.Duration)
+	if len(res.Sent) != 100 {
+		t.Fatalf("sent %d, want 100", len(res.Sent))
+	}
+	if res.Duration < 1980*time.Millisecond || res.Duration > 3*time.Second {
+		t.Fatalf("duration %s, want about 2s (1.98s at least)", res.Duration)
+	}
+	if n := b.depth(b.q.Name); n != 100 {
+		t.Fatalf("work queue holds %d, want 100", n)
+	}
+	ch := b.env.Channel("check")
+	d, ok, err := ch.Get(b.q.Name, false)
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	// basic.get on a 3.10 quorum queue shows x-delivery-count 0 on a first
+	// delivery: anything else came from the replay.
+	if n, has := d.Headers["x-delivery-count"]; has && n != int64(0) {
+		t.Errorf("replayed message carries x-delivery-count %v", n)
+	}
+	for _, k := range []string{"x-death", "dlxbridge-attempts", HeaderClass, HeaderFingerprint, HeaderEnvelope} {
+		if _, has := d.Headers[k]; has {
+			t.Errorf("replayed message still carries %s", k)
+		}
+	}
+	if d.Headers[HeaderRedriveCount] != int64(1) || d.Headers[HeaderRedriveReason] != "fixed the bug" || d.Headers[HeaderRedriveAt] == nil {
+		t.Errorf("redrive headers %v", d.Headers)
+	}
+	if d.Type != "test.job" || d.MessageId == "" || d.Headers["schema-version"] != "1" {
+		t.Errorf("replayed message lost its identity: %+v", d)
+	}
+
+	snap := b.snapshot(b.inspector())
+	for _, g := range snap.Stats(Filter{}) {
+		switch g.Fingerprint {
+		case "fp-a":
+			if g.Open != 0 || g.Replayed != 100 {
+				t.Errorf("fp-a %+v", g)
+			}
+		case "fp-b":
+			if g.Open != 10 || g.Replayed != 0 {
+				t.Errorf("fp-b %+v", g)
+			}
+		}
+	}
+	var kinds []string
+	for _, e := range snap.Events {
+		if e.Kind != EventReplayed {
+			kinds = append(kinds, e.Kind)
+		}
+	}
+	if len(kinds) != 2 || kinds[0] != EventReplayStarted || kinds[1] != EventReplayFinished {
+		t.Fatalf("audit events %v", kinds)
+	}
+}
+
+// Two replays of the same selection at once send each message once: the
+// second waits for the first's lock and then finds nothing open.
+func TestConcurrentReplaysSendEachMessageOnce(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(40, "fp-a", validJob)
+	b.keep(40)
+	var wg sync.WaitGroup
+	results := make([]*ReplayResult, 2)
+	errs := make([]error, 2)
+	for i := range results {
+		rp := b.replayer()
+		rp.LockWait = 30 * time.Second
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}, Rate: 200})
+		}()
+	}
+	wg.Wait()
+	var sent []string
+	for i := range results {
+		if errs[i] != nil {
+			t.Fatalf("replay %d: %v", i, errs[i])
+		}
+		sent = append(sent, results[i].Sent...)
+	}
+	sort.Strings(sent)
+	for i := 1; i < len(sent); i++ {
+		if sent[i] == sent[i-1] {
+			t.Fatalf("%s sent twice", sent[i])
+		}
+	}
+	if len(sent) != 40 || b.depth(b.q.Name) != 40 {
+		t.Fatalf("sent %d, work queue holds %d; want 40", len(sent), b.depth(b.q.Name))
+	}
+}
+
+// Invalid payloads refuse the replay (nothing sent) unless skipped; a patch
+// that still fails the schema is refused and the original kept open; one
+// that fixes it is sent; a message over its redrive budget is refused.
+func TestReplayChecksSchemaPatchAndBudget(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one })
+	b.quarantineJobs(3, "fp-bad", func(i int) string { return `{"id":"","n":"x"}` })
+	b.quarantineJobs(1, "fp-ok", validJob)
+	b.keep(4)
+	rp := b.replayer()
+	ctx := context.Background()
+
+	res, err := rp.Replay(ctx, ReplayOptions{Filter: Filter{Queue: b.q.Name}})
+	if !errors.Is(err, ErrInvalid) || len(res.Invalid) != 3 || len(res.Sent) != 0 || b.depth(b.q.Name) != 0 {
+		t.Fatalf("invalid payloads: %+v %v", res, err)
+	}
+	stillBad := &Patch{Merge: []byte(`{"n":1}`)}
+	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-bad"}, Patch: stillBad})
+	if !errors.Is(err, ErrInvalid) || b.depth(b.q.Name) != 0 {
+		t.Fatalf("patch that still fails: %+v %v", res, err)
+	}
+	if open := b.snapshot(b.inspector()).List(Filter{Fingerprint: "fp-bad"}); len(open) != 3 {
+		t.Fatalf("originals not kept: %d open", len(open))
+	}
+	fix := &Patch{Merge: []byte(`{"id":"repaired","n":1}`)}
+	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-bad"}, Patch: fix})
+	if err != nil || len(res.Sent) != 3 {
+		t.Fatalf("patched replay: %+v %v", res, err)
+	}
+	d, _, _ := b.env.Channel("check").Get(b.q.Name, true)
+	if string(d.Body) != `{"id":"repaired","n":1}` {
+		t.Fatalf("patched body %s", d.Body)
+	}
+
+	// Skip-invalid sends the valid one only (nothing invalid is open now,
+	// so put a bad one back).
+	b.quarantineJobs(1, "fp-bad2", func(int) string { return `{}` })
+	b.keep(1)
+	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Queue: b.q.Name}, SkipInvalid: true})
+	if err != nil || len(res.Sent) != 1 || len(res.Invalid) != 1 {
+		t.Fatalf("skip-invalid: %+v %v", res, err)
+	}
+
+	// A message that was replayed once comes back with redrive count 1; with
+	// max_redrives 1 it is refused.
+	h := envelopeHeaders(b.q.Name, "fp-again", "failed again", time.Now())
+	h[HeaderRedriveCount] = int64(1)
+	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "again", Type: "test.job", Headers: h, Body: []byte(validJob(1))})
+	b.keep(1)
+	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-again"}})
+	if err != nil || len(res.Sent) != 0 || len(res.OverBudget) != 1 || res.Plan[0].Refused == "" {
+		t.Fatalf("over budget: %+v %v", res, err)
+	}
+	t.Logf("refused: %s", res.Plan[0].Refused)
+}
+
+// Purge needs a selector and a reason, resolves without sending, and is
+// in the audit trail; a record older than the retention is counted as
+// expired, not open.
+func TestPurgeAuditAndExpiry(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { q.Quarantine.Retention = time.Hour })
+	b.quarantineJobs(5, "fp-a", validJob)
+	b.quarantineJobs(2, "fp-b", validJob)
+	b.keep(7)
+	rp := b.replayer()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp.Metrics = m
+	ctx := context.Background()
+	if _, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{Fingerprint: "fp-a"}}); !errors.Is(err, ErrNoReason) {
+		t.Fatalf("purge without reason: %v", err)
+	}
+	if _, err := rp.Purge(ctx, PurgeOptions{Reason: "x"}); !errors.Is(err, ErrNoSelector) {
+		t.Fatalf("purge without selector: %v", err)
+	}
+	res, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{Fingerprint: "fp-a"}, Reason: "test data"})
+	if err != nil || len(res.Purged) != 5 {
+		t.Fatalf("purge: %+v %v", res, err)
+	}
+	if n := b.depth(b.q.Name); n != 0 {
+		t.Fatalf("purge sent %d", n)
+	}
+	snap := b.snapshot(b.inspector())
+	var purgedEvent *Event
+	for i := range snap.Events {
+		if snap.Events[i].Kind == EventPurged {
+			purgedEvent = &snap.Events[i]
+		}
+	}
+	if purgedEvent == nil || purgedEvent.By != "tester@test" || purgedEvent.Reason != "test data" || len(purgedEvent.IDs) != 5 || purgedEvent.Filter != "fingerprint=fp-a" {
+		t.Fatalf("audit event %+v", purgedEvent)
+	}
+
+	later := &Inspector{Conn: b.env.Dial("later"), Config: b.cfg, Now: func() time.Time { return time.Now().Add(2 * time.Hour) }}
+	s := b.snapshot(later)
+	var expired, purged int
+	for _, g := range s.Stats(Filter{}) {
+		expired += g.Expired
+		purged += g.Purged
+	}
+	if expired != 2 || purged != 5 || len(s.List(Filter{})) != 0 {
+		t.Fatalf("after retention: %d expired, %d purged, %d open", expired, purged, len(s.List(Filter{})))
+	}
+	if got := testutil.ToFloat64(m.purges.WithLabelValues(b.q.Name, "permanent")); got != 5 {
+		t.Fatalf("purges metric %v", got)
+	}
+	m.Observe(s)
+	if got := testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, "permanent", "expired")); got != 2 {
+		t.Fatalf("expired metric %v", got)
+	}
+}
+
+// Stopping a replay (Ctrl-C cancels the context) ends it after the message
+// in flight: what was sent is marked, the rest stay open, and the audit
+// trail says it stopped.
+func TestReplayStopsCleanlyWhenCancelled(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(30, "fp-a", validJob)
+	b.keep(30)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res, err := b.replayer().Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}, Rate: 20,
+		Progress: func(p Progress) {
+			if p.Done == 5 {
+				cancel()
+			}
+		}})
+	if err != nil || !res.Stopped || len(res.Sent) != 5 {
+		t.Fatalf("stopped replay: sent %d, stopped %v, %v", len(res.Sent), res.Stopped, err)
+	}
+	snap := b.snapshot(b.inspector())
+	if open := len(snap.List(Filter{Fingerprint: "fp-a"})); open != 25 || b.depth(b.q.Name) != 5 {
+		t.Fatalf("%d open, %d sent to the work queue", open, b.depth(b.q.Name))
+	}
+	last := snap.Events[len(snap.Events)-1]
+	if last.Kind != EventReplayFinished || last.Counts["stopped"] != 1 || last.Counts["sent"] != 5 {
+		t.Fatalf("last event %+v", last)
+	}
+}

@@ -1,0 +1,268 @@
+package quarantine
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+)
+
+// A record is what a quarantine keeps of one quarantined message. The
+// intake (the quarantine queue, a quorum queue that the broker's dead
+// letters and the runtime's quarantine publishes arrive in) is drained by a
+// Keeper into the records stream, one stream message per record:
+//
+//	headers: dlxbridge-record-id, dlxbridge-record-intake (short strings, for people reading the stream)
+//	body:    "DLXREC1\n", a 4-byte big-endian length n, n bytes of JSON meta, then the payload as received
+//
+// The meta holds every AMQP property and the original header table in the
+// typed encoding of EncodeTable, because a stream drops header values that
+// are arrays or tables (and the broker's x-death on 3.10). They travel in
+// the body, not in a header, so a record never exceeds a frame (a
+// quarantined message's headers may already fill one), and the user-id
+// property is kept without the broker checking it against the keeper's
+// login.
+
+// Record header names on the stream message.
+const (
+	HeaderRecordID     = "dlxbridge-record-id"
+	HeaderRecordIntake = "dlxbridge-record-intake"
+)
+
+// recordMagic starts every record body; the digit is the layout version.
+const recordMagic = "DLXREC1\n"
+
+// ErrNotRecord: a stream message that is not a record in a layout this
+// version reads.
+var ErrNotRecord = errors.New("quarantine: not a record")
+
+// Properties are the AMQP properties of a quarantined message as received.
+type Properties struct {
+	ContentType     string    `json:"content_type,omitempty"`
+	ContentEncoding string    `json:"content_encoding,omitempty"`
+	DeliveryMode    uint8     `json:"delivery_mode,omitempty"`
+	Priority        uint8     `json:"priority,omitempty"`
+	CorrelationID   string    `json:"correlation_id,omitempty"`
+	ReplyTo         string    `json:"reply_to,omitempty"`
+	Expiration      string    `json:"expiration,omitempty"`
+	MessageID       string    `json:"message_id,omitempty"`
+	Timestamp       time.Time `json:"timestamp,omitzero"`
+	Type            string    `json:"type,omitempty"`
+	UserID          string    `json:"user_id,omitempty"`
+	AppID           string    `json:"app_id,omitempty"`
+}
+
+func propertiesOf(d *amqp.Delivery) Properties {
+	return Properties{
+		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
+		Priority: d.Priority, CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Expiration: d.Expiration,
+		MessageID: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, UserID: d.UserId, AppID: d.AppId,
+	}
+}
+
+// recordMeta is the JSON part of a record body.
+type recordMeta struct {
+	ID         string          `json:"id"`
+	Intake     string          `json:"intake"`
+	StoredAt   time.Time       `json:"stored_at"`
+	Exchange   string          `json:"exchange"`
+	RoutingKey string          `json:"routing_key"`
+	Props      Properties      `json:"properties"`
+	Headers    json.RawMessage `json:"headers"`
+	// Envelope, Redrives and Version are read from the headers when the
+	// record is written, so that listing a stream needs no header decode.
+	Envelope *Envelope `json:"envelope,omitempty"`
+	Redrives int       `json:"redrive_count,omitempty"`
+	Version  string    `json:"version_header,omitempty"`
+}
+
+// RecordID is a quarantined message's stable, short id: the first 12 hex
+// digits of a SHA-256 over what the message is (the exchange and routing
+// key it reached the intake with, its properties, its headers but
+// x-delivery-count, which a redelivery changes, and its payload). A record
+// written twice (a keeper that crashed between the stream's confirm and the
+// intake's ack) has the same id, and readers keep one. Unlike a stream
+// offset, it survives retention.
+func RecordID(d *amqp.Delivery) (string, error) {
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		if k != "x-delivery-count" {
+			h[k] = v
+		}
+	}
+	enc, err := EncodeTable(h)
+	if err != nil {
+		return "", err
+	}
+	props, _ := json.Marshal(propertiesOf(d))
+	sum := sha256.New()
+	for _, part := range [][]byte{[]byte(d.Exchange), []byte(d.RoutingKey), props, enc, d.Body} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		sum.Write(n[:])
+		sum.Write(part)
+	}
+	return hex.EncodeToString(sum.Sum(nil))[:12], nil
+}
+
+// encodeRecord turns an intake delivery into the stream message that keeps
+// it.
+func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishing, string, error) {
+	id, err := RecordID(d)
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	headers, err := EncodeTable(d.Headers)
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	env, _ := Read(d)
+	meta, err := json.Marshal(recordMeta{
+		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		Props: propertiesOf(d), Headers: headers, Envelope: &env,
+		Redrives: intOf(d.Headers[HeaderRedriveCount]), Version: str(d.Headers, versionHeader),
+	})
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	body := make([]byte, 0, len(recordMagic)+4+len(meta)+len(d.Body))
+	body = append(body, recordMagic...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(meta)))
+	body = append(body, meta...)
+	body = append(body, d.Body...)
+	return amqp.Publishing{
+		Headers:      amqp.Table{HeaderRecordID: id, HeaderRecordIntake: intake},
+		ContentType:  "application/vnd.dlxbridge.record",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+		Body:         body,
+	}, id, nil
+}
+
+// versionHeader is the default schema version header, kept in a record's
+// meta for filtering records whose envelope has no version.
+const versionHeader = "schema-version"
+
+// decodeRecord reads a record body back: its meta and payload. The headers
+// stay encoded in meta.Headers until someone asks for them.
+func decodeRecord(body []byte) (*recordMeta, []byte, error) {
+	if !bytes.HasPrefix(body, []byte(recordMagic)) || len(body) < len(recordMagic)+4 {
+		return nil, nil, ErrNotRecord
+	}
+	rest := body[len(recordMagic):]
+	n := binary.BigEndian.Uint32(rest)
+	rest = rest[4:]
+	if uint64(n) > uint64(len(rest)) {
+		return nil, nil, fmt.Errorf("%w: meta length %d over the body", ErrNotRecord, n)
+	}
+	var m recordMeta
+	if err := json.Unmarshal(rest[:n], &m); err != nil {
+		return nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
+	}
+	return &m, rest[n:], nil
+}
+
+// Keeper drains one quarantine's intake into its records stream: each
+// message is published to the stream (mandatory, confirmed) and only then
+// acked on the intake, the same confirm-before-ack rule as every other
+// move. A crash in between leaves the message on the intake and its record
+// in the stream; it is written again with the same id, and readers keep
+// one. It tolerates an intake that already holds messages when it starts.
+type Keeper struct {
+	// Consume reads the intake; Publish writes the stream (they may be the
+	// same connection). Required.
+	Consume, Publish *amqp.Connection
+	// Intake is the quarantine queue; Records its records stream. Required.
+	Intake, Records string
+	// Prefetch bounds unacked intake messages. Defaults to 50.
+	Prefetch int
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// kept, when set, is called after each record is acked (tests).
+	kept func(id string)
+}
+
+// Run keeps records until ctx ends (then returns nil) or a channel fails (an
+// error; the caller restarts it with backoff). A message whose record
+// cannot be written is rejected with requeue, never acked.
+func (k *Keeper) Run(ctx context.Context) error {
+	now, log, prefetch := k.Now, k.Logger, k.Prefetch
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if prefetch <= 0 {
+		prefetch = 50
+	}
+	pub, err := amqpx.NewPublisher(k.Publish)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	ch, err := k.Consume.Channel()
+	if err != nil {
+		return fmt.Errorf("keeper %s: open channel: %w", k.Intake, err)
+	}
+	defer func() {
+		// An ack written just before its channel closes can be lost (seen
+		// on 3.10.8); the message would then be stored twice (same id).
+		time.Sleep(20 * time.Millisecond)
+		_ = ch.Close()
+	}()
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return fmt.Errorf("keeper %s: prefetch: %w", k.Intake, err)
+	}
+	// Not ConsumeWithContext: its cancel races the channel close below and
+	// can leave Close waiting forever. Closing the channel cancels the
+	// consumer; the broker requeues what is unacked.
+	deliveries, err := ch.Consume(k.Intake, consumerTag("keeper"), false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("keeper %s: consume: %w", k.Intake, err)
+	}
+	for {
+		var d amqp.Delivery
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok = <-deliveries:
+		}
+		if !ok {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("keeper %s: intake channel closed", k.Intake)
+		}
+		msg, id, err := encodeRecord(&d, k.Intake, now())
+		if err != nil {
+			// Cannot happen for anything amqp091-go decoded; never ack it.
+			log.Error("quarantine keeper: cannot encode a record; left on the intake", "intake", k.Intake, "error", err)
+			_ = d.Nack(false, true)
+			return fmt.Errorf("keeper %s: %w", k.Intake, err)
+		}
+		if err := pub.Publish(context.WithoutCancel(ctx), "", k.Records, msg); err != nil {
+			_ = d.Nack(false, true)
+			return fmt.Errorf("keeper %s: write record to %s (was the topology applied?): %w", k.Intake, k.Records, err)
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("keeper %s: ack: %w", k.Intake, err)
+		}
+		if k.kept != nil {
+			k.kept(id)
+		}
+	}
+}
