@@ -127,7 +127,19 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 	fs.DurationVar(&o.Idle, "idle", 30*time.Second, "give a side up after this long without progress")
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: dlxbridge bench [flags]\n\nDrains the same messages with the dlxbridge runtime and with plain amqp091-go,\ninterleaved, and reconciles every id. Exit 1 on any mismatch.\n\nflags:")
+		fmt.Fprint(stderr, `usage: dlxbridge bench [flags]
+
+Drains the same pre-published orders.created v2 messages from fresh quorum
+queues with plain amqp091-go ("raw": consume, json.Unmarshal, ack, one at a
+time) and with the dlxbridge runtime ("bridge": gate, handler binding the
+body), interleaved, each side in a process of its own. Scenario clean: every
+message succeeds. Scenario storm: 10% schema-invalid, 20% fail once, 1% always
+fail (raw has no failure handling and acks them all). Then every id is
+reconciled: handled (raw: acked) or quarantined, body as published,
+duplicates counted apart. Exit 1 on any mismatch. Deletes what it declares.
+
+flags:
+`)
 		fs.VisitAll(func(f *flag.Flag) {
 			if f.Usage != "" {
 				fmt.Fprintf(stderr, "  --%s (default %q)\n    \t%s\n", f.Name, f.DefValue, f.Usage)

@@ -63,6 +63,42 @@ func TestStormMix(t *testing.T) {
 	}
 }
 
+// tally tells losses, misplacements and duplicates apart.
+func TestTally(t *testing.T) {
+	t.Parallel()
+	// In a storm of 100, id 0 is schema-invalid ((0*37)%100 = 0) and id 2
+	// must succeed (74).
+	if KindOf(Storm, 0) != Invalid || KindOf(Storm, 2) != OK {
+		t.Fatalf("kinds: %s %s", KindOf(Storm, 0), KindOf(Storm, 2))
+	}
+	s := &sideSpec{Side: Bridge, Scenario: Storm, Count: 100}
+	handled, quarantined, left := make([]byte, 100), make([]int, 100), make([]int, 100)
+	for i := range 100 {
+		if KindOf(Storm, i).Quarantined() {
+			quarantined[i] = 1
+		} else {
+			handled[i] = 1
+		}
+	}
+	var r sideReport
+	tally(&r, s, handled, quarantined, left)
+	if r.failed() || r.Duplicates != 0 || r.Handled+r.Quarantined != 100 {
+		t.Fatalf("all accounted: %+v", r)
+	}
+	handled[2], left[3] = 0, 1 // 2 lost; 3 handled and a copy left: a duplicate
+	handled[0] = 1             // an invalid message handled
+	quarantined[5] = 2         // quarantined twice: misplaced if 5 must succeed
+	r = sideReport{}
+	tally(&r, s, handled, quarantined, left)
+	wantMisplaced := 1
+	if !KindOf(Storm, 5).Quarantined() {
+		wantMisplaced++
+	}
+	if r.Lost != 1 || r.LostIDs[0] != ID(2) || r.Misplaced != wantMisplaced || r.Duplicates < 3 || !r.failed() {
+		t.Errorf("got %+v; want 1 lost (%s), %d misplaced, at least 3 duplicates", r, ID(2), wantMisplaced)
+	}
+}
+
 func runCommand(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer

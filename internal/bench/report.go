@@ -49,6 +49,9 @@ func (r *sideReport) failed() bool {
 // and anything still in the work queue or a retry lane) and checks every
 // id against what the side reported.
 func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport, error) {
+	if len(res.Handled) != s.Count {
+		return nil, fmt.Errorf("the %s side reported %d ids, want %d", s.Side, len(res.Handled), s.Count)
+	}
 	r := &sideReport{
 		Seconds: res.Seconds, MaxRSSKB: res.MaxRSSKB, TimedOut: res.TimedOut,
 		BadBodies: len(res.BadBodies), Unknown: res.Unknown,
@@ -92,8 +95,15 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 			return nil, fmt.Errorf("read what is left in %s: %w", n.Name, err)
 		}
 	}
+	tally(r, s, res.Handled, quarantined, left)
+	return r, nil
+}
+
+// tally checks every id: handled[i] successes (raw: acks), quarantined[i]
+// copies in the quarantine, left[i] copies still queued.
+func tally(r *sideReport, s *sideSpec, handled []byte, quarantined, left []int) {
 	for i := range s.Count {
-		h, qn := int(res.Handled[i]), quarantined[i]
+		h, qn := int(handled[i]), quarantined[i]
 		if h > 0 {
 			r.Handled++
 		}
@@ -114,7 +124,6 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 			r.Misplaced++
 		}
 	}
-	return r, nil
 }
 
 // Report is a whole run: what the JSON line holds.
@@ -283,7 +292,7 @@ func (rep *Report) writeText(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintln(w)
 	if rep.Reconciled {
-		fmt.Fprintf(w, "reconciled: every id handled (raw: acked) or quarantined, bodies byte for byte as published; 0 lost, %d duplicates (at-least-once, not losses)\n", rep.Duplicates)
+		fmt.Fprintf(w, "reconciled: every id handled (raw: acked) or quarantined, bodies as published (quarantined: byte for byte; handled: length and CRC-32C); 0 lost, %d duplicates (at-least-once, not losses)\n", rep.Duplicates)
 	} else {
 		fmt.Fprintf(w, "NOT RECONCILED: %d lost, %d misplaced, %d bad bodies; %d duplicates\n", rep.Lost, rep.Misplaced, rep.BadBodies, rep.Duplicates)
 	}
