@@ -206,16 +206,13 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	defer conn.Close()
 	rep := newReport(o, conn)
 	for _, sc := range o.Scenarios {
-		msgs := make([]amqp.Publishing, o.Count)
-		for i := range msgs {
-			msgs[i] = Publishing(i, Body(i, o.Size, KindOf(sc, i)))
-		}
+		msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
 		for r := range o.Rounds {
 			order := []string{Raw, Bridge}
 			if r%2 == 1 {
 				order = []string{Bridge, Raw}
 			}
-			res, err := runRound(ctx, conn, o, sc, r+1, order, msgs, stderr)
+			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
 			if err != nil {
 				rep.finish()
 				return rep, fmt.Errorf("%s round %d: %w", sc, r+1, err)
@@ -235,7 +232,7 @@ type roundResult struct {
 
 // runRound declares a fresh topology per side, publishes the same messages
 // to both, drains each side in order, reconciles, and deletes everything.
-func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string, round int, order []string, msgs []amqp.Publishing, stderr io.Writer) (_ *roundResult, err error) {
+func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string, round int, order []string, msg func(i int) amqp.Publishing, stderr io.Writer) (_ *roundResult, err error) {
 	prefixes := map[string]string{}
 	var exchanges []string
 	for _, s := range order {
@@ -258,7 +255,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 		prefixes[s] = prefix
 		exchanges = append(exchanges, cfg.Queues[0].Exchange.Name)
 	}
-	if err := PublishAll(ctx, conn, exchanges, msgs); err != nil {
+	if err := PublishAll(ctx, conn, exchanges, o.Count, msg); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
 	if o.drop > 0 {

@@ -68,11 +68,12 @@ func Publishing(i int, body []byte) amqp.Publishing {
 // publishWindow is how many publishes may await their confirm at once.
 const publishWindow = 512
 
-// PublishAll publishes msgs to every exchange in exchanges (each message to
-// each exchange, in order) with confirms, keeping up to publishWindow
-// unconfirmed, and returns once every one is confirmed; a nack or a
-// return (nothing bound) is an error.
-func PublishAll(ctx context.Context, conn *amqp.Connection, exchanges []string, msgs []amqp.Publishing) error {
+// PublishAll publishes msg(0) … msg(n-1) to every exchange in exchanges
+// (each message to each exchange, in order) with confirms, keeping up to
+// publishWindow unconfirmed, and returns once every one is confirmed; a
+// nack or a return (nothing bound) is an error. Messages are made as they
+// are sent, so a large n costs no memory.
+func PublishAll(ctx context.Context, conn *amqp.Connection, exchanges []string, n int, msg func(i int) amqp.Publishing) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
@@ -104,7 +105,8 @@ func PublishAll(ctx context.Context, conn *amqp.Connection, exchanges []string, 
 		}
 		return nil
 	}
-	for _, m := range msgs {
+	for i := range n {
+		m := msg(i)
 		for _, x := range exchanges {
 			if err := await(publishWindow - 1); err != nil {
 				return err
