@@ -125,7 +125,7 @@ func TestBenchReconcilesEveryID(t *testing.T) {
 	if !rep.Reconciled || rep.Lost != 0 || rep.Misplaced != 0 || rep.BadBodies != 0 {
 		t.Errorf("report: %+v", rep)
 	}
-	if len(rep.Scenarios) != 2 {
+	if len(rep.Scenarios) != 2 || rep.StormVsClean <= 0 {
 		t.Fatalf("scenarios: %+v", rep.Scenarios)
 	}
 	for _, sc := range rep.Scenarios {

@@ -142,6 +142,9 @@ type Report struct {
 	Misplaced   int              `json:"misplaced"`
 	BadBodies   int              `json:"bad_bodies"`
 	Duplicates  int              `json:"duplicates"`
+	// StormVsClean is the bridge's median storm rate ÷ its median clean
+	// rate, when both ran: how much of its speed a storm of failures costs.
+	StormVsClean float64 `json:"bridge_storm_vs_clean,omitempty"`
 
 	opts *Options
 }
@@ -218,6 +221,18 @@ func (rep *Report) finish() {
 			sc.CPURatio = round3(sc.Bridge.CPUPerMsgUS / sc.Raw.CPUPerMsgUS)
 		}
 	}
+	var clean, storm float64
+	for _, sc := range rep.Scenarios {
+		switch sc.Scenario {
+		case Clean:
+			clean = sc.Bridge.Rate
+		case Storm:
+			storm = sc.Bridge.Rate
+		}
+	}
+	if clean > 0 && storm > 0 {
+		rep.StormVsClean = round3(storm / clean)
+	}
 }
 
 func median(xs []float64) float64 {
@@ -290,6 +305,9 @@ func (rep *Report) writeText(w io.Writer) {
 			float64(sc.Raw.MaxRSSKB)/1024, float64(sc.Bridge.MaxRSSKB)/1024)
 	}
 	_ = tw.Flush()
+	if rep.StormVsClean > 0 {
+		fmt.Fprintf(w, "the bridge settles a storm at %.2f× its clean rate\n", rep.StormVsClean)
+	}
 	fmt.Fprintln(w)
 	if rep.Reconciled {
 		fmt.Fprintf(w, "reconciled: every id handled (raw: acked) or quarantined, bodies as published (quarantined: byte for byte; handled: length and CRC-32C); 0 lost, %d duplicates (at-least-once, not losses)\n", rep.Duplicates)
