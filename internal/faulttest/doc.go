@@ -8,5 +8,7 @@
 // apart.
 //
 // The slowest run longer with DLXBRIDGE_FAULTS=full (set by .ci/run on one
-// broker pass); the package has no code besides its tests.
+// broker pass); the package has no code besides its tests. The tests do not
+// run in parallel: each boots a private Erlang node, and several at once on
+// a small machine starve each other (and the shared brokers).
 package faulttest
