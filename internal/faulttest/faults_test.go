@@ -279,6 +279,7 @@ func TestMemoryAlarmWhileRetriesArePublished(t *testing.T) {
 	// After the first 10, handlers about to fail wait for the alarm, so
 	// that their retries are published while it is on.
 	alarmRaised := make(chan struct{})
+	var release sync.Once
 	alarmOn := false
 	t.Cleanup(func() {
 		if alarmOn {
@@ -289,16 +290,16 @@ func TestMemoryAlarmWhileRetriesArePublished(t *testing.T) {
 	retried := func() float64 { return counter(t, reg, "dlxbridge_deliveries_total", "outcome", "retried") }
 	w.runConsumer(reg, func() {
 		if failures.Add(1) > 10 {
-			select {
-			case <-alarmRaised:
-			case <-time.After(2 * time.Minute):
-			}
+			<-alarmRaised
 		}
 		if alarm.Load() {
 			duringAlarm.Add(1)
 		}
 		w.ledger.notify()
 	})
+	// If the test ends early, parked handlers go on before the runtime
+	// stops (cleanups run last registered first).
+	t.Cleanup(func() { release.Do(func() { close(alarmRaised) }) })
 	if !w.ledger.waitFor(func() bool { return failures.Load() > 10 }, 60*time.Second) {
 		t.Fatalf("only %d transient failures before the alarm", failures.Load())
 	}
@@ -306,7 +307,7 @@ func TestMemoryAlarmWhileRetriesArePublished(t *testing.T) {
 	alarmOn = true
 	alarm.Store(true)
 	retriedBefore := retried()
-	close(alarmRaised)
+	release.Do(func() { close(alarmRaised) })
 	if !w.ledger.waitFor(func() bool { return duringAlarm.Load() >= 1 }, 30*time.Second) {
 		t.Fatal("no handler failed (no retry to publish) during the alarm")
 	}
