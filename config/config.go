@@ -1,7 +1,8 @@
 // Package config loads and validates dlxbridge's config.yaml.
 //
-// It is a leaf: it knows the file format, its defaults and its rules, and
-// nothing about AMQP. Components (topology, consumer, schemas) build their own
+// It knows the file format, its defaults and its rules, and nothing about
+// AMQP; where a rule belongs to a decision (a queue's breaker), it asks the
+// pure triage package instead of restating it. Components (topology, consumer, schemas) build their own
 // models from a validated *Config.
 //
 // Load never returns a half-valid config: either every problem is reported
@@ -122,6 +123,9 @@ type Queue struct {
 	// received. The crash-loop guard runs in every mode. Defaults to
 	// "enforce".
 	Gate string `yaml:"gate"`
+
+	// Breaker pauses the queue while its handlers' dependency is down.
+	Breaker Breaker `yaml:"breaker"`
 }
 
 // Schema gate modes (Queue.Gate).
