@@ -68,12 +68,19 @@ func FuzzBreaker(f *testing.F) {
 		now := t0
 		state := BreakerClosed
 		var until time.Time
-		latest := now // the latest time the breaker was told: its clock never runs back
+		var latest time.Time // the latest time the breaker was told: its clock never runs back
+		tell := func() {
+			if now.After(latest) {
+				latest = now
+			}
+		}
 		var tickets []Ticket
 		inFlight := 0           // probes of the current half-open period not yet recorded
 		period := 0             // transitions seen
 		ticketPeriod := []int{} // period of each ticket
 		consec := 0             // counted failures in a row in the current closed period
+		opens := 0              // open periods since the breaker last closed
+		var lastBackoff time.Duration
 
 		check := func(step int, tr Transition, before BreakerState) {
 			t.Helper()
@@ -114,11 +121,9 @@ func FuzzBreaker(f *testing.F) {
 			if i+1 < len(program) {
 				arg = program[i+1]
 			}
-			if now.After(latest) && op%5 <= 1 {
-				latest = now
-			}
 			switch op % 5 {
 			case 0: // admit
+				tell()
 				before := state
 				a := b.Admit(now)
 				check(i, a.Transition, before)
@@ -159,6 +164,7 @@ func FuzzBreaker(f *testing.F) {
 				if len(tickets) == 0 {
 					continue
 				}
+				tell()
 				k := int(arg) % len(tickets)
 				tk, tp := tickets[k], ticketPeriod[k]
 				tickets = append(tickets[:k], tickets[k+1:]...)
@@ -188,6 +194,28 @@ func FuzzBreaker(f *testing.F) {
 				}
 				if tr.Cause == CauseConsecutive && consec < d.ConsecutiveFailures {
 					t.Fatalf("step %d: tripped after %d failures in a row, policy says %d", i, consec, d.ConsecutiveFailures)
+				}
+				if tr.To == BreakerOpen {
+					// Every open since closing is counted; a signalled delay is
+					// the period (capped); a backoff never shrinks from one
+					// reopen to the next (the injected u is constant).
+					opens++
+					if tr.Opens != opens {
+						t.Fatalf("step %d: %v is open #%d, model says #%d", i, tr, tr.Opens, opens)
+					}
+					if o.DependencyDown && o.RetryAfter > 0 {
+						if tr.OpenFor != min(o.RetryAfter, d.MaxOpen) {
+							t.Fatalf("step %d: signalled %s, open for %s (MaxOpen %s)", i, o.RetryAfter, tr.OpenFor, d.MaxOpen)
+						}
+					} else {
+						if tr.OpenFor < lastBackoff {
+							t.Fatalf("step %d: reopened for %s, shorter than the previous %s", i, tr.OpenFor, lastBackoff)
+						}
+						lastBackoff = tr.OpenFor
+					}
+				}
+				if tr.To == BreakerClosed {
+					opens, lastBackoff = 0, 0
 				}
 				check(i, tr, before)
 			case 2: // time passes, up to ~18h in uneven steps
