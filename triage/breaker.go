@@ -322,9 +322,10 @@ type BreakerStatus struct {
 //	closed ──(trip: consecutive | ratio | signal)──▶ open
 //	open ──(deadline reached, on the next Admit)──▶ half-open
 //	half-open ──(Probes probes succeeded)──▶ closed
-//	half-open ──(a probe failed, or a signal)──▶ open, for a longer period
+//	half-open ──(a probe failed, or a signal)──▶ open again
 //
-// Only these four edges exist. What counts (Counted): a failure of class
+// Only these four edges exist. Each reopen without closing backs off
+// longer, unless the dependency signalled its own Retry-After. What counts (Counted): a failure of class
 // transient or timeout, and any explicit dependency signal (DependencyDown).
 // Permanent, schema, crash-loop, broker dead-letter classes and handler
 // panics are neutral: they say something about the message or the code, not

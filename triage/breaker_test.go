@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -330,4 +331,31 @@ func TestBreakerPolicyValidate(t *testing.T) {
 			t.Errorf("%+v: NewBreaker error %v", tt.p, nerr)
 		}
 	}
+}
+
+// One breaker is shared by a queue's workers: under -race, concurrent
+// admissions and outcomes never put more than Probes probes in flight.
+func TestBreakerConcurrent(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(t, BreakerPolicy{ConsecutiveFailures: 2, MinOpen: time.Millisecond, MaxOpen: 4 * time.Millisecond, Probes: 2})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			now := t0
+			for i := range 2000 {
+				now = now.Add(time.Millisecond)
+				a := b.Admit(now)
+				if st := b.Status(); st.ProbesInFlight > 2 {
+					t.Errorf("%d probes in flight", st.ProbesInFlight)
+					return
+				}
+				if a.Verdict == AdmitDeliver || a.Verdict == AdmitProbe {
+					b.Record(now, a.Ticket, fuzzOutcomes[(w+i)%len(fuzzOutcomes)])
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
