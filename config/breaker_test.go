@@ -1,6 +1,10 @@
 package config_test
 
 import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +82,32 @@ func TestBreakerInvalid(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), "BreakerPolicy") {
 			t.Errorf("breaker: %s: the message speaks Go, not config keys: %v", tt.yaml, err)
+		}
+	}
+}
+
+// Every breaker key is documented in docs/config.md and shown in the
+// commented config.yaml.
+func TestBreakerKeysDocumented(t *testing.T) {
+	t.Parallel()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..")
+	docs, err := os.ReadFile(filepath.Join(root, "docs", "config.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile(filepath.Join(root, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ := reflect.TypeOf(config.Breaker{})
+	for i := 0; i < typ.NumField(); i++ {
+		key, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
+		if !strings.Contains(string(docs), "| `"+key+"` |") {
+			t.Errorf("docs/config.md has no row for breaker key %s", key)
+		}
+		if !strings.Contains(string(example), "      "+key+":") {
+			t.Errorf("config.yaml does not show breaker key %s", key)
 		}
 	}
 }
