@@ -1,7 +1,8 @@
 // Package config loads and validates dlxbridge's config.yaml.
 //
-// It is a leaf: it knows the file format, its defaults and its rules, and
-// nothing about AMQP. Components (topology, consumer, schemas) build their own
+// It knows the file format, its defaults and its rules, and nothing about
+// AMQP; where a rule belongs to a decision (a queue's breaker), it asks the
+// pure triage package instead of restating it. Components (topology, consumer, schemas) build their own
 // models from a validated *Config.
 //
 // Load never returns a half-valid config: either every problem is reported
@@ -126,6 +127,10 @@ type Queue struct {
 	// Owner says whom to page about this queue's quarantine; it is in every
 	// quarantine record and in `quarantine stats`. Defaults to none.
 	Owner Owner `yaml:"owner"`
+
+	// Breaker configures the queue's circuit breaker (docs/breaker.md). The
+	// runtime does not act on it yet: it is validated and documented only.
+	Breaker Breaker `yaml:"breaker"`
 }
 
 // Owner is the team responsible for a queue.

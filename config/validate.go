@@ -93,6 +93,7 @@ func (c *Config) ApplyDefaults() {
 		if q.Gate == "" {
 			q.Gate = GateEnforce
 		}
+		q.Breaker.applyDefaults()
 		for j := range q.Accepts {
 			for k, v := range q.Accepts[j].Versions {
 				q.Accepts[j].Versions[k] = NormalizeVersion(v)
@@ -305,6 +306,9 @@ func (c *Config) Validate() error {
 					add(fmt.Sprintf("%s.versions[%d]", ap, k), "%q: a version is a whole number such as 1 or v1", v)
 				}
 			}
+		}
+		if e, bad := q.Breaker.validate(p + ".breaker"); bad {
+			errs = append(errs, e)
 		}
 	}
 	if !envNameRE.MatchString(c.Security.SigningKeyEnv) {

@@ -122,7 +122,7 @@ func orDefault(err error, msg string) error {
 //	Schema, or SchemaFailure() == true → ClassSchema
 //	Permanent                          → ClassPermanent
 //	context.DeadlineExceeded           → ClassTimeout (with the RetryAfter hint, if any)
-//	RetryAfter                         → ClassTransient with the hint
+//	RetryAfter or DependencyDown       → ClassTransient with the hint
 //	anything else                      → ClassTransient
 //
 // context.Canceled is transient: whether a cancelled handler (shutdown) is

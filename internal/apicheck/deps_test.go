@@ -8,13 +8,13 @@ import (
 // layers ranks the public packages: a package may import public packages of
 // a lower rank only, so dependencies point one way. Leaves first.
 var layers = map[string]int{
-	"config":     0, // the file format, defaults and rules
 	"schemas":    0, // the registry and the gate
 	"triage":     0, // pure decisions
-	"topology":   1, // the declarative model; uses config and triage
+	"config":     1, // the file format and defaults; uses triage's rules (breaker policy)
 	"quarantine": 1, // the envelope; uses triage
 	"publisher":  1, // the validating publisher; uses schemas
-	"consumer":   2, // the runtime; uses all of them
+	"topology":   2, // the declarative model; uses config and triage
+	"consumer":   3, // the runtime; uses all of them
 }
 
 // Nothing public may import these, whatever its rank.
