@@ -13,6 +13,8 @@ package config
 
 import (
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Config is the whole file.
@@ -264,7 +266,7 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultMaxElapsed     = 15 * time.Minute
 	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultVersionHeader  = "schema-version"
+	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = "/type"
 	DefaultVersionPtr     = "/schemaVersion"
 	QuarantineSuffix      = ".quarantine"

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -13,26 +12,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
-	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
-)
-
-// HeaderIdempotencyKey is the header a publisher sets to name a message's
-// idempotency key; the message id is used when it is absent.
-const HeaderIdempotencyKey = publisher.HeaderIdempotencyKey
-
-// Headers the bridge adds to a retried message besides the attempt count.
-const (
-	// HeaderLastError is the last failure's error text (truncated).
-	HeaderLastError = "dlxbridge-last-error"
-	// HeaderOriginalExpiration keeps a message's own expiration property,
-	// which the retry replaces with its delay and quarantine drops (the
-	// quarantine never expires anything).
-	HeaderOriginalExpiration = "dlxbridge-original-expiration"
-	// HeaderOriginalUserID keeps the user-id property, which the broker
-	// refuses on a publish by a different user.
-	HeaderOriginalUserID = "dlxbridge-original-user-id"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // retryHeaders copies h without the headers the broker owns. A retry must
@@ -47,7 +29,7 @@ const (
 func retryHeaders(h amqp.Table) amqp.Table {
 	out := make(amqp.Table, len(h))
 	for k, v := range h {
-		if k == "x-death" || k == "x-delivery-count" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+		if wire.IsBrokerHeader(k) {
 			continue
 		}
 		out[k] = v
@@ -56,15 +38,8 @@ func retryHeaders(h amqp.Table) amqp.Table {
 }
 
 func idempotencyKey(d *amqp.Delivery) string {
-	switch v := d.Headers[HeaderIdempotencyKey].(type) {
-	case string:
-		if v != "" {
-			return v
-		}
-	case []byte:
-		if len(v) > 0 {
-			return string(v)
-		}
+	if k := wire.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
+		return k
 	}
 	return d.MessageId
 }
@@ -82,12 +57,12 @@ func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table)
 		h[k] = v
 	}
 	if d.Expiration != "" {
-		if _, kept := h[HeaderOriginalExpiration]; !kept {
-			h[HeaderOriginalExpiration] = d.Expiration
+		if _, kept := h[wire.HeaderOriginalExpiration]; !kept {
+			h[wire.HeaderOriginalExpiration] = d.Expiration
 		}
 	}
 	if d.UserId != "" {
-		h[HeaderOriginalUserID] = d.UserId
+		h[wire.HeaderOriginalUserID] = d.UserId
 	}
 	return amqp.Publishing{
 		Headers:         h,
@@ -113,13 +88,13 @@ func (qr *queueRuntime) origin(d *amqp.Delivery, signed bool) (exchange, key, qu
 	if !signed {
 		return exchange, key, queue
 	}
-	if v, ok := d.Headers[quarantine.HeaderOriginalExchange].(string); ok {
+	if v, ok := wire.String(d.Headers[wire.HeaderOriginalExchange]); ok {
 		exchange = v
 	}
-	if v, ok := d.Headers[quarantine.HeaderOriginalRoutingKey].(string); ok {
+	if v, ok := wire.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
 		key = v
 	}
-	if v, ok := d.Headers[quarantine.HeaderOriginalQueue].(string); ok && v != "" {
+	if v := wire.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
 		queue = v
 	}
 	return exchange, key, queue
@@ -135,7 +110,7 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 		first = qr.c.cfg.Now()
 	}
 	p := republish(d, retryHeaders(d.Headers), d.Body, w.retryState(d, f, int64(v.Attempt), first))
-	p.Headers[HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
+	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
 	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true), w.resign(d),
@@ -154,12 +129,12 @@ func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure
 	qr := w.qs.qr
 	base := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
-		if k != triage.HeaderDeliveryCount {
+		if k != wire.HeaderDeliveryCount {
 			base[k] = v
 		}
 	}
 	state := w.retryState(d, f, int64(f.attempts.Failed), f.attempts.FirstFailure)
-	state[triage.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
+	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
 	p := republish(d, base, d.Body, state)
 	f.attempts.Notes = append(f.attempts.Notes, f.verdict.Reason)
 	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
@@ -172,13 +147,13 @@ func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure
 func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first time.Time) amqp.Table {
 	ex, key, queue := w.qs.qr.origin(d, f.attempts.Signed)
 	h := amqp.Table{
-		triage.HeaderAttempts:               attempts,
-		quarantine.HeaderOriginalExchange:   ex,
-		quarantine.HeaderOriginalRoutingKey: key,
-		quarantine.HeaderOriginalQueue:      queue,
+		wire.HeaderAttempts:           attempts,
+		wire.HeaderOriginalExchange:   ex,
+		wire.HeaderOriginalRoutingKey: key,
+		wire.HeaderOriginalQueue:      queue,
 	}
 	if !first.IsZero() {
-		h[triage.HeaderFirstFailure] = first.UTC().Format(rfc3339Nano)
+		h[wire.HeaderFirstFailureAt] = first.UTC().Format(rfc3339Nano)
 	}
 	return h
 }
@@ -255,7 +230,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	if env.FirstFailureAt.IsZero() {
 		env.FirstFailureAt = now
 	}
-	if red.Headers[HeaderIdempotencyKey] == quarantine.Redacted {
+	if red.Headers[wire.HeaderIdempotencyKey] == quarantine.Redacted {
 		env.IdempotencyKey = quarantine.Redacted // redaction covers the envelope's copy too
 	}
 	if f.validation != nil {
@@ -274,7 +249,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	p := republish(d, red.Headers, red.Body, nil)
 	// The quarantine is no way back into the work queue: nothing there is
 	// signed (a replay starts the message's retry state over).
-	delete(p.Headers, triage.HeaderSignature)
+	delete(p.Headers, wire.HeaderSignature)
 	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
 	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
@@ -308,22 +283,22 @@ func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) erro
 func (qr *queueRuntime) fitRank(retry bool) func(string) quarantine.Rank {
 	return func(k string) quarantine.Rank {
 		switch k {
-		case telemetry.HeaderTraceparent, telemetry.HeaderTracestate, "baggage":
+		case wire.HeaderTraceparent, wire.HeaderTracestate, wire.HeaderBaggage:
 			return quarantine.TraceHeader
-		case HeaderLastError:
+		case wire.HeaderLastError:
 			return quarantine.DetailHeader
-		case quarantine.HeaderEnvelope, quarantine.HeaderSource, quarantine.HeaderClass, quarantine.HeaderReason,
-			quarantine.HeaderFingerprint, quarantine.HeaderAttempts, quarantine.HeaderFirstFailureAt,
-			quarantine.HeaderOriginalExchange, quarantine.HeaderOriginalRoutingKey, quarantine.HeaderOriginalQueue,
-			quarantine.HeaderIdempotencyKey, HeaderOriginalExpiration, HeaderOriginalUserID:
+		case wire.HeaderEnvelope, wire.HeaderSource, wire.HeaderClass, wire.HeaderReason,
+			wire.HeaderFingerprint, wire.HeaderAttempts, wire.HeaderFirstFailureAt,
+			wire.HeaderOriginalExchange, wire.HeaderOriginalRoutingKey, wire.HeaderOriginalQueue,
+			wire.HeaderIdempotencyKeyCopy, wire.HeaderOriginalExpiration, wire.HeaderOriginalUserID:
 			return quarantine.EssentialHeader
 		}
 		switch {
 		case retry:
 			return quarantine.FixedHeader
-		case k == qr.cfg.Message.VersionHeader || k == HeaderIdempotencyKey:
+		case k == qr.cfg.Message.VersionHeader || k == wire.HeaderIdempotencyKey:
 			return quarantine.IdentityHeader
-		case strings.HasPrefix(k, "dlxbridge-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-"):
+		case strings.HasPrefix(k, wire.OwnPrefix) || wire.IsDeathHeader(k):
 			return quarantine.DetailHeader
 		}
 		return quarantine.ProducerHeader
@@ -336,13 +311,8 @@ func priorNotes(d *amqp.Delivery, signed bool) []string {
 	if !signed {
 		return nil
 	}
-	if s, ok := d.Headers[quarantine.HeaderNotes].(string); ok {
-		var notes []string
-		if json.Unmarshal([]byte(s), &notes) == nil {
-			return notes
-		}
-	}
-	return nil
+	notes, _ := wire.StringList(d.Headers[wire.HeaderNotes])
+	return notes
 }
 
 // fingerprintText is what a failure is grouped by: the error, else the

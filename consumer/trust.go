@@ -12,20 +12,21 @@ import (
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // signedHeaders are the bridge's retry state: the headers a retry or a
 // re-admission carries back into the work queue, and that decide something
-// there. They are trusted only under a valid triage.HeaderSignature, which
+// there. They are trusted only under a valid wire.HeaderSignature, which
 // binds them to the work queue, the message id and the body.
 var signedHeaders = []string{
-	triage.HeaderAttempts,
-	triage.HeaderFirstFailure,
-	quarantine.HeaderOriginalExchange,
-	quarantine.HeaderOriginalRoutingKey,
-	quarantine.HeaderOriginalQueue,
-	quarantine.HeaderNotes,
-	triage.HeaderReadmitted,
+	wire.HeaderAttempts,
+	wire.HeaderFirstFailureAt,
+	wire.HeaderOriginalExchange,
+	wire.HeaderOriginalRoutingKey,
+	wire.HeaderOriginalQueue,
+	wire.HeaderNotes,
+	wire.HeaderReadmitted,
 }
 
 // newSigner loads the signing key: Config.SigningKey, else the environment
@@ -71,7 +72,7 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 	}
 	var ignored []string
 	for _, k := range signedHeaders {
-		if _, present := d.Headers[k]; present && k != triage.HeaderAttempts && k != triage.HeaderFirstFailure {
+		if _, present := d.Headers[k]; present && k != wire.HeaderAttempts && k != wire.HeaderFirstFailureAt {
 			ignored = append(ignored, k)
 		}
 	}
@@ -84,7 +85,7 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 // seal writes the notes and signs the retry state in h for d's work queue.
 // It runs last, after every signed header is final.
 func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
-	delete(h, quarantine.HeaderNotes)
+	delete(h, wire.HeaderNotes)
 	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
 	w.resign(d)(h)
 }
@@ -93,7 +94,7 @@ func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
 // after frame fitting has cut a header or added its notes.
 func (w *worker) resign(d *amqp.Delivery) func(amqp.Table) {
 	return func(h amqp.Table) {
-		h[triage.HeaderSignature] = w.qs.qr.c.signer.Sign(w.qs.qr.subject(d), h, signedHeaders)
+		h[wire.HeaderSignature] = w.qs.qr.c.signer.Sign(w.qs.qr.subject(d), h, signedHeaders)
 	}
 }
 

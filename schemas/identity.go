@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Identity modes: where a message names its type and schema version.
@@ -24,7 +26,7 @@ const (
 
 // Identity defaults.
 const (
-	DefaultVersionHeader  = "schema-version"
+	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = "/type"
 	DefaultVersionPointer = "/schemaVersion"
 )
