@@ -238,7 +238,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 	if version == "" || msgType == "" {
 		return errors.New("HandleVersion: type and version are required")
 	}
-	return c.register(queue, msgType, config.NormalizeVersion(version), h)
+	return c.register(queue, msgType, schemas.NormalizeVersion(version), h)
 }
 
 // Upcast registers fn to turn msgType data of version from into version to
@@ -246,7 +246,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 // the target version's schema before the handler sees it (unless the
 // message failed a gate in report mode: see Message.GateError).
 func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
-	from, to = config.NormalizeVersion(from), config.NormalizeVersion(to)
+	from, to = schemas.NormalizeVersion(from), schemas.NormalizeVersion(to)
 	if fn == nil || from == to {
 		return fmt.Errorf("Upcast %s v%s→v%s: need a function between two different versions", msgType, from, to)
 	}

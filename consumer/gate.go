@@ -38,13 +38,8 @@ func newGate(reg *schemas.Registry, q *config.Queue, accepts map[string][]string
 		return nil, nil
 	}
 	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry: reg,
-		Identity: schemas.Identity{
-			From:           q.Message.From,
-			VersionHeader:  q.Message.VersionHeader,
-			TypePointer:    q.Message.TypePointer,
-			VersionPointer: q.Message.VersionPointer,
-		},
+		Registry:     reg,
+		Identity:     q.Message.Identity(),
 		Accepts:      accepts,
 		MaxBodyBytes: maxBody,
 	})

@@ -61,14 +61,7 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	policy := triage.Policy{
-		Tiers:               q.Retry.Tiers,
-		Lanes:               q.Retry.Lanes,
-		Jitter:              q.Retry.JitterValue(),
-		MaxAttempts:         q.Retry.MaxAttempts,
-		MaxElapsed:          q.Retry.MaxElapsedValue(),
-		CrashLoopDeliveries: q.Consumer.CrashLoopDeliveries,
-	}
+	policy := q.Policy()
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
 	}
