@@ -120,8 +120,9 @@ const (
 type Verdict struct {
 	Action Action
 	Class  Class
-	// Attempt is this attempt's number, 1-based (Attempts.Failed+1); 0 from
-	// Precheck, which does not count attempts.
+	// Attempt is this attempt's number, 1-based (Attempts.Failed+1). From
+	// Precheck it is the attempts made when it quarantines (Failed plus this
+	// queue's deliveries), else 0.
 	Attempt int
 	// Tier and Lane index Policy.Tiers and the tier's lanes (ActionRetry).
 	Tier, Lane int
