@@ -169,3 +169,16 @@ func takes(q *config.Queue, msgType, version string) bool {
 	}
 	return false
 }
+func (qr *queueRuntime) typeLabel(t string) string {
+	if _, ok := qr.accepts[t]; ok {
+		return t
+	}
+	return "other"
+}
+
+func (qr *queueRuntime) versionLabel(t, v string) string {
+	if qr.accepts[t][v] {
+		return v
+	}
+	return "other"
+}

@@ -8,10 +8,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -158,42 +156,6 @@ func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first t
 	return h
 }
 
-// tracedPublish publishes p (confirm + mandatory) inside a producer span
-// whose context it injects into p's headers, so the next consumer span
-// continues the trace. Last, p is fitted to one frame of the publishing
-// connection (quarantine.Fit, with rank): a header frame over frame_max
-// makes the broker close the whole connection, which would requeue
-// everything in flight on it. A publish that cannot fit is never sent: the
-// error wraps quarantine.ErrNoFit. Fitting may cut headers and adds notes,
-// so resign, if not nil, signs the retry state again after it (the
-// signature's size does not change, so p still fits).
-func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, resign func(amqp.Table), attrs ...attribute.KeyValue) error {
-	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			telemetry.AttrSystemRabbitMQ,
-			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, exchange),
-			attribute.String(telemetry.AttrRoutingKey, key),
-			attribute.String(telemetry.AttrMessageID, p.MessageId),
-		),
-		trace.WithAttributes(attrs...))
-	defer span.End()
-	telemetry.Inject(pctx, p.Headers)
-	err := w.fit(&p, rank)
-	if err == nil {
-		if resign != nil {
-			resign(p.Headers)
-		}
-		err = w.publish(pctx, exchange, key, p)
-	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return err
-}
-
 const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
 
 func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
@@ -253,24 +215,6 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
 	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
-}
-
-// fit makes p fit one frame of the publishing connection and logs what it
-// dropped or cut.
-func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) error {
-	qr := w.qs.qr
-	frameMax := w.qs.pubConn.Config.FrameSize
-	if h := qr.c.cfg.hooks; h != nil && h.frameMax > 0 {
-		frameMax = h.frameMax
-	}
-	changed, err := quarantine.Fit(p, frameMax, rank)
-	switch {
-	case err != nil:
-		qr.c.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
-	case len(changed) > 0:
-		qr.c.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
-	}
-	return err
 }
 
 // fitRank says which of a republish's headers quarantine.Fit may drop or

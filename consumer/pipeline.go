@@ -1,0 +1,151 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// worker processes deliveries one at a time; it owns a confirm publisher on
+// the session's publishing connection for retries and quarantine.
+type worker struct {
+	qs  *queueSession
+	pub *amqpx.Publisher
+	// pubFailures counts consecutive failed retry/quarantine publishes; it
+	// drives the pause before a requeue.
+	pubFailures int
+	// settled is what process has learned of the delivery in hand; record
+	// reports it to Config.OnSettled.
+	settled Settled
+}
+
+func (w *worker) close() {
+	if w.pub == nil {
+		return
+	}
+	if blocked, _ := w.qs.blocking.Blocked(); blocked {
+		// No close-ok comes before the alarm clears; the channel closes
+		// with the publishing connection, which the session closes next.
+		return
+	}
+	_ = w.pub.Close()
+}
+
+// failure is everything known about a failed delivery when it is settled.
+type failure struct {
+	verdict    triage.Verdict
+	attempts   triage.Attempts
+	err        error
+	msgType    string
+	version    string
+	validation *schemas.ValidationError
+}
+
+func (w *worker) process(d amqp.Delivery) {
+	qr := w.qs.qr
+	c := qr.c
+	now := c.cfg.Now()
+	headers := map[string]any(d.Headers)
+
+	ctx := telemetry.Extract(w.qs.handlerCtx, d.Headers)
+	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationProcess,
+			attribute.String(telemetry.AttrDestination, qr.cfg.Name),
+			attribute.String(telemetry.AttrRoutingKey, d.RoutingKey),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
+			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
+		))
+	defer span.End()
+
+	// The bridge's own retry headers count only under its signature; what
+	// else was forged or malformed is noted and carried to the quarantine.
+	isRetry := func(q string) bool { return qr.isRetry[q] }
+	sig, sigNotes := qr.verify(&d)
+	attempts := triage.CountAttempts(triage.AttemptInput{
+		Headers:      headers,
+		Signature:    sig,
+		IsRetryQueue: isRetry,
+		Now:          now,
+	})
+	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	w.settled = Settled{Queue: qr.cfg.Name, MessageID: d.MessageId, Attempt: attempts.Failed + 1}
+
+	// 1. Crash-loop guard: a message this queue delivered too often never
+	// reaches the handler again; one whose count may be another queue's is
+	// re-admitted first.
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
+		CarriedCounts: qr.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
+	v := triage.Precheck(qr.policy, pre)
+	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
+	if v.Action != triage.ActionDeliver { // quarantine or re-admit
+		if v.Action == triage.ActionQuarantine {
+			if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+			}
+		}
+		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
+		return
+	}
+
+	// 2. Schema gate, before any handler, in the queue's mode (see admit).
+	msg, err := qr.admit(&d)
+	if err != nil {
+		w.settleFailure(ctx, span, &d, qr.failed(err, attempts, "", ""))
+		return
+	}
+	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
+	span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+
+	// 3. The handler.
+	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	if herr != nil && w.qs.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		return
+	}
+	if herr == nil {
+		if w.ack(&d) {
+			w.record(OutcomeAcked)
+			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
+		}
+		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+		return
+	}
+	w.settleFailure(ctx, span, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+}
+
+// failed classifies a failed attempt with triage.Classify, the one path for
+// every class (the gate's *schemas.ValidationError is ClassSchema), and
+// decides what follows. typ and version default to the ones the gate's error
+// names.
+func (qr *queueRuntime) failed(err error, attempts triage.Attempts, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version}
+	if errors.As(err, &f.validation) && typ == "" {
+		f.msgType, f.version = f.validation.Type, f.validation.Version
+	}
+	class, hint := triage.Classify(err)
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.c.cfg.Now()}, randFunc(qr.c.cfg.Rand))
+	return f
+}
+
+type randFunc func() float64
+
+func (f randFunc) Float64() float64 { return f() }

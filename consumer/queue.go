@@ -1,0 +1,70 @@
+package consumer
+
+import (
+	"fmt"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// queueRuntime is what stays fixed for one work queue across reconnects.
+type queueRuntime struct {
+	c       *Consumer
+	cfg     *config.Queue
+	gate    *schemas.Gate // nil when the queue's gate is off
+	policy  triage.Policy
+	redact  quarantine.Redaction
+	router  *router
+	accepts map[string]map[string]bool
+	// slots bounds running handlers to Concurrency across sessions: a
+	// handler holds a slot until it returns, even after it was abandoned.
+	slots chan struct{}
+	// publishFailures remembers, by message id, why this process last
+	// failed to publish a message's retry or quarantine copy, so that when
+	// the crash-loop guard later quarantines it the envelope says the broker
+	// refused publishes rather than leaving a bare "crash-loop".
+	publishFailures failureMemo
+
+	// Set per session (topology names depend only on the config, but the
+	// broker version is read on connect).
+	wq      *topology.WorkQueue
+	isRetry map[string]bool
+	// carriedCounts: the broker may carry a delivery count across
+	// dead-lettering (triage.DeliveryInput.CarriedCounts).
+	carriedCounts bool
+
+	// reportLog samples the gate's report-mode logs.
+	reportLog logSampler
+}
+
+func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
+	accepts := map[string][]string{}
+	acceptSet := map[string]map[string]bool{}
+	for _, a := range q.Accepts {
+		accepts[a.Type] = a.Versions
+		acceptSet[a.Type] = map[string]bool{}
+		for _, v := range a.Versions {
+			acceptSet[a.Type][v] = true
+		}
+	}
+	gate, err := newGate(c.cfg.Registry, q, accepts, c.cfg.File.Schemas.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	policy := q.Policy()
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
+	}
+	return &queueRuntime{
+		c:       c,
+		cfg:     q,
+		gate:    gate,
+		policy:  policy,
+		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes},
+		accepts: acceptSet,
+		slots:   make(chan struct{}, q.Consumer.Concurrency),
+	}, nil
+}

@@ -1,0 +1,340 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// settleFailure carries out a retry or quarantine verdict: publish with
+// confirm + mandatory, then ack. A failed publish rejects the original with
+// requeue: the broker keeps it and the crash-loop guard bounds the loop.
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) {
+	qr := w.qs.qr
+	c := qr.c
+	v := f.verdict
+	span.SetAttributes(
+		attribute.String("dlxbridge.class", string(v.Class)),
+		attribute.String("dlxbridge.action", string(v.Action)),
+	)
+	if f.err != nil {
+		span.RecordError(f.err)
+	}
+	w.settled.failed(f)
+	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	if st := panicStack(f.err); st != "" {
+		log = log.With("stack", st)
+	}
+	var err error
+	var outcome string
+	kind := "retry"
+	switch v.Action {
+	case triage.ActionRetry:
+		err = w.publishRetry(ctx, d, f)
+		outcome = OutcomeRetried
+		if errors.Is(err, quarantine.ErrNoFit) {
+			// A retry may not drop the producer's headers (see fitRank):
+			// park it instead, where they may give way.
+			f.verdict.Action = triage.ActionQuarantine
+			f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
+			v = f.verdict
+			w.settled.failed(f)
+			err = w.publishQuarantine(ctx, span, d, f)
+			outcome, kind = OutcomeQuarantined, "quarantine"
+		}
+	case triage.ActionReadmit:
+		err = w.publishReadmit(ctx, d, f)
+		outcome, kind = OutcomeReadmitted, "readmit"
+	default:
+		err = w.publishQuarantine(ctx, span, d, f)
+		outcome, kind = OutcomeQuarantined, "quarantine"
+	}
+	if errors.Is(err, quarantine.ErrNoFit) {
+		// Not even the bare envelope fits (a frame_max far below the
+		// default): nothing was sent. Reject without requeue: the broker
+		// dead-letters the message as received into the quarantine, with
+		// x-death as its record.
+		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
+		if rerr := d.Reject(false); rerr != nil {
+			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
+			return
+		}
+		w.record(OutcomeQuarantined)
+		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		return
+	}
+	if err != nil && w.qs.handlerCtx.Err() != nil {
+		// The drain deadline passed while the publish waited (typically on
+		// a connection blocked by a resource alarm). Whether the broker has
+		// the copy is unknown: the original is left unsettled, and the
+		// channel close requeues it. Not a failure of the message's.
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
+		return
+	}
+	if err != nil {
+		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
+		qr.publishFailures.add(d.MessageId, err.Error())
+		pause := w.publishBackoff()
+		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause.String())
+		span.SetStatus(codes.Error, kind+" publish failed")
+		// Requeued messages keep their place and come straight back: pause
+		// (this worker only) so a broker that can't take publishes right
+		// now doesn't burn the message's deliveries in a hot loop.
+		select {
+		case <-time.After(pause):
+		case <-w.qs.handlerCtx.Done():
+		}
+		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
+		// raises the delivery count the crash-loop guard relies on.
+		if rerr := w.qs.settle(func() error { return d.Reject(true) }); rerr != nil {
+			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+		}
+		w.settled.SettleErr = err
+		w.record(OutcomeRequeued)
+		return
+	}
+	w.pubFailures = 0
+	if !w.ack(d) {
+		return
+	}
+	w.record(outcome)
+	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
+	switch outcome {
+	case OutcomeRetried:
+		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+		log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
+	case OutcomeReadmitted:
+		log.Debug("re-admitted", "reason", v.Reason)
+	default:
+		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
+		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
+	}
+}
+
+// publishBackoff is the pause after the n-th consecutive failed publish:
+// 100ms doubling up to 10s, with full jitter on the upper half.
+func (w *worker) publishBackoff() time.Duration {
+	w.pubFailures++
+	d := min(100*time.Millisecond<<min(w.pubFailures-1, 10), 10*time.Second)
+	return d/2 + time.Duration(w.qs.qr.c.cfg.Rand()*float64(d/2))
+}
+
+// record counts a settled delivery and reports it to Config.OnSettled.
+func (w *worker) record(outcome string) {
+	qr := w.qs.qr
+	qr.c.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
+	w.settled.Outcome = outcome
+	qr.c.notifySettled(w.settled)
+}
+
+// ack acks d and reports whether the ack was written. An ack on a dead
+// channel fails: the broker will redeliver the message (a duplicate, which
+// idempotency keys are for), so it is not counted as acked.
+func (w *worker) ack(d *amqp.Delivery) bool {
+	if err := w.qs.settle(func() error { return d.Ack(false) }); err != nil {
+		qr := w.qs.qr
+		w.settled.SettleErr = err
+		w.record(OutcomeAckFailed)
+		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
+		return false
+	}
+	return true
+}
+
+// publisher returns the worker's confirm publisher, opening one if needed.
+func (w *worker) publisher() (*amqpx.Publisher, error) {
+	if w.pub != nil {
+		return w.pub, nil
+	}
+	p, err := amqpx.NewPublisherContext(w.qs.handlerCtx, w.qs.pubConn)
+	if err != nil {
+		return nil, err
+	}
+	w.pub = p
+	return p, nil
+}
+
+// publish sends with confirm + mandatory; a publisher whose channel died is
+// dropped so the next publish opens a fresh one.
+//
+// While the broker blocks the publishing connection (a resource alarm) it
+// reads nothing from it: a publish, or opening a channel for one, would only
+// wait, and a timeout would requeue the message and run its handler again
+// for nothing. So publish first waits for the unblock, holding the delivery,
+// until the drain deadline.
+func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	if err := w.qs.blocking.Wait(w.qs.handlerCtx); err != nil {
+		_, reason := w.qs.blocking.Blocked()
+		return fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err)
+	}
+	pub, err := w.publisher()
+	if err != nil {
+		return err
+	}
+	pctx, cancel := w.confirmContext(ctx)
+	defer cancel()
+	err = pub.Publish(pctx, exchange, key, p)
+	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
+		_ = pub.Close()
+		w.pub = nil
+	}
+	return err
+}
+
+// publishTimeout bounds the wait for a publisher confirm while the
+// publishing connection is not blocked.
+const publishTimeout = 30 * time.Second
+
+// errConfirmTimeout ends a confirm wait that took publishTimeout.
+var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTimeout)
+
+// confirmContext is ctx without its cancellation (a handler's deadline must
+// not cut a publish short) that ends at the drain deadline, or after
+// publishTimeout unless the broker then blocks the publishing connection:
+// a confirm comes only after the unblock, so the wait goes on until it, and
+// publishTimeout more.
+func (w *worker) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(w.qs.handlerCtx, func() { cancel(w.qs.handlerCtx.Err()) })
+	go func() {
+		timer := time.NewTimer(publishTimeout)
+		defer timer.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-timer.C:
+				if blocked, _ := w.qs.blocking.Blocked(); !blocked {
+					cancel(errConfirmTimeout)
+					return
+				}
+				if w.qs.blocking.Wait(pctx) != nil {
+					return
+				}
+				timer.Reset(publishTimeout)
+			}
+		}
+	}()
+	return pctx, func() { stop(); cancel(nil) }
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// failureMemo is a small bounded map from message id to the last publish
+// failure and how many there were. Safe for concurrent use.
+type failureMemo struct {
+	mu sync.Mutex
+	m  map[string]memoEntry
+}
+
+type memoEntry struct {
+	last  string
+	count int
+}
+
+const failureMemoSize = 1024
+
+func (f *failureMemo) add(id, why string) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]memoEntry{}
+	}
+	if _, ok := f.m[id]; !ok && len(f.m) >= failureMemoSize {
+		for k := range f.m { // evict an arbitrary entry: it only enriches a note
+			delete(f.m, k)
+			break
+		}
+	}
+	e := f.m[id]
+	f.m[id] = memoEntry{last: quarantine.Truncate(why, 256), count: e.count + 1}
+}
+
+// take returns and forgets what is known about id.
+func (f *failureMemo) take(id string) (string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, ok := f.m[id]
+	if !ok {
+		return "", 0
+	}
+	delete(f.m, id)
+	return e.last, e.count
+}
+
+// tracedPublish publishes p (confirm + mandatory) inside a producer span
+// whose context it injects into p's headers, so the next consumer span
+// continues the trace. Last, p is fitted to one frame of the publishing
+// connection (quarantine.Fit, with rank): a header frame over frame_max
+// makes the broker close the whole connection, which would requeue
+// everything in flight on it. A publish that cannot fit is never sent: the
+// error wraps quarantine.ErrNoFit. Fitting may cut headers and adds notes,
+// so resign, if not nil, signs the retry state again after it (the
+// signature's size does not change, so p still fits).
+func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, resign func(amqp.Table), attrs ...attribute.KeyValue) error {
+	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationPublish,
+			attribute.String(telemetry.AttrDestination, exchange),
+			attribute.String(telemetry.AttrRoutingKey, key),
+			attribute.String(telemetry.AttrMessageID, p.MessageId),
+		),
+		trace.WithAttributes(attrs...))
+	defer span.End()
+	telemetry.Inject(pctx, p.Headers)
+	err := w.fit(&p, rank)
+	if err == nil {
+		if resign != nil {
+			resign(p.Headers)
+		}
+		err = w.publish(pctx, exchange, key, p)
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// fit makes p fit one frame of the publishing connection and logs what it
+// dropped or cut.
+func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) error {
+	qr := w.qs.qr
+	frameMax := w.qs.pubConn.Config.FrameSize
+	if h := qr.c.cfg.hooks; h != nil && h.frameMax > 0 {
+		frameMax = h.frameMax
+	}
+	changed, err := quarantine.Fit(p, frameMax, rank)
+	switch {
+	case err != nil:
+		qr.c.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
+	case len(changed) > 0:
+		qr.c.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
+	}
+	return err
+}
