@@ -99,19 +99,19 @@ func (qr *queueRuntime) origin(d *amqp.Delivery, signed bool) (exchange, key, qu
 }
 
 func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) error {
-	qr := w.qs.qr
+	qr := w.q
 	v := f.verdict
-	lane := qr.wq.Tiers[v.Tier].Lanes[v.Lane]
+	lane := w.s.wq.Tiers[v.Tier].Lanes[v.Lane]
 	delay := min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
 	first := f.attempts.FirstFailure
 	if first.IsZero() {
-		first = qr.c.cfg.Now()
+		first = w.deps.cfg.Now()
 	}
 	p := republish(d, retryHeaders(d.Headers), d.Body, w.retryState(d, f, int64(v.Attempt), first))
 	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
-	return w.tracedPublish(ctx, qr.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true), w.resign(d),
+	return w.tracedPublish(ctx, w.s.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true), w.resign(d),
 		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
 }
 
@@ -124,7 +124,7 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 // HeaderReadmitted records the x-death the copy carries, so a copy the
 // broker dead-letters into the queue again is re-admitted again.
 func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure) error {
-	qr := w.qs.qr
+	qr := w.q
 	base := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
 		if k != wire.HeaderDeliveryCount {
@@ -143,7 +143,7 @@ func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure
 // queue: failed attempts so far, when the first failed, where it first came
 // from. seal adds the notes and signs it.
 func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first time.Time) amqp.Table {
-	ex, key, queue := w.qs.qr.origin(d, f.attempts.Signed)
+	ex, key, queue := w.q.origin(d, f.attempts.Signed)
 	h := amqp.Table{
 		wire.HeaderAttempts:           attempts,
 		wire.HeaderOriginalExchange:   ex,
@@ -159,8 +159,8 @@ func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first t
 const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
 
 func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
-	qr := w.qs.qr
-	c := qr.c
+	qr := w.q
+	c := w.deps
 	v := f.verdict
 	now := c.cfg.Now()
 	ex, key, queue := qr.origin(d, f.attempts.Signed)
@@ -214,7 +214,7 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 	delete(p.Headers, wire.HeaderSignature)
 	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
-	return w.tracedPublish(ctx, qr.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
+	return w.tracedPublish(ctx, w.s.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
 }
 
 // fitRank says which of a republish's headers quarantine.Fit may drop or

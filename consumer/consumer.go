@@ -167,14 +167,21 @@ func (c *Config) withDefaults() *Config {
 	return &out
 }
 
-// Consumer runs handlers for the configured work queues.
-type Consumer struct {
-	cfg     *Config
+// deps are the runtime's dependencies, built once in New and shared by
+// pointer: every queue, session and worker reads them here rather than
+// through its owner.
+type deps struct {
+	cfg     *Config // defaults applied; cfg.hooks are the test hooks
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics *metrics
 	host    string
 	signer  *triage.Signer
+}
+
+// Consumer runs handlers for the configured work queues.
+type Consumer struct {
+	*deps
 
 	mu      sync.Mutex
 	routers map[string]*router // by queue
@@ -201,18 +208,20 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "dlxbridge.consumer"),
-		tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
-		metrics: m,
-		host:    host,
-		signer:  signer,
+		deps: &deps{
+			cfg:     cfg,
+			log:     cfg.Logger.With("component", "dlxbridge.consumer"),
+			tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
+			metrics: m,
+			host:    host,
+			signer:  signer,
+		},
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},
 	}
 	for i := range cfg.File.Queues {
 		q := &cfg.File.Queues[i]
-		qr, err := newQueueRuntime(c, q)
+		qr, err := newQueueRuntime(c.deps, q)
 		if err != nil {
 			return nil, err
 		}

@@ -99,17 +99,17 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
 }
 
 func (qr *queueRuntime) countViolation(verr *schemas.ValidationError) {
-	qr.c.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason), qr.cfg.Gate).Inc()
+	qr.deps.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason), qr.cfg.Gate).Inc()
 }
 
 // logReported logs a report-mode failure, sampled: a flood of bad messages
 // must not flood the logs (the metric counts every one).
 func (qr *queueRuntime) logReported(d *amqp.Delivery, verr *schemas.ValidationError) {
-	ok, suppressed := qr.reportLog.allow(qr.c.cfg.Now())
+	ok, suppressed := qr.reportLog.allow(qr.deps.cfg.Now())
 	if !ok {
 		return
 	}
-	qr.c.log.Warn("schema gate (report mode): the message fails the gate; delivering it anyway",
+	qr.deps.log.Warn("schema gate (report mode): the message fails the gate; delivering it anyway",
 		"queue", qr.cfg.Name, "message_id", d.MessageId, "type", verr.Type, "version", verr.Version,
 		"reason", string(verr.Reason), "error", verr.Error(), "suppressed_since_last", suppressed)
 }

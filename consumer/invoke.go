@@ -26,7 +26,7 @@ const abandonGrace = time.Second
 // queueRuntime.slots) until it returns, so handlers never run more than
 // Concurrency at once.
 func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) error {
-	qr := w.qs.qr
+	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
 		return err
@@ -51,8 +51,8 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	}
 	select {
 	case qr.slots <- struct{}{}:
-	case <-w.qs.handlerCtx.Done():
-		return w.qs.handlerCtx.Err()
+	case <-w.s.handlerCtx.Done():
+		return w.s.handlerCtx.Err()
 	}
 	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
 	defer cancel()
@@ -78,8 +78,8 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 		select {
 		case herr = <-done:
 		case <-time.After(abandonGrace):
-			qr.c.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
-			qr.c.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+			w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+			w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
 				"queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
 			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 		}
@@ -92,7 +92,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	if herr != nil {
 		result = "error"
 	}
-	qr.c.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
+	w.deps.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
 	return herr
 }
 
@@ -120,7 +120,7 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	// quarantine envelope, its fingerprint and the log. A message the gate
 	// only reported is not held to its schema here either.
 	if m.GateError == nil {
-		if err := qr.c.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
+		if err := qr.deps.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
 			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
 		}
 	}

@@ -18,8 +18,10 @@ import (
 // worker processes deliveries one at a time; it owns a confirm publisher on
 // the session's publishing connection for retries and quarantine.
 type worker struct {
-	qs  *queueSession
-	pub *amqpx.Publisher
+	deps *deps
+	q    *queueRuntime
+	s    *queueSession
+	pub  *amqpx.Publisher
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -32,7 +34,7 @@ func (w *worker) close() {
 	if w.pub == nil {
 		return
 	}
-	if blocked, _ := w.qs.blocking.Blocked(); blocked {
+	if blocked, _ := w.s.blocking.Blocked(); blocked {
 		// No close-ok comes before the alarm clears; the channel closes
 		// with the publishing connection, which the session closes next.
 		return
@@ -51,12 +53,12 @@ type failure struct {
 }
 
 func (w *worker) process(d amqp.Delivery) {
-	qr := w.qs.qr
-	c := qr.c
+	qr := w.q
+	c := w.deps
 	now := c.cfg.Now()
 	headers := map[string]any(d.Headers)
 
-	ctx := telemetry.Extract(w.qs.handlerCtx, d.Headers)
+	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
 	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -72,7 +74,7 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
-	isRetry := func(q string) bool { return qr.isRetry[q] }
+	isRetry := func(q string) bool { return w.s.isRetry[q] }
 	sig, sigNotes := qr.verify(&d)
 	attempts := triage.CountAttempts(triage.AttemptInput{
 		Headers:      headers,
@@ -87,7 +89,7 @@ func (w *worker) process(d amqp.Delivery) {
 	// reaches the handler again; one whose count may be another queue's is
 	// re-admitted first.
 	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
-		CarriedCounts: qr.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
+		CarriedCounts: w.s.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
 	v := triage.Precheck(qr.policy, pre)
 	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
 	if v.Action != triage.ActionDeliver { // quarantine or re-admit
@@ -111,7 +113,7 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// 3. The handler.
 	herr := w.runHandler(ctx, &d, msg, attempts, now)
-	if herr != nil && w.qs.handlerCtx.Err() != nil {
+	if herr != nil && w.s.handlerCtx.Err() != nil {
 		// Shutdown passed its deadline (or the connection is gone): don't
 		// start a retry or quarantine publish; leave the message unsettled
 		// and the broker requeues it when the channel closes. A handler that
@@ -142,7 +144,7 @@ func (qr *queueRuntime) failed(err error, attempts triage.Attempts, typ, version
 		f.msgType, f.version = f.validation.Type, f.validation.Version
 	}
 	class, hint := triage.Classify(err)
-	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.c.cfg.Now()}, randFunc(qr.c.cfg.Rand))
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.deps.cfg.Now()}, randFunc(qr.deps.cfg.Rand))
 	return f
 }
 

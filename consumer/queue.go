@@ -6,13 +6,12 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
-	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // queueRuntime is what stays fixed for one work queue across reconnects.
 type queueRuntime struct {
-	c       *Consumer
+	deps    *deps
 	cfg     *config.Queue
 	gate    *schemas.Gate // nil when the queue's gate is off
 	policy  triage.Policy
@@ -28,19 +27,11 @@ type queueRuntime struct {
 	// refused publishes rather than leaving a bare "crash-loop".
 	publishFailures failureMemo
 
-	// Set per session (topology names depend only on the config, but the
-	// broker version is read on connect).
-	wq      *topology.WorkQueue
-	isRetry map[string]bool
-	// carriedCounts: the broker may carry a delivery count across
-	// dead-lettering (triage.DeliveryInput.CarriedCounts).
-	carriedCounts bool
-
 	// reportLog samples the gate's report-mode logs.
 	reportLog logSampler
 }
 
-func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
+func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 	accepts := map[string][]string{}
 	acceptSet := map[string]map[string]bool{}
 	for _, a := range q.Accepts {
@@ -50,7 +41,7 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 			acceptSet[a.Type][v] = true
 		}
 	}
-	gate, err := newGate(c.cfg.Registry, q, accepts, c.cfg.File.Schemas.MaxBodyBytes)
+	gate, err := newGate(d.cfg.Registry, q, accepts, d.cfg.File.Schemas.MaxBodyBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -59,11 +50,11 @@ func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
 		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
 	}
 	return &queueRuntime{
-		c:       c,
+		deps:    d,
 		cfg:     q,
 		gate:    gate,
 		policy:  policy,
-		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes},
+		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
 		accepts: acceptSet,
 		slots:   make(chan struct{}, q.Consumer.Concurrency),
 	}, nil

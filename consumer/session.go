@@ -70,15 +70,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	var runners []*queueSession
 	for _, qr := range queues {
 		wq, _ := topo.WorkQueue(qr.cfg.Name)
-		qr.wq = wq
-		qr.carriedCounts = carriesCounts(version)
-		qr.isRetry = map[string]bool{}
-		for _, t := range wq.Tiers {
-			for _, l := range t.Lanes {
-				qr.isRetry[l.Queue] = true
-			}
-		}
-		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, lost)
+		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, wq, carriesCounts(version), lost)
 		if err != nil {
 			c.stopAll(runners, 0, conn, closePub)
 			return err
@@ -176,7 +168,17 @@ func (c *Consumer) stopAll(runners []*queueSession, drain time.Duration, conn *a
 // queueSession is one work queue's consume channel and workers for one
 // connection.
 type queueSession struct {
-	qr       *queueRuntime
+	deps *deps
+	q    *queueRuntime
+	// wq is the queue's topology; its names depend only on the config, but
+	// the broker version is read on connect.
+	wq *topology.WorkQueue
+	// isRetry holds wq's retry lane queues.
+	isRetry map[string]bool
+	// carriedCounts: the broker may carry a delivery count across
+	// dead-lettering (triage.DeliveryInput.CarriedCounts).
+	carriedCounts bool
+
 	pubConn  *amqp.Connection // for retry and quarantine publishes
 	blocking *amqpx.Blocking  // pubConn's resource-alarm state
 	ch       *amqp.Channel
@@ -194,7 +196,7 @@ type queueSession struct {
 	settleMu sync.RWMutex
 }
 
-func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
+func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
@@ -202,14 +204,20 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	if err := ch.Qos(qr.cfg.Consumer.Prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("queue %q: set prefetch: %w", qr.cfg.Name, err)
 	}
-	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.c.host, qr.cfg.Name, time.Now().UnixNano())
+	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.deps.host, qr.cfg.Name, time.Now().UnixNano())
 	deliveries, err := ch.ConsumeWithContext(context.WithoutCancel(ctx), qr.cfg.Name, tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
+	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
+		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{})}
+	for _, t := range wq.Tiers {
+		for _, l := range t.Lanes {
+			qs.isRetry[l.Queue] = true
+		}
+	}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -220,7 +228,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		qs.workers.Add(1)
 		go func() {
 			defer qs.workers.Done()
-			w := &worker{qs: qs}
+			w := &worker{deps: qs.deps, q: qr, s: qs}
 			defer w.close()
 			// After a stop's basic.cancel the client closes deliveries
 			// once it has handed over what came before the cancel-ok: all
@@ -250,8 +258,8 @@ func (qs *queueSession) beginStop() {
 	qs.settleMu.Lock()
 	close(qs.stopping)
 	qs.settleMu.Unlock()
-	if h := qs.qr.c.cfg.hooks; h != nil && h.stopping != nil {
-		h.stopping(qs.qr.cfg.Name)
+	if h := qs.deps.cfg.hooks; h != nil && h.stopping != nil {
+		h.stopping(qs.q.cfg.Name)
 	}
 	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
 	// drain deadline hostage. The channel close ends it either way.

@@ -22,8 +22,8 @@ import (
 // confirm + mandatory, then ack. A failed publish rejects the original with
 // requeue: the broker keeps it and the crash-loop guard bounds the loop.
 func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) {
-	qr := w.qs.qr
-	c := qr.c
+	qr := w.q
+	c := w.deps
 	v := f.verdict
 	span.SetAttributes(
 		attribute.String("dlxbridge.class", string(v.Class)),
@@ -75,7 +75,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		return
 	}
-	if err != nil && w.qs.handlerCtx.Err() != nil {
+	if err != nil && w.s.handlerCtx.Err() != nil {
 		// The drain deadline passed while the publish waited (typically on
 		// a connection blocked by a resource alarm). Whether the broker has
 		// the copy is unknown: the original is left unsettled, and the
@@ -96,11 +96,11 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		// now doesn't burn the message's deliveries in a hot loop.
 		select {
 		case <-time.After(pause):
-		case <-w.qs.handlerCtx.Done():
+		case <-w.s.handlerCtx.Done():
 		}
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
-		if rerr := w.qs.settle(func() error { return d.Reject(true) }); rerr != nil {
+		if rerr := w.s.settle(func() error { return d.Reject(true) }); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
 		w.settled.SettleErr = err
@@ -131,26 +131,26 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 func (w *worker) publishBackoff() time.Duration {
 	w.pubFailures++
 	d := min(100*time.Millisecond<<min(w.pubFailures-1, 10), 10*time.Second)
-	return d/2 + time.Duration(w.qs.qr.c.cfg.Rand()*float64(d/2))
+	return d/2 + time.Duration(w.deps.cfg.Rand()*float64(d/2))
 }
 
 // record counts a settled delivery and reports it to Config.OnSettled.
 func (w *worker) record(outcome string) {
-	qr := w.qs.qr
-	qr.c.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
+	qr := w.q
+	w.deps.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
 	w.settled.Outcome = outcome
-	qr.c.notifySettled(w.settled)
+	w.deps.notifySettled(w.settled)
 }
 
 // ack acks d and reports whether the ack was written. An ack on a dead
 // channel fails: the broker will redeliver the message (a duplicate, which
 // idempotency keys are for), so it is not counted as acked.
 func (w *worker) ack(d *amqp.Delivery) bool {
-	if err := w.qs.settle(func() error { return d.Ack(false) }); err != nil {
-		qr := w.qs.qr
+	if err := w.s.settle(func() error { return d.Ack(false) }); err != nil {
+		qr := w.q
 		w.settled.SettleErr = err
 		w.record(OutcomeAckFailed)
-		qr.c.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
+		w.deps.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
 		return false
 	}
 	return true
@@ -161,7 +161,7 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 	if w.pub != nil {
 		return w.pub, nil
 	}
-	p, err := amqpx.NewPublisherContext(w.qs.handlerCtx, w.qs.pubConn)
+	p, err := amqpx.NewPublisherContext(w.s.handlerCtx, w.s.pubConn)
 	if err != nil {
 		return nil, err
 	}
@@ -178,8 +178,8 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 // for nothing. So publish first waits for the unblock, holding the delivery,
 // until the drain deadline.
 func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
-	if err := w.qs.blocking.Wait(w.qs.handlerCtx); err != nil {
-		_, reason := w.qs.blocking.Blocked()
+	if err := w.s.blocking.Wait(w.s.handlerCtx); err != nil {
+		_, reason := w.s.blocking.Blocked()
 		return fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err)
 	}
 	pub, err := w.publisher()
@@ -210,7 +210,7 @@ var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTime
 // publishTimeout more.
 func (w *worker) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(w.qs.handlerCtx, func() { cancel(w.qs.handlerCtx.Err()) })
+	stop := context.AfterFunc(w.s.handlerCtx, func() { cancel(w.s.handlerCtx.Err()) })
 	go func() {
 		timer := time.NewTimer(publishTimeout)
 		defer timer.Stop()
@@ -219,11 +219,11 @@ func (w *worker) confirmContext(ctx context.Context) (context.Context, context.C
 			case <-pctx.Done():
 				return
 			case <-timer.C:
-				if blocked, _ := w.qs.blocking.Blocked(); !blocked {
+				if blocked, _ := w.s.blocking.Blocked(); !blocked {
 					cancel(errConfirmTimeout)
 					return
 				}
-				if w.qs.blocking.Wait(pctx) != nil {
+				if w.s.blocking.Wait(pctx) != nil {
 					return
 				}
 				timer.Reset(publishTimeout)
@@ -295,7 +295,7 @@ func (f *failureMemo) take(id string) (string, int) {
 // so resign, if not nil, signs the retry state again after it (the
 // signature's size does not change, so p still fits).
 func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, resign func(amqp.Table), attrs ...attribute.KeyValue) error {
-	pctx, span := w.qs.qr.c.tracer.Start(ctx, exchange+" publish",
+	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			telemetry.AttrSystemRabbitMQ,
@@ -324,17 +324,17 @@ func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp
 // fit makes p fit one frame of the publishing connection and logs what it
 // dropped or cut.
 func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) error {
-	qr := w.qs.qr
-	frameMax := w.qs.pubConn.Config.FrameSize
-	if h := qr.c.cfg.hooks; h != nil && h.frameMax > 0 {
+	qr := w.q
+	frameMax := w.s.pubConn.Config.FrameSize
+	if h := w.deps.cfg.hooks; h != nil && h.frameMax > 0 {
 		frameMax = h.frameMax
 	}
 	changed, err := quarantine.Fit(p, frameMax, rank)
 	switch {
 	case err != nil:
-		qr.c.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
+		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
 	case len(changed) > 0:
-		qr.c.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
+		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
 	}
 	return err
 }

@@ -66,7 +66,7 @@ func (qr *queueRuntime) subject(d *amqp.Delivery) triage.Subject {
 // verify checks the bridge's signature on d. Bridge headers present without
 // a valid one are noted (CountAttempts notes the attempt headers).
 func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string) {
-	v := qr.c.signer.Verify(qr.subject(d), d.Headers, signedHeaders)
+	v := qr.deps.signer.Verify(qr.subject(d), d.Headers, signedHeaders)
 	if v.Valid {
 		return v, nil
 	}
@@ -94,7 +94,7 @@ func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
 // after frame fitting has cut a header or added its notes.
 func (w *worker) resign(d *amqp.Delivery) func(amqp.Table) {
 	return func(h amqp.Table) {
-		h[wire.HeaderSignature] = w.qs.qr.c.signer.Sign(w.qs.qr.subject(d), h, signedHeaders)
+		h[wire.HeaderSignature] = w.deps.signer.Sign(w.q.subject(d), h, signedHeaders)
 	}
 }
 
