@@ -1,16 +1,16 @@
 package consumer
 
 import (
-	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -78,44 +78,93 @@ func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table)
 	}
 }
 
-// origin returns where the message first came from: the bridge's headers if
-// an earlier hop set them (and signed them: a producer can't redirect a
-// replay), else this delivery.
-func (qr *queueRuntime) origin(d *amqp.Delivery, signed bool) (exchange, key, queue string) {
-	exchange, key, queue = d.Exchange, d.RoutingKey, qr.cfg.Name
-	if !signed {
-		return exchange, key, queue
-	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalExchange]); ok {
-		exchange = v
-	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
-		key = v
-	}
-	if v := wire.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
-		queue = v
-	}
-	return exchange, key, queue
+// buildInput is everything the settlement builders read. The builders are
+// pure: they send nothing, and the same input gives the same publishing.
+type buildInput struct {
+	d *amqp.Delivery
+	f failure
+	// queue is the work queue, wq its topology in this session.
+	queue string
+	wq    *topology.WorkQueue
+	now   time.Time
+	// signer signs the retry state a retry or re-admission carries.
+	signer *triage.Signer
+	// redact is applied to what the quarantine keeps.
+	redact quarantine.Redaction
+	// versionHeader is the queue's schema version header (Fit keeps it
+	// longest among the producer's headers).
+	versionHeader string
+	// host and workerVersion name this process in the envelope; traceID
+	// is the consume span's trace id.
+	host, workerVersion, traceID string
+	// trace is the trace context to inject: the publish span's.
+	trace amqp.Table
+	// frameMax is the publishing connection's frame size: the publishing's
+	// header frame must fit one frame.
+	frameMax int
 }
 
-func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) error {
-	qr := w.q
-	v := f.verdict
-	lane := w.s.wq.Tiers[v.Tier].Lanes[v.Lane]
-	delay := min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
+// built is a finished publishing and where it goes.
+type built struct {
+	exchange, key string
+	p             amqp.Publishing
+	// changed lists what fitting dropped or cut (see quarantine.Fit).
+	changed []string
+}
+
+// build returns the finished publishing for in's verdict: a retry, a
+// re-admission or (any other action) the quarantine. An error wrapping
+// quarantine.ErrNoFit means it cannot fit one frame: nothing may be sent.
+func build(in *buildInput) (built, error) {
+	switch in.f.verdict.Action {
+	case triage.ActionRetry:
+		return buildRetry(in)
+	case triage.ActionReadmit:
+		return buildReadmit(in)
+	}
+	return buildQuarantine(in)
+}
+
+// destination is where build's publishing goes, and the span attributes
+// that say so.
+func destination(in *buildInput) (exchange, key string, attrs []attribute.KeyValue) {
+	switch v := in.f.verdict; v.Action {
+	case triage.ActionRetry:
+		lane, delay := retryLane(in)
+		return in.wq.RetryExchange, lane.RoutingKey, []attribute.KeyValue{attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds())}
+	case triage.ActionReadmit:
+		return "", in.queue, []attribute.KeyValue{attribute.Bool("dlxbridge.readmit", true)}
+	default:
+		return in.wq.DeadExchange, in.queue, []attribute.KeyValue{attribute.String("dlxbridge.class", string(v.Class))}
+	}
+}
+
+// retryLane is the verdict's retry lane and the delay, inside the lane's
+// bounds.
+func retryLane(in *buildInput) (topology.RetryLane, time.Duration) {
+	v := in.f.verdict
+	lane := in.wq.Tiers[v.Tier].Lanes[v.Lane]
+	return lane, min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
+}
+
+// buildRetry is a delayed retry: the message as received, without the
+// broker's headers, with the signed retry state and the delay as its
+// expiration, for the verdict's retry lane.
+func buildRetry(in *buildInput) (built, error) {
+	d, f := in.d, in.f
+	lane, delay := retryLane(in)
 	first := f.attempts.FirstFailure
 	if first.IsZero() {
-		first = w.deps.cfg.Now()
+		first = in.now
 	}
-	p := republish(d, retryHeaders(d.Headers), d.Body, w.retryState(d, f, int64(v.Attempt), first))
+	p := republish(d, retryHeaders(d.Headers), d.Body, retryState(in, int64(f.verdict.Attempt), first))
 	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
-	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
-	return w.tracedPublish(ctx, w.s.wq.RetryExchange, lane.RoutingKey, p, qr.fitRank(true), w.resign(d),
-		attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds()))
+	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
+	return finish(in, in.wq.RetryExchange, lane.RoutingKey, p, true)
 }
 
-// publishReadmit republishes d to its own work queue (through the default
+// buildReadmit republishes d to its own work queue (through the default
 // exchange, which reaches only the queue of that name), so that the copy's
 // x-delivery-count is the work queue's own from its first delivery: see
 // triage.Precheck. x-death and x-*-death-* stay (handlers may read them; 4.x
@@ -123,27 +172,27 @@ func (w *worker) publishRetry(ctx context.Context, d *amqp.Delivery, f failure) 
 // work queue dead-letters into); x-delivery-count goes. The signed
 // HeaderReadmitted records the x-death the copy carries, so a copy the
 // broker dead-letters into the queue again is re-admitted again.
-func (w *worker) publishReadmit(ctx context.Context, d *amqp.Delivery, f failure) error {
-	qr := w.q
+func buildReadmit(in *buildInput) (built, error) {
+	d, f := in.d, in.f
 	base := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
 		if k != wire.HeaderDeliveryCount {
 			base[k] = v
 		}
 	}
-	state := w.retryState(d, f, int64(f.attempts.Failed), f.attempts.FirstFailure)
+	state := retryState(in, int64(f.attempts.Failed), f.attempts.FirstFailure)
 	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
 	p := republish(d, base, d.Body, state)
-	f.attempts.Notes = append(f.attempts.Notes, f.verdict.Reason)
-	w.seal(p.Headers, d, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
-	return w.tracedPublish(ctx, "", qr.cfg.Name, p, qr.fitRank(true), w.resign(d), attribute.Bool("dlxbridge.readmit", true))
+	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
+	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))
+	return finish(in, "", in.queue, p, true)
 }
 
 // retryState is the bridge's state a message carries back into its work
 // queue: failed attempts so far, when the first failed, where it first came
 // from. seal adds the notes and signs it.
-func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first time.Time) amqp.Table {
-	ex, key, queue := w.q.origin(d, f.attempts.Signed)
+func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
+	ex, key, queue := origin(in.d, in.queue, in.f.attempts.Signed)
 	h := amqp.Table{
 		wire.HeaderAttempts:           attempts,
 		wire.HeaderOriginalExchange:   ex,
@@ -158,13 +207,35 @@ func (w *worker) retryState(d *amqp.Delivery, f failure, attempts int64, first t
 
 const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
 
-func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
-	qr := w.q
-	c := w.deps
+// origin returns where the message first came from: the bridge's headers if
+// an earlier hop set them (and signed them: a producer can't redirect a
+// replay), else this delivery from work queue queue.
+func origin(d *amqp.Delivery, queue string, signed bool) (exchange, key, from string) {
+	exchange, key, from = d.Exchange, d.RoutingKey, queue
+	if !signed {
+		return exchange, key, from
+	}
+	if v, ok := wire.String(d.Headers[wire.HeaderOriginalExchange]); ok {
+		exchange = v
+	}
+	if v, ok := wire.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
+		key = v
+	}
+	if v := wire.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
+		from = v
+	}
+	return exchange, key, from
+}
+
+// buildQuarantine is the quarantine record: the message as received
+// (redacted as configured) with the failure envelope, for the queue's dead
+// exchange. Nothing in it is signed: the quarantine is no way back into the
+// work queue (a replay starts the message's retry state over).
+func buildQuarantine(in *buildInput) (built, error) {
+	d, f := in.d, in.f
 	v := f.verdict
-	now := c.cfg.Now()
-	ex, key, queue := qr.origin(d, f.attempts.Signed)
-	red := qr.redact.Apply(d.Headers, d.Body)
+	ex, key, queue := origin(d, in.queue, f.attempts.Signed)
+	red := in.redact.Apply(d.Headers, d.Body)
 
 	env := quarantine.Envelope{
 		Source:           quarantine.SourceBridge,
@@ -173,8 +244,8 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 		Error:            errString(f.err),
 		Attempts:         v.Attempt,
 		FirstFailureAt:   f.attempts.FirstFailure,
-		LastFailureAt:    now,
-		QuarantinedAt:    now,
+		LastFailureAt:    in.now,
+		QuarantinedAt:    in.now,
 		OriginalExchange: ex,
 		OriginalRouting:  key,
 		OriginalQueue:    queue,
@@ -182,15 +253,15 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 		IdempotencyKey:   idempotencyKey(d),
 		MessageType:      f.msgType,
 		SchemaVersion:    f.version,
-		WorkerHost:       c.host,
-		WorkerVersion:    c.cfg.WorkerVersion,
+		WorkerHost:       in.host,
+		WorkerVersion:    in.workerVersion,
+		TraceID:          in.traceID,
 		Redacted:         red.Changed,
 		RedactionFailed:  red.Failed,
-		Notes:            f.attempts.Notes,
 		Stack:            panicStack(f.err),
 	}
 	if env.FirstFailureAt.IsZero() {
-		env.FirstFailureAt = now
+		env.FirstFailureAt = in.now
 	}
 	if red.Headers[wire.HeaderIdempotencyKey] == quarantine.Redacted {
 		env.IdempotencyKey = quarantine.Redacted // redaction covers the envelope's copy too
@@ -204,27 +275,54 @@ func (w *worker) publishQuarantine(ctx context.Context, consumeSpan trace.Span, 
 		}
 	}
 	env.Fingerprint = triage.Fingerprint(v.Class, fingerprintText(f, v), f.msgType, f.version)
-	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
-		env.TraceID = sc.TraceID().String()
-	}
+	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes)
 
 	p := republish(d, red.Headers, red.Body, nil)
-	// The quarantine is no way back into the work queue: nothing there is
-	// signed (a replay starts the message's retry state over).
 	delete(p.Headers, wire.HeaderSignature)
-	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), env.Notes)
 	env.Apply(p.Headers)
-	return w.tracedPublish(ctx, w.s.wq.DeadExchange, qr.cfg.Name, p, qr.fitRank(false), nil, attribute.String("dlxbridge.class", string(v.Class)))
+	return finish(in, in.wq.DeadExchange, in.queue, p, false)
+}
+
+// finish injects the trace context and fits p to one frame: a header frame
+// over frame_max makes the broker close the whole connection, which would
+// requeue everything in flight on it. A publishing that cannot fit is an
+// error wrapping quarantine.ErrNoFit. Fitting may cut headers and add
+// notes, so signed retry state (back: the publishing goes back to the work
+// queue) is signed again after it; the signature's size does not change, so
+// p still fits.
+func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) (built, error) {
+	for k, v := range in.trace {
+		p.Headers[k] = v
+	}
+	changed, err := quarantine.Fit(&p, in.frameMax, fitRank(back, in.versionHeader))
+	if err == nil && back {
+		sign(in, p.Headers)
+	}
+	return built{exchange: exchange, key: key, p: p, changed: changed}, err
+}
+
+// seal writes the notes and signs the retry state in h for d's work queue.
+// It runs after every signed header is final.
+func seal(in *buildInput, h amqp.Table, notes []string) {
+	delete(h, wire.HeaderNotes)
+	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
+	sign(in, h)
+}
+
+// sign signs the retry state in h for d's work queue.
+func sign(in *buildInput, h amqp.Table) {
+	h[wire.HeaderSignature] = in.signer.Sign(subject(in.queue, in.d), h, signedHeaders)
 }
 
 // fitRank says which of a republish's headers quarantine.Fit may drop or
-// cut first (see quarantine.Rank for the order). A retry must reach the
-// handler as the producer sent it, so on a retry every header the producer
-// set travels unchanged (FixedHeader), except trace context, which only
-// tracing reads and which the bridge re-injects anyway; only the bridge's
-// own headers give way. A retry that still cannot fit is quarantined
-// instead (see settleFailure), where the producer's headers may go too.
-func (qr *queueRuntime) fitRank(retry bool) func(string) quarantine.Rank {
+// cut first (see quarantine.Rank for the order). A retry (back into the
+// work queue) must reach the handler as the producer sent it, so every
+// header the producer set travels unchanged (FixedHeader), except trace
+// context, which only tracing reads and which the bridge re-injects anyway;
+// only the bridge's own headers give way. A retry that still cannot fit is
+// quarantined instead (see settleFailure), where the producer's headers may
+// go too; versionHeader and the idempotency key go last of them.
+func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
 	return func(k string) quarantine.Rank {
 		switch k {
 		case wire.HeaderTraceparent, wire.HeaderTracestate, wire.HeaderBaggage:
@@ -238,9 +336,9 @@ func (qr *queueRuntime) fitRank(retry bool) func(string) quarantine.Rank {
 			return quarantine.EssentialHeader
 		}
 		switch {
-		case retry:
+		case back:
 			return quarantine.FixedHeader
-		case k == qr.cfg.Message.VersionHeader || k == wire.HeaderIdempotencyKey:
+		case k == versionHeader || k == wire.HeaderIdempotencyKey:
 			return quarantine.IdentityHeader
 		case strings.HasPrefix(k, wire.OwnPrefix) || wire.IsDeathHeader(k):
 			return quarantine.DetailHeader

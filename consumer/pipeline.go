@@ -9,19 +9,18 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // worker processes deliveries one at a time; it owns a confirm publisher on
-// the session's publishing connection for retries and quarantine.
+// the session's publishing connection for retries and quarantine (out).
 type worker struct {
 	deps *deps
 	q    *queueRuntime
 	s    *queueSession
-	pub  *amqpx.Publisher
+	out  confirmer
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -31,15 +30,9 @@ type worker struct {
 }
 
 func (w *worker) close() {
-	if w.pub == nil {
-		return
+	if sp, ok := w.out.(*sessionPublisher); ok {
+		sp.close()
 	}
-	if blocked, _ := w.s.blocking.Blocked(); blocked {
-		// No close-ok comes before the alarm clears; the channel closes
-		// with the publishing connection, which the session closes next.
-		return
-	}
-	_ = w.pub.Close()
 }
 
 // failure is everything known about a failed delivery when it is settled.
@@ -52,11 +45,17 @@ type failure struct {
 	validation *schemas.ValidationError
 }
 
+// process takes one delivery from receipt to settlement, in order: the
+// bridge's signature and attempt count, the crash-loop guard, the schema
+// gate, the handler (invoke.go), then the ack or the verdict's settlement
+// (settle.go: build the retry or quarantine publishing, publish with
+// confirm, and only then ack).
 func (w *worker) process(d amqp.Delivery) {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
 	headers := map[string]any(d.Headers)
+	a := sessionDelivery{s: w.s, d: &d}
 
 	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
 	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
@@ -98,14 +97,14 @@ func (w *worker) process(d amqp.Delivery) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		w.settleFailure(ctx, span, &d, failure{verdict: v, attempts: attempts})
+		w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts})
 		return
 	}
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		w.settleFailure(ctx, span, &d, qr.failed(err, attempts, "", ""))
+		w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
 		return
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
@@ -124,14 +123,14 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		if w.ack(&d) {
+		if w.ack(a, d.MessageId) {
 			w.record(OutcomeAcked)
 			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
 		}
 		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		return
 	}
-	w.settleFailure(ctx, span, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+	w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
 }
 
 // failed classifies a failed attempt with triage.Classify, the one path for

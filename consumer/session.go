@@ -180,6 +180,7 @@ type queueSession struct {
 	carriedCounts bool
 
 	pubConn  *amqp.Connection // for retry and quarantine publishes
+	frameMax int              // pubConn's: what a publishing must fit in
 	blocking *amqpx.Blocking  // pubConn's resource-alarm state
 	ch       *amqp.Channel
 	tag      string
@@ -218,6 +219,10 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 			qs.isRetry[l.Queue] = true
 		}
 	}
+	qs.frameMax = pubConn.Config.FrameSize
+	if h := qs.deps.cfg.hooks; h != nil && h.frameMax > 0 {
+		qs.frameMax = h.frameMax
+	}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -228,7 +233,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		qs.workers.Add(1)
 		go func() {
 			defer qs.workers.Done()
-			w := &worker{deps: qs.deps, q: qr, s: qs}
+			w := &worker{deps: qs.deps, q: qr, s: qs, out: &sessionPublisher{s: qs}}
 			defer w.close()
 			// After a stop's basic.cancel the client closes deliveries
 			// once it has handed over what came before the cancel-ok: all

@@ -18,10 +18,46 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// settleFailure carries out a retry or quarantine verdict: publish with
-// confirm + mandatory, then ack. A failed publish rejects the original with
-// requeue: the broker keeps it and the crash-loop guard bounds the loop.
-func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Delivery, f failure) {
+// The settlement seam: what settling needs of the broker. A worker's
+// acker is the delivery in hand behind its session's settle gate, and its
+// confirmer the confirm publisher on the session's publishing connection;
+// tests give fakes, so the decisions below are tested without a broker.
+type acker interface {
+	// Ack settles the delivery as done.
+	Ack() error
+	// Requeue rejects it with requeue: the broker delivers it again (and
+	// counts the delivery toward the queue's delivery limit).
+	Requeue() error
+	// Reject rejects it without requeue: the broker dead-letters it.
+	Reject() error
+}
+
+type confirmer interface {
+	// Publish sends p with mandatory set and returns nil only once the
+	// broker confirmed it: a return, a nack, a lost channel or ctx's end
+	// are errors.
+	Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error
+}
+
+// sessionDelivery is a delivery settled through its session: acks and
+// requeues wait out the start of a stop (see queueSession.settle).
+type sessionDelivery struct {
+	s *queueSession
+	d *amqp.Delivery
+}
+
+func (sd sessionDelivery) Ack() error { return sd.s.settle(func() error { return sd.d.Ack(false) }) }
+func (sd sessionDelivery) Requeue() error {
+	return sd.s.settle(func() error { return sd.d.Reject(true) })
+}
+func (sd sessionDelivery) Reject() error { return sd.d.Reject(false) }
+
+// settleFailure carries out a retry, re-admission or quarantine verdict:
+// build the publishing, publish it with confirm + mandatory, and only then
+// ack the original. A failed publish rejects the original with requeue: the
+// broker keeps it and the crash-loop guard bounds the loop. What cannot be
+// parked is never acked.
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) {
 	qr := w.q
 	c := w.deps
 	v := f.verdict
@@ -37,28 +73,23 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	if st := panicStack(f.err); st != "" {
 		log = log.With("stack", st)
 	}
-	var err error
-	var outcome string
-	kind := "retry"
+	err := w.send(ctx, span, d, f)
+	if v.Action == triage.ActionRetry && errors.Is(err, quarantine.ErrNoFit) {
+		// A retry may not drop the producer's headers (see fitRank):
+		// park it instead, where they may give way.
+		f.verdict.Action = triage.ActionQuarantine
+		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
+		v = f.verdict
+		w.settled.failed(f)
+		err = w.send(ctx, span, d, f)
+	}
+	var outcome, kind string
 	switch v.Action {
 	case triage.ActionRetry:
-		err = w.publishRetry(ctx, d, f)
-		outcome = OutcomeRetried
-		if errors.Is(err, quarantine.ErrNoFit) {
-			// A retry may not drop the producer's headers (see fitRank):
-			// park it instead, where they may give way.
-			f.verdict.Action = triage.ActionQuarantine
-			f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
-			v = f.verdict
-			w.settled.failed(f)
-			err = w.publishQuarantine(ctx, span, d, f)
-			outcome, kind = OutcomeQuarantined, "quarantine"
-		}
+		outcome, kind = OutcomeRetried, "retry"
 	case triage.ActionReadmit:
-		err = w.publishReadmit(ctx, d, f)
 		outcome, kind = OutcomeReadmitted, "readmit"
 	default:
-		err = w.publishQuarantine(ctx, span, d, f)
 		outcome, kind = OutcomeQuarantined, "quarantine"
 	}
 	if errors.Is(err, quarantine.ErrNoFit) {
@@ -67,7 +98,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		// dead-letters the message as received into the quarantine, with
 		// x-death as its record.
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
-		if rerr := d.Reject(false); rerr != nil {
+		if rerr := a.Reject(); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
 			return
 		}
@@ -100,7 +131,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		}
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
-		if rerr := w.s.settle(func() error { return d.Reject(true) }); rerr != nil {
+		if rerr := a.Requeue(); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
 		w.settled.SettleErr = err
@@ -108,7 +139,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 		return
 	}
 	w.pubFailures = 0
-	if !w.ack(d) {
+	if !w.ack(a, d.MessageId) {
 		return
 	}
 	w.record(outcome)
@@ -126,6 +157,64 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, d *amqp.Del
 	}
 }
 
+// send builds the verdict's publishing (see build) and publishes it with
+// confirm inside a producer span, whose context the publishing carries so
+// that the next consumer span continues the trace. A publishing that cannot
+// fit one frame is not sent: the error wraps quarantine.ErrNoFit.
+func (w *worker) send(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
+	in := w.buildInput(d, f, consumeSpan)
+	exchange, key, attrs := destination(in)
+	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationPublish,
+			attribute.String(telemetry.AttrDestination, exchange),
+			attribute.String(telemetry.AttrRoutingKey, key),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+		),
+		trace.WithAttributes(attrs...))
+	defer span.End()
+	in.trace = amqp.Table{}
+	telemetry.Inject(pctx, in.trace)
+	b, err := build(in)
+	switch {
+	case err != nil:
+		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
+	case len(b.changed) > 0:
+		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", in.queue, "message_id", d.MessageId, "changed", b.changed)
+	}
+	if err == nil {
+		err = w.out.Publish(pctx, b.exchange, b.key, b.p)
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// buildInput gathers what the builders read for d's failure f.
+func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
+	in := &buildInput{
+		d:             d,
+		f:             f,
+		queue:         w.q.cfg.Name,
+		wq:            w.s.wq,
+		now:           w.deps.cfg.Now(),
+		signer:        w.deps.signer,
+		redact:        w.q.redact,
+		versionHeader: w.q.cfg.Message.VersionHeader,
+		host:          w.deps.host,
+		workerVersion: w.deps.cfg.WorkerVersion,
+		frameMax:      w.s.frameMax,
+	}
+	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
+		in.traceID = sc.TraceID().String()
+	}
+	return in
+}
+
 // publishBackoff is the pause after the n-th consecutive failed publish:
 // 100ms doubling up to 10s, with full jitter on the upper half.
 func (w *worker) publishBackoff() time.Duration {
@@ -136,40 +225,59 @@ func (w *worker) publishBackoff() time.Duration {
 
 // record counts a settled delivery and reports it to Config.OnSettled.
 func (w *worker) record(outcome string) {
-	qr := w.q
-	w.deps.metrics.deliveries.WithLabelValues(qr.cfg.Name, outcome).Inc()
+	w.deps.metrics.deliveries.WithLabelValues(w.q.cfg.Name, outcome).Inc()
 	w.settled.Outcome = outcome
 	w.deps.notifySettled(w.settled)
 }
 
-// ack acks d and reports whether the ack was written. An ack on a dead
-// channel fails: the broker will redeliver the message (a duplicate, which
-// idempotency keys are for), so it is not counted as acked.
-func (w *worker) ack(d *amqp.Delivery) bool {
-	if err := w.s.settle(func() error { return d.Ack(false) }); err != nil {
-		qr := w.q
+// ack acks the delivery and reports whether the ack was written. An ack on
+// a dead channel fails: the broker will redeliver the message (a duplicate,
+// which idempotency keys are for), so it is not counted as acked.
+func (w *worker) ack(a acker, messageID string) bool {
+	if err := a.Ack(); err != nil {
 		w.settled.SettleErr = err
 		w.record(OutcomeAckFailed)
-		w.deps.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", d.MessageId, "error", err)
+		w.deps.log.Warn("ack failed; the broker will redeliver", "queue", w.q.cfg.Name, "message_id", messageID, "error", err)
 		return false
 	}
 	return true
 }
 
-// publisher returns the worker's confirm publisher, opening one if needed.
-func (w *worker) publisher() (*amqpx.Publisher, error) {
-	if w.pub != nil {
-		return w.pub, nil
+// sessionPublisher is a worker's confirmer: a confirm publisher on the
+// session's publishing connection, opened on first use. Not safe for
+// concurrent use: each worker has its own.
+type sessionPublisher struct {
+	s   *queueSession
+	pub *amqpx.Publisher
+}
+
+// close closes the publisher's channel, unless a resource alarm blocks the
+// connection: no close-ok comes before the alarm clears, and the channel
+// closes with the publishing connection, which the session closes next.
+func (sp *sessionPublisher) close() {
+	if sp.pub == nil {
+		return
 	}
-	p, err := amqpx.NewPublisherContext(w.s.handlerCtx, w.s.pubConn)
+	if blocked, _ := sp.s.blocking.Blocked(); blocked {
+		return
+	}
+	_ = sp.pub.Close()
+}
+
+// publisher returns the confirm publisher, opening one if needed.
+func (sp *sessionPublisher) publisher() (*amqpx.Publisher, error) {
+	if sp.pub != nil {
+		return sp.pub, nil
+	}
+	p, err := amqpx.NewPublisherContext(sp.s.handlerCtx, sp.s.pubConn)
 	if err != nil {
 		return nil, err
 	}
-	w.pub = p
+	sp.pub = p
 	return p, nil
 }
 
-// publish sends with confirm + mandatory; a publisher whose channel died is
+// Publish sends with confirm + mandatory; a publisher whose channel died is
 // dropped so the next publish opens a fresh one.
 //
 // While the broker blocks the publishing connection (a resource alarm) it
@@ -177,21 +285,21 @@ func (w *worker) publisher() (*amqpx.Publisher, error) {
 // wait, and a timeout would requeue the message and run its handler again
 // for nothing. So publish first waits for the unblock, holding the delivery,
 // until the drain deadline.
-func (w *worker) publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
-	if err := w.s.blocking.Wait(w.s.handlerCtx); err != nil {
-		_, reason := w.s.blocking.Blocked()
+func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	if err := sp.s.blocking.Wait(sp.s.handlerCtx); err != nil {
+		_, reason := sp.s.blocking.Blocked()
 		return fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err)
 	}
-	pub, err := w.publisher()
+	pub, err := sp.publisher()
 	if err != nil {
 		return err
 	}
-	pctx, cancel := w.confirmContext(ctx)
+	pctx, cancel := sp.s.confirmContext(ctx)
 	defer cancel()
 	err = pub.Publish(pctx, exchange, key, p)
 	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
 		_ = pub.Close()
-		w.pub = nil
+		sp.pub = nil
 	}
 	return err
 }
@@ -208,9 +316,9 @@ var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTime
 // publishTimeout unless the broker then blocks the publishing connection:
 // a confirm comes only after the unblock, so the wait goes on until it, and
 // publishTimeout more.
-func (w *worker) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
+func (qs *queueSession) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(w.s.handlerCtx, func() { cancel(w.s.handlerCtx.Err()) })
+	stop := context.AfterFunc(qs.handlerCtx, func() { cancel(qs.handlerCtx.Err()) })
 	go func() {
 		timer := time.NewTimer(publishTimeout)
 		defer timer.Stop()
@@ -219,11 +327,11 @@ func (w *worker) confirmContext(ctx context.Context) (context.Context, context.C
 			case <-pctx.Done():
 				return
 			case <-timer.C:
-				if blocked, _ := w.s.blocking.Blocked(); !blocked {
+				if blocked, _ := qs.blocking.Blocked(); !blocked {
 					cancel(errConfirmTimeout)
 					return
 				}
-				if w.s.blocking.Wait(pctx) != nil {
+				if qs.blocking.Wait(pctx) != nil {
 					return
 				}
 				timer.Reset(publishTimeout)
@@ -283,58 +391,4 @@ func (f *failureMemo) take(id string) (string, int) {
 	}
 	delete(f.m, id)
 	return e.last, e.count
-}
-
-// tracedPublish publishes p (confirm + mandatory) inside a producer span
-// whose context it injects into p's headers, so the next consumer span
-// continues the trace. Last, p is fitted to one frame of the publishing
-// connection (quarantine.Fit, with rank): a header frame over frame_max
-// makes the broker close the whole connection, which would requeue
-// everything in flight on it. A publish that cannot fit is never sent: the
-// error wraps quarantine.ErrNoFit. Fitting may cut headers and adds notes,
-// so resign, if not nil, signs the retry state again after it (the
-// signature's size does not change, so p still fits).
-func (w *worker) tracedPublish(ctx context.Context, exchange, key string, p amqp.Publishing, rank func(string) quarantine.Rank, resign func(amqp.Table), attrs ...attribute.KeyValue) error {
-	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			telemetry.AttrSystemRabbitMQ,
-			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, exchange),
-			attribute.String(telemetry.AttrRoutingKey, key),
-			attribute.String(telemetry.AttrMessageID, p.MessageId),
-		),
-		trace.WithAttributes(attrs...))
-	defer span.End()
-	telemetry.Inject(pctx, p.Headers)
-	err := w.fit(&p, rank)
-	if err == nil {
-		if resign != nil {
-			resign(p.Headers)
-		}
-		err = w.publish(pctx, exchange, key, p)
-	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return err
-}
-
-// fit makes p fit one frame of the publishing connection and logs what it
-// dropped or cut.
-func (w *worker) fit(p *amqp.Publishing, rank func(string) quarantine.Rank) error {
-	qr := w.q
-	frameMax := w.s.pubConn.Config.FrameSize
-	if h := w.deps.cfg.hooks; h != nil && h.frameMax > 0 {
-		frameMax = h.frameMax
-	}
-	changed, err := quarantine.Fit(p, frameMax, rank)
-	switch {
-	case err != nil:
-		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "error", err)
-	case len(changed) > 0:
-		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", qr.cfg.Name, "message_id", p.MessageId, "changed", changed)
-	}
-	return err
 }

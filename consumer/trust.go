@@ -9,7 +9,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -58,15 +57,16 @@ func newSigner(cfg *Config) (*triage.Signer, error) {
 // on and is treated like 4.x, which costs at most one re-admission.
 func carriesCounts(v topology.BrokerVersion) bool { return v.AtLeast(3, 13) }
 
-// subject is what the bridge's signature on d is bound to.
-func (qr *queueRuntime) subject(d *amqp.Delivery) triage.Subject {
-	return triage.Subject{Queue: qr.cfg.Name, MessageID: d.MessageId, Body: d.Body}
+// subject is what the bridge's signature on d, from work queue queue, is
+// bound to.
+func subject(queue string, d *amqp.Delivery) triage.Subject {
+	return triage.Subject{Queue: queue, MessageID: d.MessageId, Body: d.Body}
 }
 
 // verify checks the bridge's signature on d. Bridge headers present without
 // a valid one are noted (CountAttempts notes the attempt headers).
 func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string) {
-	v := qr.deps.signer.Verify(qr.subject(d), d.Headers, signedHeaders)
+	v := qr.deps.signer.Verify(subject(qr.cfg.Name, d), d.Headers, signedHeaders)
 	if v.Valid {
 		return v, nil
 	}
@@ -80,22 +80,6 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 		return v, nil
 	}
 	return v, []string{fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem)}
-}
-
-// seal writes the notes and signs the retry state in h for d's work queue.
-// It runs last, after every signed header is final.
-func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
-	delete(h, wire.HeaderNotes)
-	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
-	w.resign(d)(h)
-}
-
-// resign returns a function that signs the retry state in h again, for
-// after frame fitting has cut a header or added its notes.
-func (w *worker) resign(d *amqp.Delivery) func(amqp.Table) {
-	return func(h amqp.Table) {
-		h[wire.HeaderSignature] = w.deps.signer.Sign(w.q.subject(d), h, signedHeaders)
-	}
 }
 
 // mergeNotes appends the lists, dropping exact repeats (a note carried
