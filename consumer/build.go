@@ -371,3 +371,17 @@ func fingerprintText(f failure, v triage.Verdict) string {
 	}
 	return v.Reason
 }
+
+// mergeNotes appends the lists, dropping exact repeats (a note carried
+// through several hops is recorded once).
+func mergeNotes(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, n := range l {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}

@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -80,18 +79,4 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 		return v, nil
 	}
 	return v, []string{fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem)}
-}
-
-// mergeNotes appends the lists, dropping exact repeats (a note carried
-// through several hops is recorded once).
-func mergeNotes(lists ...[]string) []string {
-	var out []string
-	for _, l := range lists {
-		for _, n := range l {
-			if !slices.Contains(out, n) {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }
