@@ -131,6 +131,11 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"mapping expected", queueDoc("consumer: 5"), "queues[0].consumer", "must be a mapping"},
 		{"list expected", queueDoc("bindings: k"), "queues[0].bindings", "must be a list"},
 		{"management_url", "broker: {management_url: 'ftp://x'}\n" + queueDoc(""), "broker.management_url", "must be an http(s) URL"},
+		// A '/' in the password cuts the host short: say what to do, quoting nothing.
+		{"management_url password", "broker: {management_url: 'http://guest:a/b@127.0.0.1:15672'}\n" + queueDoc(""), "broker.management_url", "percent-encode any '#', '/', '?', '@', '%' or ':' in the user name or password"},
+		// docs/config.md: "at most 200 characters".
+		{"name of 201 characters", "queues:\n  - name: " + strings.Repeat("q", 201) + "\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[0].name", "(at most 200)"},
+		{"name starting with '_'", "queues:\n  - name: _q\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[0].name", "starting with a letter or digit"},
 		{"max_body_bytes", "schemas: {max_body_bytes: -1}\n" + queueDoc(""), "schemas.max_body_bytes", "must be > 0"},
 		{"no queues", "broker: {}\n", "queues", "at least one queue is required"},
 		{"name required", "queues:\n  - exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[0].name", "is required"},

@@ -91,7 +91,7 @@ func (c *Config) ApplyDefaults() {
 
 // Names the broker accepts and that are safe to derive other names from.
 var (
-	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$`)
+	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 	typeRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
 	versionRE = regexp.MustCompile(`^[0-9]+$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,200}$`)
@@ -124,7 +124,12 @@ func (c *Config) Validate() error {
 	if c.Broker.ManagementURL != "" {
 		u, err := url.Parse(c.Broker.ManagementURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			add("broker.management_url", "must be an http(s) URL such as http://127.0.0.1:15672")
+			// Never quote the value: it may hold a password.
+			hint := ""
+			if strings.Contains(c.Broker.ManagementURL, "@") {
+				hint = " (percent-encode any '#', '/', '?', '@', '%' or ':' in the user name or password, e.g. '#' as %23)"
+			}
+			add("broker.management_url", "must be an http(s) URL such as http://127.0.0.1:15672%s", hint)
 		}
 	}
 	if c.Schemas.MaxBodyBytes < 0 {
@@ -144,7 +149,7 @@ func (c *Config) Validate() error {
 		if q.Name == "" {
 			add(p+".name", "is required")
 		} else if !nameRE.MatchString(q.Name) {
-			add(p+".name", "%q: use letters, digits, '.', '_', ':' or '-' (at most 200)", q.Name)
+			add(p+".name", "%q: use letters, digits, '.', '_', ':' or '-', starting with a letter or digit (at most 200)", q.Name)
 		} else if strings.HasPrefix(q.Name, "amq.") {
 			add(p+".name", "names starting with \"amq.\" are reserved by the broker")
 		} else {

@@ -87,6 +87,12 @@ func (m *Message) Bind(v any) error {
 }
 
 // UpcastFunc turns a message's data of one schema version into the next.
+// data is the older version's Message.Data, decoded as encoding/json does
+// with UseNumber (map[string]any, []any, string, json.Number, bool, nil);
+// the result must be made of the same kinds of values (a struct is
+// refused), and the newer version's schema checks it before any handler
+// sees it. An error, or a result that fails that schema, quarantines the
+// message as a permanent failure. examples/library has an upcaster.
 type UpcastFunc func(data any) (any, error)
 
 type routeKey struct{ typ, version string }

@@ -97,8 +97,13 @@ func (w *worker) process(d amqp.Delivery) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts})
-		return
+		if w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}) {
+			return
+		}
+		// A re-admission that cannot fit one frame was not sent: the
+		// message is handled here, with the count it arrived with (the
+		// broker's delivery limit stays the backstop).
+		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame; handled with the delivery count it arrived with")
 	}
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).

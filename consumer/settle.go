@@ -56,8 +56,11 @@ func (sd sessionDelivery) Reject() error { return sd.d.Reject(false) }
 // build the publishing, publish it with confirm + mandatory, and only then
 // ack the original. A failed publish rejects the original with requeue: the
 // broker keeps it and the crash-loop guard bounds the loop. What cannot be
-// parked is never acked.
-func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) {
+// parked is never acked. It reports false, having done nothing, for a
+// re-admission that cannot fit one frame: the caller delivers the message
+// instead, since rejecting it would quarantine a message whose handler
+// never ran.
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
 	qr := w.q
 	c := w.deps
 	v := f.verdict
@@ -83,6 +86,9 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		w.settled.failed(f)
 		err = w.send(ctx, span, d, f)
 	}
+	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
+		return false
+	}
 	var outcome, kind string
 	switch v.Action {
 	case triage.ActionRetry:
@@ -100,11 +106,11 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
 		if rerr := a.Reject(); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
-			return
+			return true
 		}
 		w.record(OutcomeQuarantined)
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		return
+		return true
 	}
 	if err != nil && w.s.handlerCtx.Err() != nil {
 		// The drain deadline passed while the publish waited (typically on
@@ -114,7 +120,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		w.record(OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
 		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
-		return
+		return true
 	}
 	if err != nil {
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
@@ -136,11 +142,11 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		}
 		w.settled.SettleErr = err
 		w.record(OutcomeRequeued)
-		return
+		return true
 	}
 	w.pubFailures = 0
 	if !w.ack(a, d.MessageId) {
-		return
+		return true
 	}
 	w.record(outcome)
 	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
@@ -155,6 +161,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
 		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
 	}
+	return true
 }
 
 // send builds the verdict's publishing (see build) and publishes it with

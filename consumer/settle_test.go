@@ -400,3 +400,21 @@ func TestSettleReportsAFailedAck(t *testing.T) {
 		t.Fatalf("outcomes %v, settled %+v", b.outcomes(), b.settled)
 	}
 }
+
+// A re-admission that cannot fit is not settled at all: the caller hands the
+// message to its handler instead (rejecting it would quarantine a message
+// whose handler never ran).
+func TestSettleLeavesAnUnfittableReadmissionToTheHandler(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 4096)
+	d := delivery()
+	d.Headers["x-big"] = strings.Repeat("b", 8000)
+	a := &fakeAcker{}
+	f := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
+	if b.w.settleFailure(context.Background(), noop.Span{}, a, d, f) {
+		t.Fatal("settleFailure reported the re-admission settled")
+	}
+	if a.log() != "" || len(b.out.sent) != 0 || len(b.settled) != 0 {
+		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
+	}
+}

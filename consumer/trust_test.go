@@ -196,6 +196,13 @@ func TestCopiedRetryHeadersDoNotCarryOver(t *testing.T) {
 // dead-letters it into the work queue: the chain of services of issue 13.
 func (b *testBundle) upstreamReject(id string, k int) {
 	b.t.Helper()
+	b.upstreamRejectWith(id, k, amqp.Table{})
+}
+
+// upstreamRejectWith is upstreamReject for a message with headers h.
+func (b *testBundle) upstreamRejectWith(id string, k int, h amqp.Table) {
+	b.t.Helper()
+	h["schema-version"] = "1"
 	up := b.env.Name("upstream-" + id)
 	b.env.TrackQueue(up)
 	ch := b.env.Channel("upstream")
@@ -210,8 +217,7 @@ func (b *testBundle) upstreamReject(id string, k int) {
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
 	body, _ := json.Marshal(map[string]any{"id": id})
 	must(b.t, ch.PublishWithContext(context.Background(), "", up, true, false, amqp.Publishing{
-		ContentType: "application/json", Type: testType, MessageId: id, Body: body,
-		Headers: amqp.Table{"schema-version": "1"},
+		ContentType: "application/json", Type: testType, MessageId: id, Body: body, Headers: h,
 	}))
 	if c := <-confirms; !c.Ack {
 		b.t.Fatal("upstream publish nacked")

@@ -386,8 +386,9 @@ func versionLess(a, b string) bool {
 }
 
 // Lookup returns the compiled schema of a type's version ("v2" and "2" both
-// work). Schemas that say nothing but "$ref" are compiled away (see
-// elideRefs), so the KeywordLocation of its errors skips their "/$ref" step.
+// work). Subschemas that say nothing but "$ref" are compiled away (each
+// applicator points at the $ref's target), so the KeywordLocation of its
+// errors skips their "/$ref" step.
 func (r *Registry) Lookup(typ, version string) (*jsonschema.Schema, bool) {
 	s, ok := r.schemas[typ+"\x00"+NormalizeVersion(version)]
 	return s, ok

@@ -3,6 +3,7 @@ package topology_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -75,6 +76,10 @@ func TestApplyIsIdempotentAndRefusesConflicts(t *testing.T) {
 	p, err := in.Apply(ctx, topo)
 	if !errors.Is(err, topology.ErrConflict) || p == nil || p.Summary.Conflict != 1 {
 		t.Fatalf("apply over a conflict: %+v, %v", p, err)
+	}
+	// The error alone says what to fix: a library caller may not print the plan.
+	if want := "queue '" + work + "': x-delivery-limit: want 3, have 7"; !strings.Contains(err.Error(), want) {
+		t.Errorf("apply error %q does not name the conflict %q", err, want)
 	}
 	if _, err := ch.QueueDeclarePassive(work, true, false, false, false, args); err != nil {
 		t.Fatalf("conflicting queue touched: %v", err)

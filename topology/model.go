@@ -15,9 +15,8 @@
 //
 // Broker-initiated dead letters never enter the retry loop: the broker drops
 // a message silently when it dead-letters (for a reason other than rejected)
-// into a cycle without a rejection (see docs/topology.md, "Broker dead
-// letters never enter the retry loop"), so they go to the terminal
-// quarantine instead.
+// into a cycle without a rejection (see docs/topology.md, "Why it is shaped
+// like this"), so they go to the terminal quarantine instead.
 package topology
 
 import (

@@ -143,6 +143,25 @@ func hasBinding(bs []MgmtBinding, b BindingSpec) bool {
 	return false
 }
 
+// firstConflict names the plan's first conflict, and how many more there
+// are, for an error that says what to fix without the plan at hand.
+func (p *Plan) firstConflict() string {
+	for _, s := range p.Steps {
+		if s.Action != ActionConflict {
+			continue
+		}
+		what := s.Object
+		if s.Diff != nil {
+			what = fmt.Sprintf("%s: %s: want %s, have %s", s.Object, s.Diff.Arg, s.Diff.Want, s.Diff.Have)
+		}
+		if more := p.Summary.Conflict - 1; more > 0 {
+			what += fmt.Sprintf(" (and %d more)", more)
+		}
+		return what
+	}
+	return fmt.Sprintf("%d object(s) differ", p.Summary.Conflict)
+}
+
 // Apply declares what Plan says is missing. It is idempotent: on a broker
 // that already matches, it declares nothing and reports every object
 // unchanged. If any object conflicts it declares nothing and returns the
@@ -154,7 +173,7 @@ func (in *Inspector) Apply(ctx context.Context, t *Topology) (*Plan, error) {
 		return nil, err
 	}
 	if p.Summary.Conflict > 0 {
-		return p, fmt.Errorf("%w: %d object(s) differ; nothing was declared", ErrConflict, p.Summary.Conflict)
+		return p, fmt.Errorf("%w: %s; nothing was declared", ErrConflict, p.firstConflict())
 	}
 	exchanges := map[string]ExchangeSpec{}
 	for _, x := range t.Exchanges {

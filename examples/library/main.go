@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/consumer"
@@ -79,9 +78,7 @@ func run(ctx context.Context, url, prefix string, inCode bool) error {
 	if err != nil {
 		return err
 	}
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(cfg.Broker.ConnectionName + "/app")
-	conn, err := amqp.DialConfig(url, amqp.Config{Properties: props})
+	conn, err := publisher.Dial(url, cfg.Broker.ConnectionName+"/app")
 	if err != nil {
 		return err
 	}
@@ -180,8 +177,8 @@ func configInCode() (*config.Config, error) {
 	cfg := &config.Config{
 		Broker: config.Broker{ConnectionName: "dlxlibrary"},
 		Queues: []config.Queue{{
-			Name:     "orders",
-			Exchange: config.Exchange{Name: "orders", Type: "topic"},
+			Name:     "library.orders",
+			Exchange: config.Exchange{Name: "library.orders", Type: "topic"},
 			Bindings: []string{"order.created"},
 			Retry:    config.Retry{Tiers: []time.Duration{time.Second}, Jitter: &noJitter},
 			Accepts:  []config.Accept{{Type: "orders.created", Versions: []string{"1", "2"}}},

@@ -5,10 +5,13 @@
 package amqpx
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -177,7 +180,8 @@ func (e *DialError) Error() string {
 func (e *DialError) Unwrap() error { return e.Err }
 
 // Dial opens a connection whose client-provided name is name, so operators
-// can find it in the management UI. A URL that does not parse is a
+// can find it in the management UI. It reads header field types the client
+// could not (see readableConn). A URL that does not parse is a
 // *URLError, any other failure a *DialError; neither contains the password.
 func Dial(rawURL, name string) (*amqp.Connection, error) {
 	ep, err := ParseAMQPURL(rawURL)
@@ -189,11 +193,70 @@ func Dial(rawURL, name string) (*amqp.Connection, error) {
 		Heartbeat:  10 * time.Second,
 	}
 	cfg.Properties.SetClientConnectionName(name)
+	uri, _ := amqp.ParseURI(rawURL) // ParseAMQPURL checked it
+	timeout := 30 * time.Second     // amqp091-go's default, or the URL's connection_timeout
+	if uri.ConnectionTimeout > 0 {
+		timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+	}
+	// readableConn must see the AMQP stream, so under amqps the TLS layer
+	// is run here, beneath it, and the client is given the URL as amqp.
+	var tlsCfg *tls.Config
+	if ep.Scheme == "amqps" {
+		if tlsCfg, err = tlsConfig(uri); err != nil {
+			return nil, &DialError{Endpoint: ep, Err: err}
+		}
+		u, _ := ParseURL("AMQP URL", rawURL)
+		u.Scheme, u.Host = "amqp", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		rawURL = u.String()
+	}
+	dial := amqp.DefaultDial(timeout)
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		c, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if tlsCfg != nil {
+			tc := tls.Client(c, tlsCfg)
+			if err := tc.Handshake(); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			c = tc
+		}
+		return newReadableConn(c), nil
+	}
 	conn, err := amqp.DialConfig(rawURL, cfg)
 	if err != nil {
 		return nil, &DialError{Endpoint: ep, Err: err}
 	}
 	return conn, nil
+}
+
+// tlsConfig is the TLS configuration amqp091-go derives from an amqps URL
+// (its tlsConfigFromURI): the URL's CA file, else the system's roots; its
+// client certificate and key, if both are given; its server name, else the
+// host.
+func tlsConfig(uri amqp.URI) (*tls.Config, error) {
+	cfg := &tls.Config{ServerName: uri.ServerName}
+	if cfg.ServerName == "" {
+		cfg.ServerName = uri.Host
+	}
+	if uri.CACertFile != "" {
+		data, err := os.ReadFile(uri.CACertFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA certificate: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		cfg.RootCAs.AppendCertsFromPEM(data)
+	}
+	if uri.CertFile != "" && uri.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(uri.CertFile, uri.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }
 
 // IsPermanent says whether err, from Dial or from setting up a consumer,

@@ -182,3 +182,32 @@ func lines(s string) []string {
 	}
 	return out
 }
+
+// The README has a new user declare the top-level config.yaml, then run
+// examples/library on the same broker. Had the example derived any name the
+// shipped config derives (it used "orders", with other retry lanes), its
+// Apply would refuse with a conflict, and the README's second step would
+// fail after its first.
+func TestLibraryExampleNamesStayApartFromTheShippedConfig(t *testing.T) {
+	t.Parallel()
+	root := moduleRoot(t)
+	names := func(path string) map[string]bool {
+		cfg, err := config.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for i := range cfg.Queues {
+			for _, n := range cfg.Queues[i].Names() {
+				out[n.Name] = true
+			}
+		}
+		return out
+	}
+	shipped := names(filepath.Join(root, "config.yaml"))
+	for n := range names(filepath.Join(root, "examples", "library", "config.yaml")) {
+		if shipped[n] {
+			t.Errorf("examples/library/config.yaml derives %q, as the top-level config.yaml does", n)
+		}
+	}
+}

@@ -145,17 +145,46 @@ func newFlagSet(env *Env, name, usageLine string) *flag.FlagSet {
 	return fs
 }
 
-// subcommand splits "sub --flags..." and checks sub is one of allowed.
-func subcommand(env *Env, group string, args []string, allowed ...string) (string, []string, bool) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintf(env.Stderr, "usage: dlxbridge %s %s [flags]\n", group, strings.Join(allowed, "|"))
-		return "", nil, false
+// subcmd is one subcommand of a command group, for its usage text.
+type subcmd struct{ name, summary string }
+
+// subcommand splits "sub --flags..." and checks sub is one of subs. When it
+// returns ok false, the caller exits with code: ExitOK after -h, --help or
+// help (the group's usage, as the top-level usage promises), else
+// ExitUsage.
+func subcommand(env *Env, group string, args []string, subs ...subcmd) (sub string, rest []string, code int, ok bool) {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
 	}
-	for _, a := range allowed {
-		if args[0] == a {
-			return a, args[1:], true
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			groupUsage(env.Stderr, group, subs)
+			return "", nil, ExitOK, false
 		}
 	}
-	fmt.Fprintf(env.Stderr, "dlxbridge %s: unknown subcommand %q (want %s)\n", group, args[0], strings.Join(allowed, ", "))
-	return "", nil, false
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		groupUsage(env.Stderr, group, subs)
+		return "", nil, ExitUsage, false
+	}
+	for _, s := range subs {
+		if args[0] == s.name {
+			return s.name, args[1:], 0, true
+		}
+	}
+	fmt.Fprintf(env.Stderr, "dlxbridge %s: unknown subcommand %q (want %s)\n", group, args[0], strings.Join(names, ", "))
+	return "", nil, ExitUsage, false
+}
+
+func groupUsage(w io.Writer, group string, subs []subcmd) {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	fmt.Fprintf(w, "usage: dlxbridge %s %s [flags]\n\nsubcommands:\n", group, strings.Join(names, "|"))
+	for _, s := range subs {
+		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'dlxbridge %s <subcommand> -h' for its flags.\n", group)
 }

@@ -18,9 +18,12 @@ import (
 // invalid; 2 for bad usage, a missing directory, or (validate, list) a
 // registry that does not load.
 func runSchemas(ctx context.Context, env *Env, args []string) int {
-	sub, rest, ok := subcommand(env, "schemas", args, "lint", "validate", "list")
+	sub, rest, code, ok := subcommand(env, "schemas", args,
+		subcmd{"list", "the registry's message types and versions"},
+		subcmd{"lint", "compile every schema and list each broken file"},
+		subcmd{"validate", "validate one message body against its schema"})
 	if !ok {
-		return ExitUsage
+		return code
 	}
 	switch sub {
 	case "lint":

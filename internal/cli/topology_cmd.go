@@ -16,15 +16,18 @@ import (
 //
 // The config is loaded and validated before anything dials the broker, so a
 // bad file (exit 2) declares nothing; so does a URL that does not parse
-// (exit 2). Exit 1: verify found drift, apply was refused (a conflicting
-// object), or the broker could not be reached or refused the login. Exit
-// 3: plan or verify could not check everything (no management API) and
-// found nothing wrong in what it could. A configured management API that
+// (exit 2). Exit 1: verify found drift, plan found a conflicting object (so
+// apply would refuse), apply was refused, or the broker could not be
+// reached or refused the login. Exit 3: plan or verify could not check
+// everything (no management API) and found nothing wrong in what it could. A configured management API that
 // does not answer is warned about, and the command goes on over AMQP.
 func runTopology(ctx context.Context, env *Env, args []string) int {
-	sub, rest, ok := subcommand(env, "topology", args, "plan", "apply", "verify")
+	sub, rest, code, ok := subcommand(env, "topology", args,
+		subcmd{"plan", "what apply would create, what exists, what conflicts; declares nothing"},
+		subcmd{"apply", "declare everything that is missing; refuses if an object conflicts"},
+		subcmd{"verify", "report drift between the broker and the config"})
 	if !ok {
-		return ExitUsage
+		return code
 	}
 	fs := newFlagSet(env, "topology "+sub, "topology "+sub+" [--config config.yaml] [--url amqp://...] [--output text|json]")
 	var c common
@@ -92,7 +95,10 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		if err := render(env.Stdout, c.output, p, p.WriteText); err != nil {
 			return fail("%v", err)
 		}
-		if !p.Complete() {
+		switch {
+		case p.Summary.Conflict > 0: // apply would refuse
+			return ExitFail
+		case !p.Complete():
 			return ExitIncomplete
 		}
 		return ExitOK

@@ -184,6 +184,15 @@ func TestTopologyVerifyNamesDifferentDeliveryLimit(t *testing.T) {
 	if !found {
 		t.Errorf("JSON problems lack the delivery limit: %+v", r.Problems)
 	}
+	// Plan says apply would refuse: exit 1, not 0 (nor 3, incomplete,
+	// without the management API), so `plan && apply` stops here.
+	noMgmt := writeTopologyConfig(t, b.env, "http://127.0.0.1:1", "")
+	for _, config := range []string{b.config, noMgmt.config} {
+		out := b.mustRun(t, cli.ExitFail, "topology", "plan", "--config", config)
+		if want := "CONFLICT  queue '" + b.work + "': x-delivery-limit: want 3, have 9"; !strings.Contains(out, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
 	// Apply refuses (exit 1), names the difference and deletes nothing.
 	code, out, errOut := b.run(t, "topology", "apply", "--config", b.config)
 	if code != cli.ExitFail || !strings.Contains(out, "x-delivery-limit: want 3, have 9") || !strings.Contains(errOut, "nothing was declared") {
@@ -315,5 +324,30 @@ func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
 	out, _ := b.mustRunAll(t, cli.ExitFail, "topology", "verify", "--config", b.config)
 	if !strings.Contains(out, "queue '"+lane+"': missing") {
 		t.Errorf("verify does not name the deleted lane:\n%s", out)
+	}
+}
+
+// The top-level usage says "Run 'dlxbridge <command> -h' for its flags":
+// that must list the subcommands and exit 0, not fail as bad usage.
+func TestCommandGroupHelp(t *testing.T) {
+	t.Parallel()
+	for _, group := range []struct {
+		name string
+		subs []string
+	}{{"topology", []string{"plan", "apply", "verify"}}, {"schemas", []string{"list", "lint", "validate"}}} {
+		for _, h := range []string{"-h", "--help", "help"} {
+			code, out, errOut := runCLI(t, "", group.name, h)
+			if code != cli.ExitOK {
+				t.Errorf("dlxbridge %s %s: exit %d, want %d", group.name, h, code, cli.ExitOK)
+			}
+			for _, sub := range group.subs {
+				if !strings.Contains(out+errOut, "\n  "+sub+" ") {
+					t.Errorf("dlxbridge %s %s does not describe %q:\n%s%s", group.name, h, sub, out, errOut)
+				}
+			}
+		}
+		if code, _, _ := runCLI(t, "", group.name); code != cli.ExitUsage {
+			t.Errorf("dlxbridge %s: exit %d, want %d", group.name, code, cli.ExitUsage)
+		}
 	}
 }

@@ -1,0 +1,17 @@
+package publisher
+
+import (
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+)
+
+// Dial opens a connection to the broker at url whose client-provided name
+// is name, so operators can find it in the management UI. Unlike
+// amqp.Dial, its errors never quote the URL's password: a URL that does not
+// parse (often a password with an unencoded '#', '/', '?', '@' or '%') is
+// described without quoting any of it, and a refused login says so and
+// names the user.
+func Dial(url, name string) (*amqp.Connection, error) {
+	return amqpx.Dial(url, name)
+}
