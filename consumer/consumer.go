@@ -167,14 +167,21 @@ func (c *Config) withDefaults() *Config {
 	return &out
 }
 
-// Consumer runs handlers for the configured work queues.
-type Consumer struct {
-	cfg     *Config
+// deps are the runtime's dependencies, built once in New and shared by
+// pointer: every queue, session and worker reads them here rather than
+// through its owner.
+type deps struct {
+	cfg     *Config // defaults applied; cfg.hooks are the test hooks
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics *metrics
 	host    string
 	signer  *triage.Signer
+}
+
+// Consumer runs handlers for the configured work queues.
+type Consumer struct {
+	*deps
 
 	mu      sync.Mutex
 	routers map[string]*router // by queue
@@ -201,18 +208,20 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "dlxbridge.consumer"),
-		tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
-		metrics: m,
-		host:    host,
-		signer:  signer,
+		deps: &deps{
+			cfg:     cfg,
+			log:     cfg.Logger.With("component", "dlxbridge.consumer"),
+			tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
+			metrics: m,
+			host:    host,
+			signer:  signer,
+		},
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},
 	}
 	for i := range cfg.File.Queues {
 		q := &cfg.File.Queues[i]
-		qr, err := newQueueRuntime(c, q)
+		qr, err := newQueueRuntime(c.deps, q)
 		if err != nil {
 			return nil, err
 		}
@@ -238,7 +247,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 	if version == "" || msgType == "" {
 		return errors.New("HandleVersion: type and version are required")
 	}
-	return c.register(queue, msgType, config.NormalizeVersion(version), h)
+	return c.register(queue, msgType, schemas.NormalizeVersion(version), h)
 }
 
 // Upcast registers fn to turn msgType data of version from into version to
@@ -246,7 +255,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 // the target version's schema before the handler sees it (unless the
 // message failed a gate in report mode: see Message.GateError).
 func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
-	from, to = config.NormalizeVersion(from), config.NormalizeVersion(to)
+	from, to = schemas.NormalizeVersion(from), schemas.NormalizeVersion(to)
 	if fn == nil || from == to {
 		return fmt.Errorf("Upcast %s v%s→v%s: need a function between two different versions", msgType, from, to)
 	}

@@ -10,11 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // A record is what a quarantine keeps of one quarantined message. The
@@ -130,7 +132,7 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	meta, err := json.Marshal(recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Headers: headers, Envelope: &env,
-		Redrives: intOf(d.Headers[HeaderRedriveCount]), Version: str(d.Headers, versionHeader),
+		Redrives: redrives(d.Headers), Version: wire.Str(d.Headers, versionHeader),
 	})
 	if err != nil {
 		return amqp.Publishing{}, "", err
@@ -265,4 +267,14 @@ func (k *Keeper) Run(ctx context.Context) error {
 			k.kept(id)
 		}
 	}
+}
+
+// redrives reads the redrive count a message carries: 0 when absent,
+// malformed or negative, and at most math.MaxInt32.
+func redrives(h map[string]any) int {
+	n, res := wire.Int(h[HeaderRedriveCount])
+	if res != wire.IntOK && res != wire.IntOverflow || n < 0 {
+		return 0
+	}
+	return int(min(n, math.MaxInt32))
 }
