@@ -37,8 +37,8 @@ import (
 
 // Record header names on the stream message.
 const (
-	HeaderRecordID     = "dlxbridge-record-id"
-	HeaderRecordIntake = "dlxbridge-record-intake"
+	HeaderRecordID     = wire.HeaderRecordID
+	HeaderRecordIntake = wire.HeaderRecordIntake
 )
 
 // recordMagic starts every record body; the digit is the layout version.
@@ -98,7 +98,7 @@ type recordMeta struct {
 func RecordID(d *amqp.Delivery) (string, error) {
 	h := amqp.Table{}
 	for k, v := range d.Headers {
-		if k != "x-delivery-count" {
+		if k != wire.HeaderDeliveryCount {
 			h[k] = v
 		}
 	}
@@ -153,7 +153,7 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 
 // versionHeader is the default schema version header, kept in a record's
 // meta for filtering records whose envelope has no version.
-const versionHeader = "schema-version"
+const versionHeader = wire.DefaultVersionHeader
 
 // decodeRecord reads a record body back: its meta and payload. The headers
 // stay encoded in meta.Headers until someone asks for them.

@@ -94,6 +94,15 @@ const (
 	HeaderStack = "dlxbridge-stack"
 )
 
+// Headers on a record in a quarantine's records stream.
+const (
+	// HeaderRecordID is the record's id (a content hash, stable across
+	// copies of one message).
+	HeaderRecordID = "dlxbridge-record-id"
+	// HeaderRecordIntake is the quarantine queue the record came through.
+	HeaderRecordIntake = "dlxbridge-record-intake"
+)
+
 // Headers a replay out of the quarantine sets.
 const (
 	// HeaderRedriveCount is how many times the message was replayed out of

@@ -11,6 +11,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Declare builds cfg's topology for the broker conn is connected to and
@@ -60,7 +61,7 @@ func Publishing(i int, body []byte) amqp.Publishing {
 		Type:         MessageType,
 		MessageId:    ID(i),
 		DeliveryMode: amqp.Persistent,
-		Headers:      amqp.Table{"schema-version": MessageVersion},
+		Headers:      amqp.Table{wire.DefaultVersionHeader: MessageVersion},
 		Body:         body,
 	}
 }
