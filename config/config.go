@@ -27,6 +27,9 @@ type Config struct {
 
 	// Queues lists the work queues dlxbridge manages. At least one is required.
 	Queues []Queue `yaml:"queues"`
+
+	// Run configures `dlxbridge run`, the sidecar (see run.go).
+	Run Run `yaml:"run"`
 }
 
 // Broker describes broker access beyond AMQP.
@@ -96,6 +99,15 @@ type Queue struct {
 	// takes. A message of any other type or version is a schema failure.
 	// At least one is required.
 	Accepts []Accept `yaml:"accepts"`
+
+	// Forward is where `dlxbridge run` sends this queue's validated
+	// messages (see run.go).
+	Forward Forward `yaml:"forward"`
+
+	// Owner names the team or service that owns this queue; `dlxbridge
+	// run` exports it as dlxbridge_queue_info{queue,owner} so alerts can
+	// name who to call. Defaults to "" (exported as "unknown").
+	Owner string `yaml:"owner"`
 }
 
 // Exchange is the exchange a work queue is bound to.

@@ -89,6 +89,7 @@ func (c *Config) ApplyDefaults() {
 			}
 		}
 	}
+	c.applyRunDefaults()
 }
 
 // NormalizeVersion turns "v2", "V2" and "2" into "2".
@@ -282,6 +283,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	c.validateRun(add)
 	if len(errs) == 0 {
 		return nil
 	}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -160,6 +161,8 @@ type Consumer struct {
 	routers map[string]*router // by queue
 	running bool
 	queues  map[string]*queueRuntime
+
+	ready atomic.Bool // see Ready
 }
 
 // New checks cfg and returns a Consumer. Register handlers, then call Run.

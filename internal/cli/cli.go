@@ -44,6 +44,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"topology": {"plan, apply or verify the broker topology", runTopology},
 		"schemas":  {"list, lint and validate against the schema registry", runSchemas},
+		"run":      {"consume the queues and forward each message to a local HTTP endpoint (the sidecar)", runRun},
 	}
 }
 
