@@ -75,7 +75,13 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		mode = sidecar.TopologyAllowDrift
 	}
 	logger := slog.New(slog.NewTextHandler(env.Stderr, nil))
-	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode})
+	tp, stopTracing, err := otlpTracing(ctx, env, "dlxbridge")
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: tracing: %v\n", err)
+		return ExitUsage
+	}
+	defer stopTracing()
+	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail

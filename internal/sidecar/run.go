@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/consumer"
@@ -57,6 +58,8 @@ type Options struct {
 	Quarantine QuarantineSource
 	// Started, if set, is called with the server's address once it serves.
 	Started func(addr string)
+	// TracerProvider makes the runtime's spans. Defaults to the global one.
+	TracerProvider trace.TracerProvider
 }
 
 // ErrDrift is returned (wrapped) when the topology differs from the config
@@ -104,7 +107,7 @@ func Run(ctx context.Context, o Options) error {
 		URL: o.URL, File: cfg, Registry: o.Registry,
 		ConnectionName: cfg.Broker.ConnectionName + "/run",
 		Logger:         o.Logger, Registerer: reg,
-		DrainTimeout: drain + 5*time.Second,
+		DrainTimeout: drain + 5*time.Second, TracerProvider: o.TracerProvider,
 	})
 	if err != nil {
 		return err
