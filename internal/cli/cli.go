@@ -44,6 +44,7 @@ func commands() map[string]command {
 	return map[string]command{
 		"topology": {"plan, apply or verify the broker topology", runTopology},
 		"schemas":  {"list, lint and validate against the schema registry", runSchemas},
+		"demo":     {"show the whole job on a throwaway topology: publish a mix, handle, retry, quarantine", runDemo},
 		"run":      {"consume the queues and forward each message to a local HTTP endpoint (the sidecar)", runRun},
 	}
 }
