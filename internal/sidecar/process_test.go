@@ -90,6 +90,12 @@ func (s *syncBuffer) String() string {
 // `dlxbridge run --apply` on it.
 func startSidecar(t *testing.T, env *brokertest.Env, endpoint string, concurrency int) *sidecarProc {
 	t.Helper()
+	return startSidecarOn(t, env, writeSidecarConfig(t, env, endpoint, concurrency))
+}
+
+// writeSidecarConfig writes the test's config and returns its path.
+func writeSidecarConfig(t *testing.T, env *brokertest.Env, endpoint string, concurrency int) string {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "schemas", "test.job"), 0o755); err != nil {
 		t.Fatal(err)
@@ -123,6 +129,12 @@ queues:
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return cfgPath
+}
+
+// startSidecarOn starts `dlxbridge run --apply` on the config at cfgPath.
+func startSidecarOn(t *testing.T, env *brokertest.Env, cfgPath string) *sidecarProc {
+	t.Helper()
 	p := &sidecarProc{t: t, env: env, queue: env.Name("work"), quar: env.Name("work.quarantine"),
 		stderr: &syncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(binary(t), "run", "--config", cfgPath, "--url", env.URL, "--apply")
@@ -358,6 +370,14 @@ func TestRunMapsEveryAnswerClass(t *testing.T) {
 			} else {
 				t.Logf("%s: Retry-After 2 honoured: retried after %s", id, d.Round(time.Millisecond))
 			}
+		}
+	}
+	if env.ManagementURL != "" {
+		// Read from the management API, whose stats lag by a few seconds.
+		p.waitCounter("dlxbridge_management_up", 1, 5*time.Second)
+		p.waitCounter(fmt.Sprintf(`dlxbridge_work_queue_consumers{queue=%q}`, q), 1, 20*time.Second)
+		if _, body := p.get("/metrics"); !strings.Contains(body, fmt.Sprintf(`dlxbridge_retry_lane_messages{lane="0",queue=%q,tier="1"}`, q)) {
+			t.Errorf("/metrics lacks the retry lane depth of tier 1")
 		}
 	}
 	if code, body := p.get("/healthz"); code != 200 {
