@@ -237,14 +237,19 @@ func (q *QuarantineCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	now := q.now()
+	type key struct{ queue, class string }
+	counts := map[key]int{} // a source may report one group in parts
 	oldest := map[string]time.Time{}
 	for _, g := range groups {
-		ch <- prometheus.MustNewConstMetric(q.open, prometheus.GaugeValue, float64(g.Count), g.Queue, g.Class)
+		counts[key{g.Queue, g.Class}] += g.Count
 		if g.Count > 0 {
 			if o, ok := oldest[g.Queue]; !ok || g.Oldest.Before(o) {
 				oldest[g.Queue] = g.Oldest
 			}
 		}
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(q.open, prometheus.GaugeValue, float64(n), k.queue, k.class)
 	}
 	for queue, t := range oldest {
 		ch <- prometheus.MustNewConstMetric(q.oldest, prometheus.GaugeValue, max(now.Sub(t).Seconds(), 0), queue)
