@@ -282,3 +282,37 @@ func TestForwardHostsAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// run's keys are checked with the paths of the fields.
+func TestRunKeysAreChecked(t *testing.T) {
+	t.Parallel()
+	_, err := config.Parse([]byte(`run: {listen: "9180", forward_hosts: ["a/b"]}
+queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 5s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+    forward: {url: "http://127.0.0.1:8080/x", timeout: 6s}
+`))
+	for _, want := range []string{
+		`run.listen: "9180" is not host:port`,
+		`run.forward_hosts[0]: "a/b" is not a host name or IP address`,
+		`queues[0].forward.timeout: must be <= consumer.handler_timeout (5s)`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want %q", err, want)
+		}
+	}
+	cfg, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 7s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Run.Listen != config.DefaultListen || cfg.Queues[0].Forward.Timeout != 7*time.Second {
+		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].Forward.Timeout)
+	}
+}
