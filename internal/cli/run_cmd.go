@@ -7,10 +7,17 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
+
+// RunQuarantineSource, when set, gives `dlxbridge run` the quarantine
+// inspector that feeds dlxbridge_quarantine_open_records and
+// dlxbridge_quarantine_oldest_open_age_seconds: the seam for issue 9's
+// quarantine.Inspector. nil today: run exports no quarantine gauges.
+var RunQuarantineSource func(ctx context.Context, url string, cfg *config.Config) (sidecar.QuarantineSource, error)
 
 // runRun: dlxbridge run, the sidecar. It verifies the topology (refusing to
 // start on drift unless --apply or --allow-drift), serves /metrics,
@@ -81,7 +88,14 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	defer stopTracing()
-	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp})
+	var qsrc sidecar.QuarantineSource
+	if RunQuarantineSource != nil {
+		if qsrc, err = RunQuarantineSource(ctx, url, cfg); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: quarantine inspector: %v\n", err)
+			return ExitFail
+		}
+	}
+	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp, Quarantine: qsrc})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail
