@@ -36,6 +36,9 @@ type Config struct {
 
 	// Security says where the consumers' shared signing key comes from.
 	Security Security `yaml:"security"`
+
+	// Run configures `dlxbridge run`, the sidecar (see run.go).
+	Run Run `yaml:"run"`
 }
 
 // Security configures how the bridge vouches for its own headers.
@@ -136,6 +139,10 @@ type Queue struct {
 	// Breaker configures the queue's circuit breaker (docs/breaker.md). The
 	// runtime does not act on it yet: it is validated and documented only.
 	Breaker Breaker `yaml:"breaker"`
+
+	// Forward is where `dlxbridge run` sends this queue's validated
+	// messages (see run.go).
+	Forward Forward `yaml:"forward"`
 }
 
 // Owner is the team responsible for a queue.

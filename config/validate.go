@@ -92,6 +92,7 @@ func (c *Config) ApplyDefaults() {
 			}
 		}
 	}
+	c.applyRunDefaults()
 }
 
 // Names the broker accepts and that are safe to derive other names from.
@@ -304,6 +305,7 @@ func (c *Config) Validate() error {
 	if !envNameRE.MatchString(c.Security.SigningKeyEnv) {
 		add("security.signing_key_env", "%q is not an environment variable name (letters, digits, '_'; the key itself never goes in this file)", c.Security.SigningKeyEnv)
 	}
+	c.validateRun(add)
 	if len(errs) == 0 {
 		return nil
 	}

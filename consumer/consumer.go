@@ -21,6 +21,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -187,6 +188,8 @@ type Consumer struct {
 	routers map[string]*router // by queue
 	running bool
 	queues  map[string]*queueRuntime
+
+	ready atomic.Bool // see Ready
 }
 
 // New checks cfg and returns a Consumer. Register handlers, then call Run.

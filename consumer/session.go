@@ -83,6 +83,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()
 	}
+	c.ready.Store(true)
 
 	// Drain unless the consuming connection itself is gone: after losing the
 	// publishing connection or one queue's channel, the other queues can
@@ -103,6 +104,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		cause = fmt.Errorf("publishing connection: %w", cause)
 	case cause = <-lost:
 	}
+	c.ready.Store(false)
 	c.stopAll(runners, drain, conn, closePub)
 	return cause
 }
