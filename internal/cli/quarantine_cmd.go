@@ -341,7 +341,6 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	return ExitOK
 }
 
-
 func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"
