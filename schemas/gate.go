@@ -119,10 +119,17 @@ type Message struct {
 	Version string
 	// Data is the validated value, decoded as encoding/json does with
 	// UseNumber (map[string]any, []any, string, json.Number, bool, nil).
-	// For FromEnvelope it is the envelope's "data" member. Its strings and
-	// numbers share one copy of the body: keeping any of them keeps that
-	// copy (not Input.Body) alive.
+	// For FromEnvelope it is the envelope's "data" member. It is the gate's
+	// only decode of the body: code that wants the parsed value reads it
+	// here rather than decoding the body again. Its strings and numbers
+	// share one copy of the body: keeping any of them keeps that copy (not
+	// Input.Body) alive.
 	Data any
+	// Raw is the JSON text Data was decoded from: Input.Body, or for
+	// FromEnvelope the text of its "data" member (a subslice of
+	// Input.Body). Decoding it with json.Unmarshal into a struct is one
+	// pass, where encoding Data and decoding that would be two.
+	Raw []byte
 }
 
 // Check runs the gate. It returns the decoded, validated message, or a
@@ -160,7 +167,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	doc, derr := decodeJSON(in.Body)
+	doc, raw, derr := g.decode(in.Body)
 	if derr != nil {
 		verr := &ValidationError{Type: typ, Version: version, Reason: ReasonDecode, Detail: capLen(derr.Error())}
 		if derr.rpath != nil {
@@ -201,7 +208,17 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 			return nil, verr
 		}
 	}
-	return &Message{Type: typ, Version: version, Data: data}, nil
+	return &Message{Type: typ, Version: version, Data: data, Raw: raw}, nil
+}
+
+// decode decodes the body: the document, and the text of what the gate
+// validates (the body, or an envelope's "data" member, nil if none).
+func (g *Gate) decode(body []byte) (doc any, text []byte, derr *decodeError) {
+	if g.id.From == FromEnvelope {
+		return decodeJSONMember(body, "data")
+	}
+	doc, derr = decodeJSON(body)
+	return doc, body, derr
 }
 
 // fastValid reports whether the fast path of schema, if it has one, finds
