@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -65,7 +67,7 @@ func Parse(data []byte) (*Config, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, Errors{{Msg: "config is empty"}}
 		}
-		return nil, Errors{{Msg: "not valid YAML: " + err.Error()}}
+		return nil, Errors{{Msg: "not valid YAML: " + yamlError(data, err)}}
 	}
 	var errs Errors
 	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs)
@@ -90,6 +92,42 @@ func Parse(data []byte) (*Config, error) {
 func (c *Config) Complete() error {
 	c.ApplyDefaults()
 	return c.Validate()
+}
+
+// yamlLine is how yaml.v3 places a problem.
+var yamlLine = regexp.MustCompile(`\bline \d+\b`)
+
+// yamlError is err's message with the line of the problem. yaml.v3 leaves
+// the line out when the problem is on the first line, and for bytes YAML
+// does not allow (invalid UTF-8, control characters), which it only places
+// by offset, inaccessibly.
+func yamlError(data []byte, err error) string {
+	msg := err.Error()
+	if yamlLine.MatchString(msg) {
+		return msg
+	}
+	line := 1
+	if strings.Contains(msg, "UTF-8") || strings.Contains(msg, "Unicode") || strings.Contains(msg, "control characters") {
+		line += bytes.Count(data[:firstNonYAML(data)], []byte("\n"))
+	}
+	return fmt.Sprintf("yaml: line %d: %s", line, strings.TrimPrefix(msg, "yaml: "))
+}
+
+// firstNonYAML is the offset of the first byte that is not part of a
+// character YAML allows (tab, line breaks, printable Unicode), or len(data).
+func firstNonYAML(data []byte) int {
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1,
+			r < 0x20 && r != '\t' && r != '\n' && r != '\r',
+			r >= 0x7f && r <= 0x9f && r != 0x85,
+			r >= 0xd800 && r <= 0xdfff, r == 0xfffe, r == 0xffff:
+			return i
+		}
+		i += n
+	}
+	return len(data)
 }
 
 func decodeMessage(err error) string {
@@ -132,7 +170,11 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 	case t.Kind() == reflect.Struct:
 		if n.Kind != yaml.MappingNode {
 			if n.Tag != "!!null" {
-				*errs = append(*errs, FieldError{path, "must be a mapping"})
+				msg := "must be a mapping"
+				if path == "" { // the document itself: no path to name it
+					msg = fmt.Sprintf("line %d: the config must be a mapping", n.Line)
+				}
+				*errs = append(*errs, FieldError{path, msg})
 			}
 			return
 		}
@@ -142,7 +184,11 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 			ft, ok := fields[key]
 			p := join(path, key)
 			if !ok {
-				*errs = append(*errs, FieldError{p, "unknown key" + suggest(key, fields)})
+				msg := "unknown key" + suggest(key, fields)
+				if key == "" { // nothing to show in the path
+					msg = fmt.Sprintf("line %d: empty or non-string key", n.Content[i].Line)
+				}
+				*errs = append(*errs, FieldError{p, msg})
 				continue
 			}
 			checkKeys(n.Content[i+1], ft, p, errs)
