@@ -4,6 +4,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -32,7 +33,7 @@ func FuzzConfigLoad(f *testing.F) {
 		"queues: [{name: a, accepts: [{type: t, versions: [v1]}]}, {name: a}]",
 		"broker: {management_url: 'ftp://x'}\nschemas: {max_body_bytes: -1}\nqueues: []",
 		"x: &a [*a]", "queues: &q\n  - *q", "queues:\n  - name: [1, 2]", "queues: {name: a}",
-		"retry:\n\ttiers: [1s]", "\xff\xfe", "---\n...\n---\nqueues: 1", "", "# nothing",
+		"retry:\n\ttiers: [1s]", "\xff\xfe", aliasBomb(60), "---\n...\n---\nqueues: 1", "", "# nothing",
 	} {
 		f.Add([]byte(doc))
 	}
@@ -66,4 +67,31 @@ func FuzzConfigLoad(f *testing.F) {
 			t.Fatalf("a second Complete changed the config:\n%+v\n%+v", cfg, again)
 		}
 	})
+}
+
+// aliasBomb is a valid-looking config that aliases a queue n times, each
+// with n aliases of one accept of n versions: n³ values from a few bytes.
+func aliasBomb(n int) string {
+	aliases := func(s string) string { return strings.TrimSuffix(strings.Repeat(s+", ", n), ", ") }
+	return "queues:\n  - &q {name: a, exchange: {name: x}, accepts: [&a {type: t, versions: [" + aliases(`"1"`) + "]}, " + aliases("*a") + "]}\n  - " +
+		strings.Repeat("*q\n  - ", n) + "*q\n"
+}
+
+// TestAliasesAreCheckedOnce: a node aliased many times, inside another
+// aliased many times, is checked once per use of its anchor, not once per
+// path through the aliases: a few kilobytes of nested aliases took seconds
+// to reject, and would report each problem at every path.
+func TestAliasesAreCheckedOnce(t *testing.T) {
+	t.Parallel()
+	aliases := func(name string, n int) string { return strings.TrimSuffix(strings.Repeat("*"+name+", ", n), ", ") }
+	doc := "queues: [&q {name: a, exchange: {name: x}, accepts: [&a {type: t, versions: [\"1\"], bogus: 1}, " + aliases("a", 30) + "]}, " + aliases("q", 30) + "]\n"
+	_, err := config.Parse([]byte(doc))
+	es, ok := config.AsErrors(err)
+	if !ok {
+		t.Fatalf("want config.Errors, got %v", err)
+	}
+	if len(es) == 0 || len(es) > 5 {
+		t.Fatalf("%d errors for one unknown key behind aliases:\n%v", len(es), err)
+	}
+	t.Log(err)
 }

@@ -70,13 +70,13 @@ func Parse(data []byte) (*Config, error) {
 		return nil, Errors{{Msg: "not valid YAML: " + yamlError(data, err)}}
 	}
 	var errs Errors
-	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs)
+	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs, map[aliased]bool{})
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	var cfg Config
 	if err := root.Decode(&cfg); err != nil {
-		return nil, Errors{{Msg: decodeMessage(err)}}
+		return nil, Errors{{Msg: decodeMessage(&root, err)}}
 	}
 	if err := cfg.Complete(); err != nil {
 		return nil, err
@@ -130,31 +130,55 @@ func firstNonYAML(data []byte) int {
 	return len(data)
 }
 
-func decodeMessage(err error) string {
+func decodeMessage(root *yaml.Node, err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
 		return "wrong type: " + strings.Join(te.Errors, "; ")
 	}
-	return err.Error()
+	msg := err.Error()
+	if line := firstAlias(root); line > 0 && !yamlLine.MatchString(msg) && strings.Contains(msg, "alias") {
+		// "document contains excessive aliasing": place it at the first
+		// alias.
+		msg = fmt.Sprintf("yaml: line %d: %s", line, strings.TrimPrefix(msg, "yaml: "))
+	}
+	return msg
+}
+
+// firstAlias is the line of the first alias in n, or 0.
+func firstAlias(n *yaml.Node) int {
+	if n.Kind == yaml.AliasNode {
+		return n.Line
+	}
+	for _, c := range n.Content {
+		if line := firstAlias(c); line > 0 {
+			return line
+		}
+	}
+	return 0
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
 // checkKeys walks the YAML tree beside the Go type and reports every mapping
 // key that has no field, with its path. yaml.v3's KnownFields reports only the
-// first one and by line, not by path.
-func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
+// first one and by line, not by path. An anchored node is walked once per Go
+// type (seen), however often it is aliased: a few kilobytes of nested
+// aliases would otherwise be walked billions of times.
+func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors, seen map[aliased]bool) {
 	if n == nil {
 		return
 	}
 	if n.Kind == yaml.DocumentNode {
 		for _, c := range n.Content {
-			checkKeys(c, t, path, errs)
+			checkKeys(c, t, path, errs, seen)
 		}
 		return
 	}
 	if n.Kind == yaml.AliasNode {
-		checkKeys(n.Alias, t, path, errs)
+		if k := (aliased{n.Alias, t}); !seen[k] {
+			seen[k] = true
+			checkKeys(n.Alias, t, path, errs, seen)
+		}
 		return
 	}
 	for t.Kind() == reflect.Pointer {
@@ -191,7 +215,7 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 				*errs = append(*errs, FieldError{p, msg})
 				continue
 			}
-			checkKeys(n.Content[i+1], ft, p, errs)
+			checkKeys(n.Content[i+1], ft, p, errs, seen)
 		}
 	case t.Kind() == reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
@@ -201,9 +225,15 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 			return
 		}
 		for i, c := range n.Content {
-			checkKeys(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
+			checkKeys(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs, seen)
 		}
 	}
+}
+
+// aliased is an anchored node walked as a Go type.
+type aliased struct {
+	n *yaml.Node
+	t reflect.Type
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {
