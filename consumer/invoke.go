@@ -37,6 +37,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 		Version:         version,
 		OriginalVersion: gm.Version,
 		Data:            gm.Data,
+		text:            gm.Raw,
 		Body:            d.Body,
 		// A copy: an abandoned handler must not share a map the runtime
 		// reads when it republishes.
@@ -124,7 +125,7 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
 		}
 	}
-	m.Data = data
+	m.Data, m.text = data, nil
 	return nil
 }
 

@@ -149,7 +149,9 @@ type Envelope struct {
 }
 
 // Apply writes the envelope into headers (which must be non-nil), over any
-// envelope headers already there.
+// envelope headers already there. Texts are cut to their Max*Bytes, lists
+// keep what fits, and a time outside the years 0000-9999, which RFC 3339
+// cannot write (a forged x-death can carry one), is left out.
 func (e *Envelope) Apply(h amqp.Table) {
 	set := func(k, v string) {
 		if v != "" {
@@ -159,7 +161,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 		}
 	}
 	setTime := func(k string, t time.Time) {
-		if t.IsZero() {
+		if y := t.UTC().Year(); t.IsZero() || y < 0 || y > 9999 {
 			delete(h, k)
 			return
 		}
