@@ -99,6 +99,12 @@ type Config struct {
 	// blocking). A panic in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
 
+	// KeepQuarantineIntake, if true, leaves what arrives in each quarantine
+	// queue there instead of moving it into the quarantine's records stream
+	// (see docs/quarantine.md), for a tool that reads the quarantine queue
+	// itself. `dlxbridge quarantine` then sees none of it. Defaults to false.
+	KeepQuarantineIntake bool
+
 	// Test hooks, nil in production.
 	hooks *testHooks
 }

@@ -18,7 +18,7 @@ import (
 // starts again with backoff; it never ends the session, since work queues
 // do not depend on it. The returned stop waits for every keeper.
 func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connection, sessions []*queueSession) (stop func()) {
-	if h := c.cfg.hooks; h != nil && !h.keeper {
+	if h := c.cfg.hooks; c.cfg.KeepQuarantineIntake || h != nil && !h.keeper {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
