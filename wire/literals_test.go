@@ -16,6 +16,8 @@ import (
 // else.
 var notHeaders = map[string]bool{
 	"dlxbridge-brokertest": true, // the test harness's journal directory
+	"dlxbridge-demo-":      true, // the demo's name prefix
+	"dlxbridge-demo":       true, // the demo publisher's app id
 }
 
 // headerLike: a literal that reads like a header name of the bridge's or the
