@@ -104,7 +104,9 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
 	first := waitRecords(t, in, 1).Records[0]
 
-	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry}
+	signer, err := triage.NewSigner([]byte(testSigningKey)) // the consumers' key: the origin it keeps is trusted
+	must(t, err)
+	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
 	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "customer 99 created"})
 	if err != nil || len(res.Sent) != 1 {
 		t.Fatalf("replay: %+v %v", res, err)
