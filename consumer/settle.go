@@ -40,7 +40,7 @@ type confirmer interface {
 }
 
 // sessionDelivery is a delivery settled through its session: acks and
-// requeues wait out the start of a stop (see queueSession.settle).
+// rejects wait out the start of a stop (see queueSession.settle).
 type sessionDelivery struct {
 	s *queueSession
 	d *amqp.Delivery
@@ -50,7 +50,9 @@ func (sd sessionDelivery) Ack() error { return sd.s.settle(func() error { return
 func (sd sessionDelivery) Requeue() error {
 	return sd.s.settle(func() error { return sd.d.Reject(true) })
 }
-func (sd sessionDelivery) Reject() error { return sd.d.Reject(false) }
+func (sd sessionDelivery) Reject() error {
+	return sd.s.settle(func() error { return sd.d.Reject(false) })
+}
 
 // settleFailure carries out a retry, re-admission or quarantine verdict:
 // build the publishing, publish it with confirm + mandatory, and only then

@@ -418,3 +418,54 @@ func TestSettleLeavesAnUnfittableReadmissionToTheHandler(t *testing.T) {
 		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
 	}
 }
+
+// recordingAcknowledger is an amqp.Acknowledger that reports each call.
+type recordingAcknowledger struct{ calls chan string }
+
+func (r recordingAcknowledger) Ack(uint64, bool) error { r.calls <- "ack"; return nil }
+func (r recordingAcknowledger) Nack(uint64, bool, bool) error {
+	r.calls <- "nack"
+	return nil
+}
+func (r recordingAcknowledger) Reject(_ uint64, requeue bool) error {
+	if requeue {
+		r.calls <- "requeue"
+	} else {
+		r.calls <- "reject"
+	}
+	return nil
+}
+
+// Every settlement, the "can't fit" reject without requeue too, waits
+// between a stop's basic.cancel and its cancel-ok: each gives the consumer
+// credit for a message the client would drop after the cancel-ok.
+func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
+	t.Parallel()
+	for name, settle := range map[string]func(acker) error{
+		"ack": acker.Ack, "requeue": acker.Requeue, "reject": acker.Reject,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := newSettleBundle(t, quarantine.DefaultFrameSize)
+			qs := b.w.s
+			calls := make(chan string, 1)
+			d := delivery()
+			d.Acknowledger = recordingAcknowledger{calls}
+			close(qs.stopping) // basic.cancel sent, no cancel-ok yet
+			done := make(chan error, 1)
+			go func() { done <- settle(sessionDelivery{s: qs, d: d}) }()
+			select {
+			case c := <-calls:
+				t.Fatalf("%s written before the cancel-ok", c)
+			case <-time.After(50 * time.Millisecond):
+			}
+			close(qs.cancelled)
+			if c := <-calls; c != name {
+				t.Errorf("wrote %s", c)
+			}
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
