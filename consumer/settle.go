@@ -73,12 +73,15 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 	if f.err != nil {
 		span.RecordError(f.err)
 	}
-	w.settled.failed(f)
 	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
 	if st := panicStack(f.err); st != "" {
 		log = log.With("stack", st)
 	}
 	err := w.send(ctx, span, d, f)
+	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
+		return false // w.settled untouched: the handler decides the outcome
+	}
+	w.settled.failed(f)
 	if v.Action == triage.ActionRetry && errors.Is(err, quarantine.ErrNoFit) {
 		// A retry may not drop the producer's headers (see fitRank):
 		// park it instead, where they may give way.
@@ -87,9 +90,6 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		v = f.verdict
 		w.settled.failed(f)
 		err = w.send(ctx, span, d, f)
-	}
-	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
-		return false
 	}
 	var outcome, kind string
 	switch v.Action {

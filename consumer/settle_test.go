@@ -417,6 +417,11 @@ func TestSettleLeavesAnUnfittableReadmissionToTheHandler(t *testing.T) {
 	if a.log() != "" || len(b.out.sent) != 0 || len(b.settled) != 0 {
 		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
 	}
+	// What OnSettled later reports is the handler's outcome, not the
+	// re-admission's class and reason.
+	if s := b.w.settled; s.Class != "" || s.Reason != "" {
+		t.Errorf("the re-admission was noted for the handler's outcome: %+v", s)
+	}
 }
 
 // recordingAcknowledger is an amqp.Acknowledger that reports each call.
