@@ -108,6 +108,8 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
 		if rerr := a.Reject(); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
+			w.settled.SettleErr = rerr
+			w.record(OutcomeAckFailed)
 			return true
 		}
 		w.record(OutcomeQuarantined)

@@ -30,6 +30,7 @@ type fakeAcker struct {
 	mu                 sync.Mutex
 	calls              []string
 	ackErr, requeueErr error
+	rejectErr          error
 	onAck              func()
 }
 
@@ -42,7 +43,7 @@ func (a *fakeAcker) Ack() error {
 	return a.ackErr
 }
 func (a *fakeAcker) Requeue() error { a.note("requeue"); return a.requeueErr }
-func (a *fakeAcker) Reject() error  { a.note("reject"); return nil }
+func (a *fakeAcker) Reject() error  { a.note("reject"); return a.rejectErr }
 func (a *fakeAcker) log() string    { a.mu.Lock(); defer a.mu.Unlock(); return strings.Join(a.calls, ",") }
 
 type published struct {
@@ -398,6 +399,18 @@ func TestSettleReportsAFailedAck(t *testing.T) {
 	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), retryFailure())
 	if strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
 		t.Fatalf("outcomes %v, settled %+v", b.outcomes(), b.settled)
+	}
+}
+
+// A reject that fails (the channel is gone) is reported once, like a failed
+// ack: OnSettled hears of every delivery the runtime took up.
+func TestSettleReportsAFailedReject(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 600) // not even the bare envelope fits
+	a := &fakeAcker{rejectErr: amqp.ErrClosed}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
+		t.Fatalf("calls %q, settled %+v", a.log(), b.settled)
 	}
 }
 
