@@ -30,7 +30,12 @@ func TestResourceAlarmStallsSafelyAndStopsInTime(t *testing.T) {
 	b := setupOn(t, node.Env(t), func(q *config.Queue) {
 		q.Consumer.Prefetch = 10
 		q.Consumer.Concurrency = concurrency
-		q.Consumer.HandlerTimeout = 5 * time.Second
+		// Handlers wait at the gate while the alarm is raised, which boots
+		// rabbitmqctl's Erlang VM: seconds, and more under load. A handler
+		// deadline there would settle the message (a retry published
+		// before the alarm) instead of holding it into the alarm, so the
+		// deadline is only a hang guard.
+		q.Consumer.HandlerTimeout = 2 * time.Minute
 		// Messages held at the stop are requeued with a raised delivery
 		// count: leave room so none is mistaken for a crash loop.
 		q.DeliveryLimit = 10
