@@ -325,8 +325,9 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 // Run consumes every queue that has a handler until ctx ends, reconnecting
 // with backoff after connection or channel loss. When ctx ends it cancels
 // the consumers, handles what was already delivered within DrainTimeout and
-// returns nil: within DrainTimeout and about a second, even while a resource
-// alarm keeps the broker from answering. It returns an error if it can't
+// returns nil: within DrainTimeout and a few seconds (each close after it
+// waits at most a second for the broker), even while a resource alarm keeps
+// the broker from answering. It returns an error if it can't
 // start (no handlers), or when a failure that does not pass by itself (a
 // refused login or vhost, a missing queue) has lasted
 // PermanentFailureTimeout. No error or log line holds the URL's password.
