@@ -10,7 +10,6 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/sidecar"
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -89,7 +88,7 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp,
-		Quarantine: &quarantine.Inspector{Config: cfg}, QuarantineRefresh: *qrefresh})
+		QuarantineRefresh: *qrefresh})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail

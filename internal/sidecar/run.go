@@ -54,14 +54,10 @@ type Options struct {
 	// Listener, if set, is used instead of listening on run.listen (tests
 	// pass one bound to port 0).
 	Listener net.Listener
-	// Quarantine, if set, is read every QuarantineRefresh for the
-	// quarantine's metrics (quarantine.NewMetrics, on run's registry). If
-	// its Conn is nil, Run dials one (named connection_name+"/run-quarantine")
-	// and dials again after the broker closes it. Defaults to none: no
-	// quarantine metrics.
-	Quarantine *quarantine.Inspector
-	// QuarantineRefresh is how often Quarantine is read (each read takes
-	// every record). The oldest open record's age is computed at each
+	// QuarantineRefresh is how often the runtime reads the quarantine
+	// streams for the quarantine's metrics (quarantine.NewMetrics, on
+	// run's registry; see consumer.Config.QuarantineMetrics). Each read
+	// takes every record; the oldest record's age is computed at each
 	// scrape regardless. Defaults to 30s.
 	QuarantineRefresh time.Duration
 	// Started, if set, is called with the server's address once it serves.
@@ -99,13 +95,9 @@ func Run(ctx context.Context, o Options) error {
 		mgmt = m
 		reg.MustRegister(NewBrokerCollector(mgmt, cfg))
 	}
-	var qmetrics *quarantine.Metrics
-	if o.Quarantine != nil {
-		m, err := quarantine.NewMetrics(reg)
-		if err != nil {
-			return err
-		}
-		qmetrics = m
+	qmetrics, err := quarantine.NewMetrics(reg)
+	if err != nil {
+		return err
 	}
 	metrics, err := NewMetrics(reg, cfg)
 	if err != nil {
@@ -121,6 +113,7 @@ func Run(ctx context.Context, o Options) error {
 		ConnectionName: cfg.Broker.ConnectionName + "/run",
 		Logger:         o.Logger, Registerer: reg,
 		DrainTimeout: drain + 5*time.Second, TracerProvider: o.TracerProvider,
+		QuarantineMetrics: qmetrics, QuarantineRefresh: o.QuarantineRefresh,
 	})
 	if err != nil {
 		return err
@@ -184,57 +177,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	h.topologyOK.Store(true)
 
-	if qmetrics != nil {
-		qctx, stopRefresh := context.WithCancel(ctx)
-		refreshed := make(chan struct{})
-		go func() {
-			defer close(refreshed)
-			refreshQuarantine(qctx, o, qmetrics, log)
-		}()
-		defer func() { stopRefresh(); <-refreshed }()
-	}
 	runErr := c.Run(ctx)
 	log.Info("stopped consuming", "error", runErr)
 	return errors.Join(runErr, stopServer())
-}
-
-// refreshQuarantine reads o.Quarantine into m at once and then every
-// o.QuarantineRefresh until ctx ends, over the inspector's connection or
-// one of its own (dialled again after it closes). A failed read is logged
-// and the metrics keep the last snapshot.
-func refreshQuarantine(ctx context.Context, o Options, m *quarantine.Metrics, log *slog.Logger) {
-	every := o.QuarantineRefresh
-	if every <= 0 {
-		every = 30 * time.Second
-	}
-	in := *o.Quarantine
-	own := in.Conn == nil
-	defer func() {
-		if own && in.Conn != nil {
-			_ = amqpx.CloseConnection(in.Conn, 5*time.Second)
-		}
-	}()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		if own && (in.Conn == nil || in.Conn.IsClosed()) {
-			conn, err := amqpx.Dial(o.URL, o.Config.Broker.ConnectionName+"/run-quarantine")
-			if err != nil {
-				log.Warn("quarantine metrics: cannot connect; trying again", "error", err, "in", every)
-			}
-			in.Conn = conn
-		}
-		if in.Conn != nil {
-			if err := m.Refresh(ctx, &in); err != nil && ctx.Err() == nil {
-				log.Warn("quarantine metrics: read failed; keeping the last values", "error", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
 }
 
 // checkTopology verifies (after applying, in TopologyApply) the topology
