@@ -176,9 +176,11 @@ func (t *demoTracker) failed(id string, attempt int, permanent bool) {
 
 // runDemo: dlxbridge demo. It declares a demo topology under its own
 // prefix, publishes a mix of messages, handles them in-process and shows
-// where each one is until all have settled, then prints the final table and
-// deletes what it declared (unless --keep). Exit 0 when every message ended
-// where it should; 1 otherwise or on a broker error; 2 bad usage.
+// where each one is until all have settled, then prints the final table,
+// `quarantine stats`, the replay of the permanent group and the stats after
+// it, and deletes what it declared, streams included (unless --keep). Exit
+// 0 when every message ended where it should and the replayed message was
+// handled; 1 otherwise or on a broker error; 2 bad usage.
 func runDemo(ctx context.Context, env *Env, args []string) int {
 	fs := newFlagSet(env, "demo", "demo [--url amqp://...] [--keep] [--prefix P]")
 	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
