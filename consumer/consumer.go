@@ -30,6 +30,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -98,6 +99,16 @@ type Config struct {
 	// concurrent use (count, or hand off to a buffered channel without
 	// blocking). A panic in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
+	// QuarantineMetrics, if set (make it with quarantine.NewMetrics on
+	// Registerer), is refreshed from the quarantine streams of File's
+	// queues every QuarantineRefresh while the runtime is connected, over
+	// its consuming connection. Defaults to nil: the runtime does not read
+	// the quarantine.
+	QuarantineMetrics *quarantine.Metrics
+	// QuarantineRefresh is how often QuarantineMetrics is refreshed (each
+	// refresh reads every record; the oldest record's age grows at each
+	// scrape regardless). Defaults to 30s.
+	QuarantineRefresh time.Duration
 
 	// KeepQuarantineIntake, if true, leaves what arrives in each quarantine
 	// queue there instead of moving it into the quarantine's records stream
@@ -130,6 +141,9 @@ func (c *Config) validate() error {
 	if c.ReconnectMin < 0 || c.ReconnectMax < 0 || (c.ReconnectMax > 0 && c.ReconnectMin > c.ReconnectMax) {
 		errs = append(errs, errors.New("consumer.Config.ReconnectMin/Max must be >= 0 and Min <= Max"))
 	}
+	if c.QuarantineRefresh < 0 {
+		errs = append(errs, errors.New("consumer.Config.QuarantineRefresh must be >= 0"))
+	}
 	if c.PermanentFailureTimeout < -1 {
 		errs = append(errs, errors.New("consumer.Config.PermanentFailureTimeout must be >= 0, or -1 to retry forever"))
 	}
@@ -161,6 +175,9 @@ func (c *Config) withDefaults() *Config {
 	}
 	if out.ReconnectMax == 0 {
 		out.ReconnectMax = 30 * time.Second
+	}
+	if out.QuarantineRefresh == 0 {
+		out.QuarantineRefresh = 30 * time.Second
 	}
 	if out.PermanentFailureTimeout == 0 {
 		out.PermanentFailureTimeout = 10 * time.Second

@@ -79,6 +79,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	}
 	stopKeepers := c.startKeepers(ctx, conn, pubConn, runners)
 	defer stopKeepers()
+	defer c.startQuarantineMetrics(ctx, conn)()
 	c.log.Info("consuming", "queues", len(runners), "broker", version.String())
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()
