@@ -1,0 +1,76 @@
+package quarantine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+)
+
+// A producer's headers travel untouched when the broker dead-letters a
+// message itself (TTL, delivery limit), envelope headers included. A forged
+// dlxbridge-original-queue naming another configured queue must not make a
+// replay send the message there: it goes back to the queue whose
+// dead-letter exchange brought it into the quarantine.
+func TestReplayIgnoresAForgedOriginalQueue(t *testing.T) {
+	t.Parallel()
+	var other string
+	b := setupStoreConfig(t, func(env *brokertest.Env, cfg *config.Config) {
+		other = env.Name("other")
+		cfg.Queues = append(cfg.Queues, config.Queue{
+			Name:     other,
+			Exchange: config.Exchange{Name: env.Name("ex2"), Type: "direct"},
+			Bindings: []string{"k2"},
+			Retry:    config.Retry{Tiers: []time.Duration{200 * time.Millisecond}},
+			Accepts:  []config.Accept{{Type: "test.job", Versions: []string{"1"}}},
+		})
+	})
+	h := envelopeHeaders(other, "fp-forged", "forged", time.Now())
+	h["x-death"] = []any{amqp.Table{"count": int64(1), "reason": "expired", "queue": b.q.Name}}
+	// As the broker dead-letters it: through the work queue's dead-letter
+	// exchange into its quarantine.
+	if err := b.pub.PublishWithContext(context.Background(), config.DeadExchangeName(b.q.Name), "k", true, false,
+		amqp.Publishing{MessageId: "forged", Type: "test.job", ContentType: "application/json", Headers: h, Body: []byte(validJob(1))}); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-b.conf; !c.Ack {
+		t.Fatal("publish nacked")
+	}
+	b.keep(1)
+	recs := b.snapshot(b.inspector()).List(Filter{Fingerprint: "fp-forged"})
+	if len(recs) != 1 || recs[0].Queue != b.q.Name {
+		t.Fatalf("record's queue: %+v, want %s", recs, b.q.Name)
+	}
+	res, err := b.replayer().Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-forged"}})
+	if err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	if n := b.depth(other); n != 0 {
+		t.Fatalf("the forged header sent it to %s (%d messages)", other, n)
+	}
+	if n := b.depth(b.q.Name); n != 1 {
+		t.Fatalf("%s holds %d, want the replayed message", b.q.Name, n)
+	}
+}
+
+// A forged negative dlxbridge-redrive-count must not buy a message more
+// redrives than the budget.
+func TestForgedNegativeRedriveCountKeepsTheBudget(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one })
+	h := envelopeHeaders(b.q.Name, "fp-neg", "failed", time.Now())
+	h[HeaderRedriveCount] = int64(-1000)
+	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "neg", Type: "test.job", Headers: h, Body: []byte(validJob(1))})
+	b.keep(1)
+	res, err := b.replayer().Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-neg"}, DryRun: true})
+	if err != nil || len(res.Plan) != 1 {
+		t.Fatalf("dry run: %+v %v", res, err)
+	}
+	if p := res.Plan[0]; p.Redrives != 1 {
+		t.Fatalf("a replay would carry redrive count %d, want 1", p.Redrives)
+	}
+}
