@@ -74,3 +74,33 @@ func TestForgedNegativeRedriveCountKeepsTheBudget(t *testing.T) {
 		t.Fatalf("a replay would carry redrive count %d, want 1", p.Redrives)
 	}
 }
+
+// A producer's header table may nest deeper than the record encoding
+// reads back; the broker and amqp091-go take it. The keeper must still
+// store the message (and the ones behind it), not return it to the intake
+// forever.
+func TestKeeperStoresAMessageWithADeeplyNestedHeader(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	deep := amqp.Table{"leaf": "x"}
+	for i := 0; i < maxCodecDepth+5; i++ {
+		deep = amqp.Table{"n": deep}
+	}
+	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "deep", Headers: amqp.Table{"deep": deep, "ok": "kept"}, Body: []byte("not json")})
+	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "behind", Body: []byte("x")})
+	b.keep(2)
+	snap := b.snapshot(b.inspector())
+	if len(snap.Records) != 2 || snap.Intake[b.q.Quarantine.Queue] != 0 {
+		t.Fatalf("%d records, intake holds %d", len(snap.Records), snap.Intake[b.q.Quarantine.Queue])
+	}
+	r, err := snap.Get(snap.Records[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Properties.MessageID != "deep" || r.Headers()["ok"] != "kept" || r.Headers()["deep"] != notKept || string(r.Body) != "not json" {
+		t.Fatalf("record %+v headers %v body %q", r.Properties, r.Headers(), r.Body)
+	}
+	if _, err := r.MarshalJSON(); err != nil {
+		t.Fatal(err)
+	}
+}
