@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -102,5 +103,60 @@ func TestKeeperStoresAMessageWithADeeplyNestedHeader(t *testing.T) {
 	}
 	if _, err := r.MarshalJSON(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// --id takes a unique prefix (at least 4 characters). A prefix that two
+// records share must refuse the replay or purge, not send both: with
+// 100,000 records, most 4-character prefixes are shared.
+func TestReplayRefusesAnAmbiguousIDPrefix(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	intake := b.q.Quarantine.Queue
+	msg := func(i int) amqp.Publishing {
+		return amqp.Publishing{MessageId: "amb", Type: "test.job", ContentType: "application/json",
+			Headers: envelopeHeaders(b.q.Name, "fp-amb", "failed", time.Unix(1700000000, 0)), Body: []byte(validJob(i))}
+	}
+	id := func(p amqp.Publishing) string {
+		s, err := RecordID(&amqp.Delivery{Exchange: "", RoutingKey: intake, Headers: p.Headers, ContentType: p.ContentType,
+			MessageId: p.MessageId, Type: p.Type, Body: p.Body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// Two messages whose record ids share their first 4 characters.
+	byPrefix := map[string]int{}
+	var a, c int
+	for i := 0; ; i++ {
+		p := id(msg(i))[:4]
+		if j, ok := byPrefix[p]; ok {
+			a, c = j, i
+			break
+		}
+		byPrefix[p] = i
+	}
+	b.publish(intake, msg(a))
+	b.publish(intake, msg(c))
+	b.keep(2)
+	snap := b.snapshot(b.inspector())
+	if len(snap.Records) != 2 || snap.Records[0].ID != id(msg(a)) || snap.Records[1].ID != id(msg(c)) {
+		t.Fatalf("records %v, %v: not the ids expected (%s, %s)", snap.Records[0].ID, snap.Records[len(snap.Records)-1].ID, id(msg(a)), id(msg(c)))
+	}
+	prefix := id(msg(a))[:4]
+	rp := b.replayer()
+	res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{IDs: []string{prefix}}})
+	if !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("replay --id %s: %+v %v, want refused as ambiguous", prefix, res, err)
+	}
+	if n := b.depth(b.q.Name); n != 0 {
+		t.Errorf("replay of an ambiguous prefix sent %d", n)
+	}
+	pres, err := rp.Purge(context.Background(), PurgeOptions{Filter: Filter{IDs: []string{prefix}}, Reason: "test"})
+	if !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("purge --id %s: %+v %v, want refused as ambiguous", prefix, pres, err)
+	}
+	if open := b.snapshot(b.inspector()).List(Filter{Fingerprint: "fp-amb"}); len(open) != 2 {
+		t.Errorf("%d open, want 2", len(open))
 	}
 }
