@@ -279,8 +279,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 			_ = d.Nack(false, true)
 			return fmt.Errorf("keeper %s: %w", k.Intake, err)
 		}
-		if err := pub.Publish(context.WithoutCancel(ctx), "", k.Records, msg); err != nil {
+		// Not WithoutCancel: during a resource alarm the confirm comes only
+		// when the alarm clears, and the runtime's stop waits for the
+		// keeper. A record written but not acked is written again with the
+		// same id, and readers keep one.
+		if err := pub.Publish(ctx, "", k.Records, msg); err != nil {
 			_ = d.Nack(false, true)
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("keeper %s: write record to %s (was the topology applied?): %w", k.Intake, k.Records, err)
 		}
 		if err := d.Ack(false); err != nil {
