@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -84,6 +85,12 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	if !c.checkOutput(env) {
+		return ExitUsage
+	}
+	// A negative --max would mean no cap, a negative or non-finite --rate
+	// no pacing: the opposite of what was asked for.
+	if ro.max < 0 || ro.rate < 0 || math.IsNaN(ro.rate) || math.IsInf(ro.rate, 0) {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --max and --rate must be 0 or more (0: no cap, unpaced)\n", sub)
 		return ExitUsage
 	}
 	filter, err := f.filter(time.Now())

@@ -43,3 +43,20 @@ func TestQuarantineTextOutputEscapesControlCharacters(t *testing.T) {
 		}
 	}
 }
+
+// A negative --max or --rate is refused (exit 2), not taken as "no cap" or
+// "unpaced"; the check comes before the config and the broker.
+func TestReplayRefusesNegativeMaxAndRate(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"quarantine", "replay", "--queue", "q", "--rate", "-5"},
+		{"quarantine", "replay", "--queue", "q", "--rate", "NaN"},
+		{"quarantine", "replay", "--queue", "q", "--max", "-1"},
+		{"quarantine", "purge", "--queue", "q", "--reason", "r", "--max", "-1"},
+	} {
+		code, _, stderr := runWith("amqp://127.0.0.1:1/", append(args, "--config", "/nonexistent.yaml")...)
+		if code != cli.ExitUsage || !strings.Contains(stderr, "--max and --rate") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
