@@ -1,8 +1,11 @@
 // Package config loads and validates dlxbridge's config.yaml.
 //
-// It is a leaf: it knows the file format, its defaults and its rules, and
-// nothing about AMQP. Components (topology, consumer, schemas) build their own
-// models from a validated *Config.
+// It knows the file format, its defaults and the rules of its own (names,
+// the broker's limits), and nothing about AMQP. The domain's rules are the
+// domain packages': Validate reports triage.Policy's, triage.BreakerPolicy's
+// and schemas.Identity's problems under the file's field paths instead of
+// restating them. Components (topology, consumer) build their own models
+// from a validated *Config.
 //
 // Load never returns a half-valid config: either every problem is reported
 // (one FieldError per problem, each naming the field's path such as
@@ -13,6 +16,9 @@ package config
 
 import (
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Config is the whole file.
@@ -30,6 +36,9 @@ type Config struct {
 
 	// Security says where the consumers' shared signing key comes from.
 	Security Security `yaml:"security"`
+
+	// Run configures `dlxbridge run`, the sidecar (see run.go).
+	Run Run `yaml:"run"`
 }
 
 // Security configures how the bridge vouches for its own headers.
@@ -126,6 +135,14 @@ type Queue struct {
 	// Owner says whom to page about this queue's quarantine; it is in every
 	// quarantine record and in `quarantine stats`. Defaults to none.
 	Owner Owner `yaml:"owner"`
+
+	// Breaker configures the queue's circuit breaker (docs/breaker.md). The
+	// runtime does not act on it yet: it is validated and documented only.
+	Breaker Breaker `yaml:"breaker"`
+
+	// Forward is where `dlxbridge run` sends this queue's validated
+	// messages (see run.go).
+	Forward Forward `yaml:"forward"`
 }
 
 // Owner is the team responsible for a queue.
@@ -234,13 +251,13 @@ type Redact struct {
 // Where a message's type and version are read from.
 const (
 	// IdentityProperties reads the AMQP "type" property and a version header.
-	IdentityProperties = "properties"
+	IdentityProperties = schemas.FromProperties
 	// IdentityEnvelope reads a CloudEvents-style JSON body:
 	// {"type": ..., "schemaVersion"|"dataschema": ..., "data": {...}};
 	// the schema validates "data".
-	IdentityEnvelope = "envelope"
+	IdentityEnvelope = schemas.FromEnvelope
 	// IdentityPointer reads type and version at JSON pointers in the body.
-	IdentityPointer = "pointer"
+	IdentityPointer = schemas.FromPointer
 )
 
 // MessageIdentity says how a message names its type and schema version.
@@ -282,9 +299,9 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultMaxElapsed     = 15 * time.Minute
 	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultVersionHeader  = "schema-version"
-	DefaultTypePointer    = "/type"
-	DefaultVersionPtr     = "/schemaVersion"
+	DefaultVersionHeader  = schemas.DefaultVersionHeader
+	DefaultTypePointer    = schemas.DefaultTypePointer
+	DefaultVersionPtr     = schemas.DefaultVersionPointer
 	QuarantineSuffix      = ".quarantine"
 	MaxLanes              = 16
 	DefaultSigningKeyEnv  = "DLXBRIDGE_SIGNING_KEY"
@@ -309,6 +326,25 @@ func (r Retry) MaxElapsedValue() time.Duration {
 		return DefaultMaxElapsed
 	}
 	return *r.MaxElapsed
+}
+
+// Policy is the retry policy the queue's retry and consumer settings make
+// (defaults applied); triage.Policy.Problems holds its rules.
+func (q *Queue) Policy() triage.Policy {
+	return triage.Policy{
+		Tiers:               q.Retry.Tiers,
+		Lanes:               q.Retry.Lanes,
+		Jitter:              q.Retry.JitterValue(),
+		MaxAttempts:         q.Retry.MaxAttempts,
+		MaxElapsed:          q.Retry.MaxElapsedValue(),
+		CrashLoopDeliveries: q.Consumer.CrashLoopDeliveries,
+	}
+}
+
+// Identity is the schema gate's identity for this message section;
+// schemas.Identity holds its defaults and rules.
+func (m MessageIdentity) Identity() schemas.Identity {
+	return schemas.Identity{From: m.From, VersionHeader: m.VersionHeader, TypePointer: m.TypePointer, VersionPointer: m.VersionPointer}
 }
 
 // QueueByName returns the queue with that name.

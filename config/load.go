@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -65,16 +67,16 @@ func Parse(data []byte) (*Config, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, Errors{{Msg: "config is empty"}}
 		}
-		return nil, Errors{{Msg: "not valid YAML: " + err.Error()}}
+		return nil, Errors{{Msg: "not valid YAML: " + yamlError(data, err)}}
 	}
 	var errs Errors
-	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs)
+	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs, map[aliased]bool{})
 	if len(errs) > 0 {
 		return nil, errs
 	}
 	var cfg Config
 	if err := root.Decode(&cfg); err != nil {
-		return nil, Errors{{Msg: decodeMessage(err)}}
+		return nil, Errors{{Msg: decodeMessage(&root, err)}}
 	}
 	if err := cfg.Complete(); err != nil {
 		return nil, err
@@ -92,31 +94,91 @@ func (c *Config) Complete() error {
 	return c.Validate()
 }
 
-func decodeMessage(err error) string {
+// yamlLine is how yaml.v3 places a problem.
+var yamlLine = regexp.MustCompile(`\bline \d+\b`)
+
+// yamlError is err's message with the line of the problem. yaml.v3 leaves
+// the line out when the problem is on the first line, and for bytes YAML
+// does not allow (invalid UTF-8, control characters), which it only places
+// by offset, inaccessibly.
+func yamlError(data []byte, err error) string {
+	msg := err.Error()
+	if yamlLine.MatchString(msg) {
+		return msg
+	}
+	line := 1
+	if strings.Contains(msg, "UTF-8") || strings.Contains(msg, "Unicode") || strings.Contains(msg, "control characters") {
+		line += bytes.Count(data[:firstNonYAML(data)], []byte("\n"))
+	}
+	return fmt.Sprintf("yaml: line %d: %s", line, strings.TrimPrefix(msg, "yaml: "))
+}
+
+// firstNonYAML is the offset of the first byte that is not part of a
+// character YAML allows (tab, line breaks, printable Unicode), or len(data).
+func firstNonYAML(data []byte) int {
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1,
+			r < 0x20 && r != '\t' && r != '\n' && r != '\r',
+			r >= 0x7f && r <= 0x9f && r != 0x85,
+			r >= 0xd800 && r <= 0xdfff, r == 0xfffe, r == 0xffff:
+			return i
+		}
+		i += n
+	}
+	return len(data)
+}
+
+func decodeMessage(root *yaml.Node, err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
 		return "wrong type: " + strings.Join(te.Errors, "; ")
 	}
-	return err.Error()
+	msg := err.Error()
+	if line := firstAlias(root); line > 0 && !yamlLine.MatchString(msg) && strings.Contains(msg, "alias") {
+		// "document contains excessive aliasing": place it at the first
+		// alias.
+		msg = fmt.Sprintf("yaml: line %d: %s", line, strings.TrimPrefix(msg, "yaml: "))
+	}
+	return msg
+}
+
+// firstAlias is the line of the first alias in n, or 0.
+func firstAlias(n *yaml.Node) int {
+	if n.Kind == yaml.AliasNode {
+		return n.Line
+	}
+	for _, c := range n.Content {
+		if line := firstAlias(c); line > 0 {
+			return line
+		}
+	}
+	return 0
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
 // checkKeys walks the YAML tree beside the Go type and reports every mapping
 // key that has no field, with its path. yaml.v3's KnownFields reports only the
-// first one and by line, not by path.
-func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
+// first one and by line, not by path. An anchored node is walked once per Go
+// type (seen), however often it is aliased: a few kilobytes of nested
+// aliases would otherwise be walked billions of times.
+func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors, seen map[aliased]bool) {
 	if n == nil {
 		return
 	}
 	if n.Kind == yaml.DocumentNode {
 		for _, c := range n.Content {
-			checkKeys(c, t, path, errs)
+			checkKeys(c, t, path, errs, seen)
 		}
 		return
 	}
 	if n.Kind == yaml.AliasNode {
-		checkKeys(n.Alias, t, path, errs)
+		if k := (aliased{n.Alias, t}); !seen[k] {
+			seen[k] = true
+			checkKeys(n.Alias, t, path, errs, seen)
+		}
 		return
 	}
 	for t.Kind() == reflect.Pointer {
@@ -132,7 +194,11 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 	case t.Kind() == reflect.Struct:
 		if n.Kind != yaml.MappingNode {
 			if n.Tag != "!!null" {
-				*errs = append(*errs, FieldError{path, "must be a mapping"})
+				msg := "must be a mapping"
+				if path == "" { // the document itself: no path to name it
+					msg = fmt.Sprintf("line %d: the config must be a mapping", n.Line)
+				}
+				*errs = append(*errs, FieldError{path, msg})
 			}
 			return
 		}
@@ -142,10 +208,14 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 			ft, ok := fields[key]
 			p := join(path, key)
 			if !ok {
-				*errs = append(*errs, FieldError{p, "unknown key" + suggest(key, fields)})
+				msg := "unknown key" + suggest(key, fields)
+				if key == "" { // nothing to show in the path
+					msg = fmt.Sprintf("line %d: empty or non-string key", n.Content[i].Line)
+				}
+				*errs = append(*errs, FieldError{p, msg})
 				continue
 			}
-			checkKeys(n.Content[i+1], ft, p, errs)
+			checkKeys(n.Content[i+1], ft, p, errs, seen)
 		}
 	case t.Kind() == reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
@@ -155,9 +225,15 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors) {
 			return
 		}
 		for i, c := range n.Content {
-			checkKeys(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
+			checkKeys(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs, seen)
 		}
 	}
+}
+
+// aliased is an anchored node walked as a Go type.
+type aliased struct {
+	n *yaml.Node
+	t reflect.Type
 }
 
 func yamlFields(t reflect.Type) map[string]reflect.Type {

@@ -158,7 +158,11 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"tiers increasing", queueDoc("retry: {tiers: [5s, 1s]}"), "queues[0].retry.tiers[1]", "must be greater than the tier before it (5s)"},
 		{"jitter", queueDoc("retry: {jitter: 1.5}"), "queues[0].retry.jitter", "must be in [0, 1]"},
 		{"lanes", queueDoc("retry: {lanes: 17}"), "queues[0].retry.lanes", "must be in [1, 16]"},
-		{"max_attempts", queueDoc("retry: {max_attempts: -2}"), "queues[0].retry.max_attempts", "must be >= 1"},
+		{"max_attempts", queueDoc("retry: {max_attempts: -2}"), "queues[0].retry.max_attempts", "must be in [1, 10000]"},
+		// The config used to restate triage's rules and let these through;
+		// consumer.New then refused the policy.
+		{"max_attempts over triage's ceiling", queueDoc("retry: {max_attempts: 20000}"), "queues[0].retry.max_attempts", "must be in [1, 10000]"},
+		{"NaN jitter", queueDoc("retry: {jitter: .nan}"), "queues[0].retry.jitter", "must be in [0, 1]"},
 		{"max_elapsed", queueDoc("retry: {max_elapsed: -1m}"), "queues[0].retry.max_elapsed", "must be >= 0"},
 		{"quarantine name", queueDoc("quarantine: {queue: 'amq.q'}"), "queues[0].quarantine.queue", "is not a name dlxbridge can declare"},
 		{"retention", queueDoc("quarantine: {retention: -1h}"), "queues[0].quarantine.retention", "must be >= 0"},

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
 // ApplyDefaults fills every unset field with its documented default. It is
@@ -78,36 +80,19 @@ func (c *Config) ApplyDefaults() {
 			n := DefaultMaxRedrives
 			q.Quarantine.MaxRedrives = &n
 		}
-		if q.Message.From == "" {
-			q.Message.From = IdentityProperties
-		}
-		if q.Message.VersionHeader == "" {
-			q.Message.VersionHeader = DefaultVersionHeader
-		}
-		if q.Message.TypePointer == "" {
-			q.Message.TypePointer = DefaultTypePointer
-		}
-		if q.Message.VersionPointer == "" {
-			q.Message.VersionPointer = DefaultVersionPtr
-		}
+		id := q.Message.Identity().WithDefaults()
+		q.Message = MessageIdentity{From: id.From, VersionHeader: id.VersionHeader, TypePointer: id.TypePointer, VersionPointer: id.VersionPointer}
 		if q.Gate == "" {
 			q.Gate = GateEnforce
 		}
+		q.Breaker.applyDefaults()
 		for j := range q.Accepts {
 			for k, v := range q.Accepts[j].Versions {
-				q.Accepts[j].Versions[k] = NormalizeVersion(v)
+				q.Accepts[j].Versions[k] = schemas.NormalizeVersion(v)
 			}
 		}
 	}
-}
-
-// NormalizeVersion turns "v2", "V2" and "2" into "2".
-func NormalizeVersion(v string) string {
-	v = strings.TrimSpace(v)
-	if len(v) > 1 && (v[0] == 'v' || v[0] == 'V') && v[1] >= '0' && v[1] <= '9' {
-		return v[1:]
-	}
-	return v
+	c.applyRunDefaults()
 }
 
 // Names the broker accepts and that are safe to derive other names from.
@@ -116,6 +101,23 @@ var (
 	typeRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$`)
 	versionRE = regexp.MustCompile(`^[0-9]+$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,200}$`)
+)
+
+// policyPaths and identityPaths name triage.Policy's and schemas.Identity's
+// fields in the file, under a queue.
+var (
+	policyPaths = map[string]string{
+		"Tiers":       ".retry.tiers",
+		"Lanes":       ".retry.lanes",
+		"Jitter":      ".retry.jitter",
+		"MaxAttempts": ".retry.max_attempts",
+		"MaxElapsed":  ".retry.max_elapsed",
+	}
+	identityPaths = map[string]string{
+		"From":           "from",
+		"TypePointer":    "type_pointer",
+		"VersionPointer": "version_pointer",
+	}
 )
 
 // Validate checks a defaulted config and returns Errors listing every problem,
@@ -203,36 +205,34 @@ func (c *Config) Validate() error {
 		} else if q.DeliveryLimit >= 1 && q.Consumer.CrashLoopDeliveries > q.DeliveryLimit {
 			add(cp+".crash_loop_deliveries", "must be <= delivery_limit (%d) so the bridge acts before the broker", q.DeliveryLimit)
 		}
+		// The retry policy's rules are triage's; the config adds what its
+		// queues need (TTLs in whole milliseconds, at most MaxLanes lanes)
+		// and its own crash_loop_deliveries rule above, where 0 means the
+		// default rather than "disabled".
 		rp := p + ".retry"
-		if len(q.Retry.Tiers) == 0 {
-			add(rp+".tiers", "at least one delay is required")
-		}
-		for j, d := range q.Retry.Tiers {
-			tp := fmt.Sprintf("%s.tiers[%d]", rp, j)
-			switch {
-			case d <= 0:
-				add(tp, "must be > 0")
-				derivable = false
-			case d%time.Millisecond != 0:
-				add(tp, "must be a whole number of milliseconds (queue TTLs are in ms)")
-				derivable = false
-			case j > 0 && d <= q.Retry.Tiers[j-1]:
-				add(tp, "must be greater than the tier before it (%s)", q.Retry.Tiers[j-1])
+		for _, pr := range q.Policy().Problems() {
+			path, ok := policyPaths[pr.Field]
+			if !ok {
+				continue // CrashLoopDeliveries: checked above
+			}
+			path = p + path
+			if pr.Index >= 0 {
+				path += fmt.Sprintf("[%d]", pr.Index)
+			}
+			add(path, "%s", pr.Rule)
+			if pr.Field == "Tiers" || pr.Field == "Lanes" {
 				derivable = false
 			}
 		}
-		if j := q.Retry.JitterValue(); j < 0 || j > 1 {
-			add(rp+".jitter", "must be in [0, 1]")
+		for j, d := range q.Retry.Tiers {
+			if d > 0 && d%time.Millisecond != 0 {
+				add(fmt.Sprintf("%s.tiers[%d]", rp, j), "must be a whole number of milliseconds (queue TTLs are in ms)")
+				derivable = false
+			}
 		}
-		if q.Retry.Lanes < 1 || q.Retry.Lanes > MaxLanes {
+		if q.Retry.Lanes > MaxLanes {
 			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
 			derivable = false
-		}
-		if q.Retry.MaxAttempts < 1 {
-			add(rp+".max_attempts", "must be >= 1")
-		}
-		if q.Retry.MaxElapsedValue() < 0 {
-			add(rp+".max_elapsed", "must be >= 0 (0 disables the time budget)")
 		}
 		qp := p + ".quarantine"
 		if !nameRE.MatchString(q.Quarantine.Queue) || strings.HasPrefix(q.Quarantine.Queue, "amq.") {
@@ -268,16 +268,8 @@ func (c *Config) Validate() error {
 			}
 		}
 		mp := p + ".message"
-		switch q.Message.From {
-		case IdentityProperties, IdentityEnvelope:
-		case IdentityPointer:
-			for name, ptr := range map[string]string{"type_pointer": q.Message.TypePointer, "version_pointer": q.Message.VersionPointer} {
-				if ptr == "" || ptr[0] != '/' {
-					add(mp+"."+name, "%q is not a JSON pointer", ptr)
-				}
-			}
-		default:
-			add(mp+".from", "must be properties, envelope or pointer, not %q", q.Message.From)
+		for _, pr := range q.Message.Identity().Problems() {
+			add(mp+"."+identityPaths[pr.Field], "%s", pr.Rule)
 		}
 		switch q.Gate {
 		case GateEnforce, GateReport:
@@ -306,10 +298,14 @@ func (c *Config) Validate() error {
 				}
 			}
 		}
+		if e, bad := q.Breaker.validate(p + ".breaker"); bad {
+			errs = append(errs, e)
+		}
 	}
 	if !envNameRE.MatchString(c.Security.SigningKeyEnv) {
 		add("security.signing_key_env", "%q is not an environment variable name (letters, digits, '_'; the key itself never goes in this file)", c.Security.SigningKeyEnv)
 	}
+	c.validateRun(add)
 	if len(errs) == 0 {
 		return nil
 	}

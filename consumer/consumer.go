@@ -21,6 +21,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,6 +99,12 @@ type Config struct {
 	// blocking). A panic in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
 
+	// KeepQuarantineIntake, if true, leaves what arrives in each quarantine
+	// queue there instead of moving it into the quarantine's records stream
+	// (see docs/quarantine.md), for a tool that reads the quarantine queue
+	// itself. `dlxbridge quarantine` then sees none of it. Defaults to false.
+	KeepQuarantineIntake bool
+
 	// Test hooks, nil in production.
 	hooks *testHooks
 }
@@ -167,19 +174,28 @@ func (c *Config) withDefaults() *Config {
 	return &out
 }
 
-// Consumer runs handlers for the configured work queues.
-type Consumer struct {
-	cfg     *Config
+// deps are the runtime's dependencies, built once in New and shared by
+// pointer: every queue, session and worker reads them here rather than
+// through its owner.
+type deps struct {
+	cfg     *Config // defaults applied; cfg.hooks are the test hooks
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics *metrics
 	host    string
 	signer  *triage.Signer
+}
+
+// Consumer runs handlers for the configured work queues.
+type Consumer struct {
+	*deps
 
 	mu      sync.Mutex
 	routers map[string]*router // by queue
 	running bool
 	queues  map[string]*queueRuntime
+
+	ready atomic.Bool // see Ready
 }
 
 // New checks cfg and returns a Consumer. Register handlers, then call Run.
@@ -201,18 +217,20 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, err
 	}
 	c := &Consumer{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "dlxbridge.consumer"),
-		tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
-		metrics: m,
-		host:    host,
-		signer:  signer,
+		deps: &deps{
+			cfg:     cfg,
+			log:     cfg.Logger.With("component", "dlxbridge.consumer"),
+			tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
+			metrics: m,
+			host:    host,
+			signer:  signer,
+		},
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},
 	}
 	for i := range cfg.File.Queues {
 		q := &cfg.File.Queues[i]
-		qr, err := newQueueRuntime(c, q)
+		qr, err := newQueueRuntime(c.deps, q)
 		if err != nil {
 			return nil, err
 		}
@@ -238,7 +256,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 	if version == "" || msgType == "" {
 		return errors.New("HandleVersion: type and version are required")
 	}
-	return c.register(queue, msgType, config.NormalizeVersion(version), h)
+	return c.register(queue, msgType, schemas.NormalizeVersion(version), h)
 }
 
 // Upcast registers fn to turn msgType data of version from into version to
@@ -246,7 +264,7 @@ func (c *Consumer) HandleVersion(queue, msgType, version string, h Handler) erro
 // the target version's schema before the handler sees it (unless the
 // message failed a gate in report mode: see Message.GateError).
 func (c *Consumer) Upcast(msgType, from, to string, fn UpcastFunc) error {
-	from, to = config.NormalizeVersion(from), config.NormalizeVersion(to)
+	from, to = schemas.NormalizeVersion(from), schemas.NormalizeVersion(to)
 	if fn == nil || from == to {
 		return fmt.Errorf("Upcast %s v%s→v%s: need a function between two different versions", msgType, from, to)
 	}

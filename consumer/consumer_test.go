@@ -17,6 +17,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 func TestTransientFailureSucceedsOnThirdAttemptWithGrowingDelays(t *testing.T) {
@@ -88,9 +89,9 @@ func TestPermanentFailureIsQuarantinedAfterOneDeliveryWithFullEnvelope(t *testin
 		MessageId:     "m-2",
 		CorrelationId: "corr-2",
 		Headers: amqp.Table{
-			"traceparent":        traceparent,
-			HeaderIdempotencyKey: "idem-2",
-			"authorization":      "Bearer secret",
+			"traceparent":             traceparent,
+			wire.HeaderIdempotencyKey: "idem-2",
+			"authorization":           "Bearer secret",
 		},
 	})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
@@ -324,7 +325,7 @@ func ptr[T any](v T) *T { return &v }
 // instead of the broker closing the connection over an oversized frame.
 func TestOversizedHeadersAreTrimmedNotFatal(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(q *config.Queue) { q.Quarantine.Redact.Headers = []string{HeaderIdempotencyKey} })
+	b := setup(t, func(q *config.Queue) { q.Quarantine.Redact.Headers = []string{wire.HeaderIdempotencyKey} })
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 			return triage.Permanent(errors.New("no"))
@@ -332,7 +333,7 @@ func TestOversizedHeadersAreTrimmedNotFatal(t *testing.T) {
 	})
 	huge := strings.Repeat("h", 130_500) // fits the producer's frame (131072), not with the envelope added
 	b.publishJSON(map[string]any{"id": "big"}, amqp.Publishing{MessageId: "big", Headers: amqp.Table{
-		"x-app-blob": huge, HeaderIdempotencyKey: "secret-key",
+		"x-app-blob": huge, wire.HeaderIdempotencyKey: "secret-key",
 	}})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 	d := b.quarantined()
@@ -343,8 +344,8 @@ func TestOversizedHeadersAreTrimmedNotFatal(t *testing.T) {
 	if !strings.Contains(strings.Join(env.Notes, "; "), "header x-app-blob (130500 bytes) dropped") {
 		t.Fatalf("notes %v do not mention the dropped header", env.Notes)
 	}
-	if env.IdempotencyKey != quarantine.Redacted || d.Headers[HeaderIdempotencyKey] != quarantine.Redacted {
-		t.Fatalf("idempotency key leaked: envelope %q header %v", env.IdempotencyKey, d.Headers[HeaderIdempotencyKey])
+	if env.IdempotencyKey != quarantine.Redacted || d.Headers[wire.HeaderIdempotencyKey] != quarantine.Redacted {
+		t.Fatalf("idempotency key leaked: envelope %q header %v", env.IdempotencyKey, d.Headers[wire.HeaderIdempotencyKey])
 	}
 	if got := testutil.ToFloat64(b.consumer.metrics.reconnects); got != 0 {
 		t.Fatalf("the runtime reconnected %v times: the connection was lost", got)

@@ -38,13 +38,8 @@ func newGate(reg *schemas.Registry, q *config.Queue, accepts map[string][]string
 		return nil, nil
 	}
 	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry: reg,
-		Identity: schemas.Identity{
-			From:           q.Message.From,
-			VersionHeader:  q.Message.VersionHeader,
-			TypePointer:    q.Message.TypePointer,
-			VersionPointer: q.Message.VersionPointer,
-		},
+		Registry:     reg,
+		Identity:     q.Message.Identity(),
 		Accepts:      accepts,
 		MaxBodyBytes: maxBody,
 	})
@@ -104,17 +99,17 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
 }
 
 func (qr *queueRuntime) countViolation(verr *schemas.ValidationError) {
-	qr.c.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason), qr.cfg.Gate).Inc()
+	qr.deps.metrics.validation.WithLabelValues(qr.cfg.Name, qr.typeLabel(verr.Type), qr.versionLabel(verr.Type, verr.Version), string(verr.Reason), qr.cfg.Gate).Inc()
 }
 
 // logReported logs a report-mode failure, sampled: a flood of bad messages
 // must not flood the logs (the metric counts every one).
 func (qr *queueRuntime) logReported(d *amqp.Delivery, verr *schemas.ValidationError) {
-	ok, suppressed := qr.reportLog.allow(qr.c.cfg.Now())
+	ok, suppressed := qr.reportLog.allow(qr.deps.cfg.Now())
 	if !ok {
 		return
 	}
-	qr.c.log.Warn("schema gate (report mode): the message fails the gate; delivering it anyway",
+	qr.deps.log.Warn("schema gate (report mode): the message fails the gate; delivering it anyway",
 		"queue", qr.cfg.Name, "message_id", d.MessageId, "type", verr.Type, "version", verr.Version,
 		"reason", string(verr.Reason), "error", verr.Error(), "suppressed_since_last", suppressed)
 }
@@ -173,4 +168,17 @@ func takes(q *config.Queue, msgType, version string) bool {
 		}
 	}
 	return false
+}
+func (qr *queueRuntime) typeLabel(t string) string {
+	if _, ok := qr.accepts[t]; ok {
+		return t
+	}
+	return "other"
+}
+
+func (qr *queueRuntime) versionLabel(t, v string) string {
+	if qr.accepts[t][v] {
+		return v
+	}
+	return "other"
 }

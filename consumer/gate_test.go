@@ -262,11 +262,11 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 func TestOnSettledPanicIsRecovered(t *testing.T) {
 	t.Parallel()
 	logs := &lockedLog{}
-	c := &Consumer{
+	d := &deps{
 		cfg: &Config{OnSettled: func(Settled) { panic("host bug") }},
 		log: slog.New(slog.NewTextHandler(logs, nil)),
 	}
-	c.notifySettled(Settled{Queue: "q", MessageID: "m"})
+	d.notifySettled(Settled{Queue: "q", MessageID: "m"})
 	if !strings.Contains(logs.String(), "host bug") {
 		t.Fatalf("the panic was not logged: %q", logs.String())
 	}
@@ -404,7 +404,7 @@ func TestUpcastOfAReportedMessage(t *testing.T) {
 	t.Parallel()
 	reg, err := schemas.Load(schemas.LoadOptions{})
 	must(t, err)
-	qr := &queueRuntime{c: &Consumer{cfg: &Config{Registry: reg}}}
+	qr := &queueRuntime{deps: &deps{cfg: &Config{Registry: reg}}}
 	chain := []upcaster{{to: "2", fn: func(d any) (any, error) { return d, nil }}}
 	msg := func(data any, gateErr *schemas.ValidationError) *Message {
 		return &Message{Type: "orders.created", Version: "2", OriginalVersion: "1", Data: data, GateError: gateErr}

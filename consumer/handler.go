@@ -39,8 +39,9 @@ type Message struct {
 	// and the version header, "" when absent.
 	Type, Version, OriginalVersion string
 	// Data is the validated JSON value (numbers as json.Number); for
-	// envelope-style messages, the envelope's "data" member. nil when the
-	// queue's gate is off (Bind decodes Body then).
+	// envelope-style messages, the envelope's "data" member. It is the
+	// gate's decode of the body: read it rather than decoding Body again.
+	// nil when the queue's gate is off (Bind decodes Body then).
 	Data any
 	// Body is the payload as received. Treat it as read-only: it is the
 	// same slice the runtime republishes on a retry.
@@ -66,15 +67,24 @@ type Message struct {
 
 	// raw: the queue's gate is off, Data was not decoded.
 	raw bool
+	// text is the JSON text the gate decoded Data from; nil once an
+	// upcaster replaced Data.
+	text []byte
 }
 
-// Bind decodes the message's data into v (a struct pointer, typically):
-// Data, or with the queue's gate off the whole body as received. When a
-// report-mode gate read no data (the body is not JSON), Bind returns an
-// error that wraps GateError.
+// Bind decodes the message's data into v (a struct pointer, typically) with
+// encoding/json, in one pass over the JSON text the gate decoded (Body, or
+// an envelope's "data" member); changes a handler makes to Data are not
+// seen. With the queue's gate off it decodes the whole body as received.
+// After an upcast, whose result has no text, it encodes Data and decodes
+// that. When a report-mode gate read no data (the body is not JSON), Bind
+// returns an error that wraps GateError.
 func (m *Message) Bind(v any) error {
 	if m.raw {
 		return json.Unmarshal(m.Body, v)
+	}
+	if m.text != nil {
+		return json.Unmarshal(m.text, v)
 	}
 	if m.Data == nil && m.GateError != nil {
 		return fmt.Errorf("bind %s: no data: %w", m.Type, m.GateError)

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 func TestRouterPrefersExactThenUpcastThenType(t *testing.T) {
@@ -73,7 +74,7 @@ func TestRepublishMovesExpirationAndUserIDIntoHeaders(t *testing.T) {
 	if p.Expiration != "" || p.UserId != "" {
 		t.Fatalf("expiration %q user %q must not be copied as properties", p.Expiration, p.UserId)
 	}
-	if p.Headers[HeaderOriginalExpiration] != "60000" || p.Headers[HeaderOriginalUserID] != "alice" {
+	if p.Headers[wire.HeaderOriginalExpiration] != "60000" || p.Headers[wire.HeaderOriginalUserID] != "alice" {
 		t.Fatalf("headers %v lack the moved properties", p.Headers)
 	}
 	if p.Headers["a"] != "1" || p.Headers["b"] != "2" || d.Headers["b"] != nil {
@@ -89,7 +90,7 @@ func TestIdempotencyKeyFallsBackToMessageID(t *testing.T) {
 	if got := idempotencyKey(&amqp.Delivery{MessageId: "m"}); got != "m" {
 		t.Fatalf("got %q", got)
 	}
-	if got := idempotencyKey(&amqp.Delivery{MessageId: "m", Headers: amqp.Table{HeaderIdempotencyKey: "k"}}); got != "k" {
+	if got := idempotencyKey(&amqp.Delivery{MessageId: "m", Headers: amqp.Table{wire.HeaderIdempotencyKey: "k"}}); got != "k" {
 		t.Fatalf("got %q", got)
 	}
 }
@@ -105,7 +106,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		triage.HeaderAttempts:      int64(2),
 		"x-custom-app-header":      "kept",
-		HeaderIdempotencyKey:       "k",
+		wire.HeaderIdempotencyKey:  "k",
 		"dlxbridge-original-queue": "orders",
 	}
 	out := retryHeaders(in)
@@ -114,7 +115,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 			t.Errorf("%s survived", gone)
 		}
 	}
-	for _, kept := range []string{"traceparent", triage.HeaderAttempts, "x-custom-app-header", HeaderIdempotencyKey, "dlxbridge-original-queue"} {
+	for _, kept := range []string{"traceparent", triage.HeaderAttempts, "x-custom-app-header", wire.HeaderIdempotencyKey, "dlxbridge-original-queue"} {
 		if _, ok := out[kept]; !ok {
 			t.Errorf("%s was dropped", kept)
 		}

@@ -17,20 +17,20 @@ import (
 // keeper that fails (e.g. the streams were not declared yet) logs and
 // starts again with backoff; it never ends the session, since work queues
 // do not depend on it. The returned stop waits for every keeper.
-func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connection, queues []*queueRuntime) (stop func()) {
-	if h := c.cfg.hooks; h != nil && !h.keeper {
+func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connection, sessions []*queueSession) (stop func()) {
+	if h := c.cfg.hooks; c.cfg.KeepQuarantineIntake || h != nil && !h.keeper {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	seen := map[string]bool{}
-	for _, qr := range queues {
-		if seen[qr.wq.Quarantine] {
+	for _, qs := range sessions {
+		if seen[qs.wq.Quarantine] {
 			continue
 		}
-		seen[qr.wq.Quarantine] = true
+		seen[qs.wq.Quarantine] = true
 		k := &quarantine.Keeper{
-			Consume: conn, Publish: pubConn, Intake: qr.wq.Quarantine, Records: qr.wq.Records,
+			Consume: conn, Publish: pubConn, Intake: qs.wq.Quarantine, Records: qs.wq.Records,
 			Now: c.cfg.Now, Logger: c.log,
 		}
 		wg.Add(1)

@@ -11,6 +11,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // The runtime keeps its quarantine: a message already in the intake when
@@ -98,7 +99,7 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 			return triage.Permanent(errors.New("customer 99 unknown"))
 		})))
 	})
-	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1", Headers: amqp.Table{HeaderIdempotencyKey: "idem-1"}})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1", Headers: amqp.Table{wire.HeaderIdempotencyKey: "idem-1"}})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
 	first := waitRecords(t, in, 1).Records[0]

@@ -9,79 +9,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/quarantine"
-	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
-	"github.com/dlxbridge/dlxbridge/triage"
 )
-
-// queueRuntime is what stays fixed for one work queue across reconnects.
-type queueRuntime struct {
-	c       *Consumer
-	cfg     *config.Queue
-	gate    *schemas.Gate // nil when the queue's gate is off
-	policy  triage.Policy
-	redact  quarantine.Redaction
-	router  *router
-	accepts map[string]map[string]bool
-	// slots bounds running handlers to Concurrency across sessions: a
-	// handler holds a slot until it returns, even after it was abandoned.
-	slots chan struct{}
-	// publishFailures remembers, by message id, why this process last
-	// failed to publish a message's retry or quarantine copy, so that when
-	// the crash-loop guard later quarantines it the envelope says the broker
-	// refused publishes rather than leaving a bare "crash-loop".
-	publishFailures failureMemo
-
-	// Set per session (topology names depend only on the config, but the
-	// broker version is read on connect).
-	wq      *topology.WorkQueue
-	isRetry map[string]bool
-	// carriedCounts: the broker may carry a delivery count across
-	// dead-lettering (triage.DeliveryInput.CarriedCounts).
-	carriedCounts bool
-
-	// reportLog samples the gate's report-mode logs.
-	reportLog logSampler
-}
-
-func newQueueRuntime(c *Consumer, q *config.Queue) (*queueRuntime, error) {
-	accepts := map[string][]string{}
-	acceptSet := map[string]map[string]bool{}
-	for _, a := range q.Accepts {
-		accepts[a.Type] = a.Versions
-		acceptSet[a.Type] = map[string]bool{}
-		for _, v := range a.Versions {
-			acceptSet[a.Type][v] = true
-		}
-	}
-	gate, err := newGate(c.cfg.Registry, q, accepts, c.cfg.File.Schemas.MaxBodyBytes)
-	if err != nil {
-		return nil, err
-	}
-	policy := triage.Policy{
-		Tiers:               q.Retry.Tiers,
-		Lanes:               q.Retry.Lanes,
-		Jitter:              q.Retry.JitterValue(),
-		MaxAttempts:         q.Retry.MaxAttempts,
-		MaxElapsed:          q.Retry.MaxElapsedValue(),
-		CrashLoopDeliveries: q.Consumer.CrashLoopDeliveries,
-	}
-	if err := policy.Validate(); err != nil {
-		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
-	}
-	return &queueRuntime{
-		c:       c,
-		cfg:     q,
-		gate:    gate,
-		policy:  policy,
-		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes},
-		accepts: acceptSet,
-		slots:   make(chan struct{}, q.Consumer.Concurrency),
-	}, nil
-}
 
 // session runs one connection pair's lifetime: it returns when ctx ends
 // (after draining) or when a connection or any consume channel is lost.
@@ -140,27 +70,20 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	var runners []*queueSession
 	for _, qr := range queues {
 		wq, _ := topo.WorkQueue(qr.cfg.Name)
-		qr.wq = wq
-		qr.carriedCounts = carriesCounts(version)
-		qr.isRetry = map[string]bool{}
-		for _, t := range wq.Tiers {
-			for _, l := range t.Lanes {
-				qr.isRetry[l.Queue] = true
-			}
-		}
-		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, lost)
+		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, wq, carriesCounts(version), lost)
 		if err != nil {
 			c.stopAll(runners, 0, conn, closePub)
 			return err
 		}
 		runners = append(runners, qs)
 	}
-	stopKeepers := c.startKeepers(ctx, conn, pubConn, queues)
+	stopKeepers := c.startKeepers(ctx, conn, pubConn, runners)
 	defer stopKeepers()
 	c.log.Info("consuming", "queues", len(runners), "broker", version.String())
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()
 	}
+	c.ready.Store(true)
 
 	// Drain unless the consuming connection itself is gone: after losing the
 	// publishing connection or one queue's channel, the other queues can
@@ -181,6 +104,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 		cause = fmt.Errorf("publishing connection: %w", cause)
 	case cause = <-lost:
 	}
+	c.ready.Store(false)
 	c.stopAll(runners, drain, conn, closePub)
 	return cause
 }
@@ -248,8 +172,19 @@ func (c *Consumer) stopAll(runners []*queueSession, drain time.Duration, conn *a
 // queueSession is one work queue's consume channel and workers for one
 // connection.
 type queueSession struct {
-	qr       *queueRuntime
+	deps *deps
+	q    *queueRuntime
+	// wq is the queue's topology; its names depend only on the config, but
+	// the broker version is read on connect.
+	wq *topology.WorkQueue
+	// isRetry holds wq's retry lane queues.
+	isRetry map[string]bool
+	// carriedCounts: the broker may carry a delivery count across
+	// dead-lettering (triage.DeliveryInput.CarriedCounts).
+	carriedCounts bool
+
 	pubConn  *amqp.Connection // for retry and quarantine publishes
+	frameMax int              // pubConn's: what a publishing must fit in
 	blocking *amqpx.Blocking  // pubConn's resource-alarm state
 	ch       *amqp.Channel
 	tag      string
@@ -266,7 +201,7 @@ type queueSession struct {
 	settleMu sync.RWMutex
 }
 
-func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, lost chan<- error) (*queueSession, error) {
+func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
@@ -274,14 +209,24 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	if err := ch.Qos(qr.cfg.Consumer.Prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("queue %q: set prefetch: %w", qr.cfg.Name, err)
 	}
-	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.c.host, qr.cfg.Name, time.Now().UnixNano())
+	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.deps.host, qr.cfg.Name, time.Now().UnixNano())
 	deliveries, err := ch.ConsumeWithContext(context.WithoutCancel(ctx), qr.cfg.Name, tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{qr: qr, pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
+	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
+		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{})}
+	for _, t := range wq.Tiers {
+		for _, l := range t.Lanes {
+			qs.isRetry[l.Queue] = true
+		}
+	}
+	qs.frameMax = pubConn.Config.FrameSize
+	if h := qs.deps.cfg.hooks; h != nil && h.frameMax > 0 {
+		qs.frameMax = h.frameMax
+	}
 	watch := amqpx.WatchChannel(ch, qs.stopping)
 	go func() {
 		if err, ok := <-watch; ok && err != nil {
@@ -292,7 +237,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		qs.workers.Add(1)
 		go func() {
 			defer qs.workers.Done()
-			w := &worker{qs: qs}
+			w := &worker{deps: qs.deps, q: qr, s: qs, out: &sessionPublisher{s: qs}}
 			defer w.close()
 			// After a stop's basic.cancel the client closes deliveries
 			// once it has handed over what came before the cancel-ok: all
@@ -322,8 +267,8 @@ func (qs *queueSession) beginStop() {
 	qs.settleMu.Lock()
 	close(qs.stopping)
 	qs.settleMu.Unlock()
-	if h := qs.qr.c.cfg.hooks; h != nil && h.stopping != nil {
-		h.stopping(qs.qr.cfg.Name)
+	if h := qs.deps.cfg.hooks; h != nil && h.stopping != nil {
+		h.stopping(qs.q.cfg.Name)
 	}
 	// basic.cancel is a synchronous RPC; don't let a stuck broker hold the
 	// drain deadline hostage. The channel close ends it either way.

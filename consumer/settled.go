@@ -50,16 +50,16 @@ type Settled struct {
 
 // notifySettled hands s to Config.OnSettled, if set. A panic in it is
 // logged, never passed on: the delivery is settled already.
-func (c *Consumer) notifySettled(s Settled) {
-	if c.cfg.OnSettled == nil {
+func (d *deps) notifySettled(s Settled) {
+	if d.cfg.OnSettled == nil {
 		return
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("OnSettled panicked; the delivery was settled regardless", "queue", s.Queue, "message_id", s.MessageID, "panic", r)
+			d.log.Error("OnSettled panicked; the delivery was settled regardless", "queue", s.Queue, "message_id", s.MessageID, "panic", r)
 		}
 	}()
-	c.cfg.OnSettled(s)
+	d.cfg.OnSettled(s)
 }
 
 // failed notes a failure's verdict in w.settled; called again after the

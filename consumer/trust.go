@@ -4,28 +4,27 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // signedHeaders are the bridge's retry state: the headers a retry or a
 // re-admission carries back into the work queue, and that decide something
-// there. They are trusted only under a valid triage.HeaderSignature, which
+// there. They are trusted only under a valid wire.HeaderSignature, which
 // binds them to the work queue, the message id and the body.
 var signedHeaders = []string{
-	triage.HeaderAttempts,
-	triage.HeaderFirstFailure,
-	quarantine.HeaderOriginalExchange,
-	quarantine.HeaderOriginalRoutingKey,
-	quarantine.HeaderOriginalQueue,
-	quarantine.HeaderNotes,
-	triage.HeaderReadmitted,
+	wire.HeaderAttempts,
+	wire.HeaderFirstFailureAt,
+	wire.HeaderOriginalExchange,
+	wire.HeaderOriginalRoutingKey,
+	wire.HeaderOriginalQueue,
+	wire.HeaderNotes,
+	wire.HeaderReadmitted,
 }
 
 // newSigner loads the signing key: Config.SigningKey, else the environment
@@ -57,21 +56,22 @@ func newSigner(cfg *Config) (*triage.Signer, error) {
 // on and is treated like 4.x, which costs at most one re-admission.
 func carriesCounts(v topology.BrokerVersion) bool { return v.AtLeast(3, 13) }
 
-// subject is what the bridge's signature on d is bound to.
-func (qr *queueRuntime) subject(d *amqp.Delivery) triage.Subject {
-	return triage.Subject{Queue: qr.cfg.Name, MessageID: d.MessageId, Body: d.Body}
+// subject is what the bridge's signature on d, from work queue queue, is
+// bound to.
+func subject(queue string, d *amqp.Delivery) triage.Subject {
+	return triage.Subject{Queue: queue, MessageID: d.MessageId, Body: d.Body}
 }
 
 // verify checks the bridge's signature on d. Bridge headers present without
 // a valid one are noted (CountAttempts notes the attempt headers).
 func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string) {
-	v := qr.c.signer.Verify(qr.subject(d), d.Headers, signedHeaders)
+	v := qr.deps.signer.Verify(subject(qr.cfg.Name, d), d.Headers, signedHeaders)
 	if v.Valid {
 		return v, nil
 	}
 	var ignored []string
 	for _, k := range signedHeaders {
-		if _, present := d.Headers[k]; present && k != triage.HeaderAttempts && k != triage.HeaderFirstFailure {
+		if _, present := d.Headers[k]; present && k != wire.HeaderAttempts && k != wire.HeaderFirstFailureAt {
 			ignored = append(ignored, k)
 		}
 	}
@@ -79,34 +79,4 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 		return v, nil
 	}
 	return v, []string{fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem)}
-}
-
-// seal writes the notes and signs the retry state in h for d's work queue.
-// It runs last, after every signed header is final.
-func (w *worker) seal(h amqp.Table, d *amqp.Delivery, notes []string) {
-	delete(h, quarantine.HeaderNotes)
-	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
-	w.resign(d)(h)
-}
-
-// resign returns a function that signs the retry state in h again, for
-// after frame fitting has cut a header or added its notes.
-func (w *worker) resign(d *amqp.Delivery) func(amqp.Table) {
-	return func(h amqp.Table) {
-		h[triage.HeaderSignature] = w.qs.qr.c.signer.Sign(w.qs.qr.subject(d), h, signedHeaders)
-	}
-}
-
-// mergeNotes appends the lists, dropping exact repeats (a note carried
-// through several hops is recorded once).
-func mergeNotes(lists ...[]string) []string {
-	var out []string
-	for _, l := range lists {
-		for _, n := range l {
-			if !slices.Contains(out, n) {
-				out = append(out, n)
-			}
-		}
-	}
-	return out
 }

@@ -18,12 +18,13 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // HeaderIdempotencyKey carries the key handlers use to drop duplicates
 // (at-least-once delivery means duplicates happen). It defaults to the
 // message id.
-const HeaderIdempotencyKey = "idempotency-key"
+const HeaderIdempotencyKey = wire.HeaderIdempotencyKey
 
 // ContentType is the content type of every message sent.
 const ContentType = "application/json"

@@ -6,14 +6,13 @@
 // A quarantined message keeps the payload as received, byte for byte (unless
 // redaction rules changed it, which the envelope records), and its original
 // AMQP properties and headers. The envelope is added as headers whose names
-// are the exported Header* constants below; they are part of dlxbridge's
-// public contract.
+// are the exported Header* constants below, which name package wire's; they
+// are part of dlxbridge's public contract.
 package quarantine
 
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,78 +20,79 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Envelope header names. Values are strings unless noted.
 const (
 	// HeaderEnvelope is the envelope format version (int32 1).
-	HeaderEnvelope = "dlxbridge-envelope"
+	HeaderEnvelope = wire.HeaderEnvelope
 	// HeaderSource is "bridge" for envelopes written by dlxbridge.
-	HeaderSource = "dlxbridge-source"
+	HeaderSource = wire.HeaderSource
 	// HeaderClass is the failure class (triage.Class).
-	HeaderClass = "dlxbridge-class"
+	HeaderClass = wire.HeaderClass
 	// HeaderReason is the human reason for quarantine, e.g. "attempt budget
 	// exhausted (5/5)".
-	HeaderReason = "dlxbridge-reason"
+	HeaderReason = wire.HeaderReason
 	// HeaderError is the last error message, truncated to MaxErrorBytes.
-	HeaderError = "dlxbridge-error"
+	HeaderError = wire.HeaderError
 	// HeaderFingerprint groups like failures (triage.Fingerprint).
-	HeaderFingerprint = "dlxbridge-fingerprint"
+	HeaderFingerprint = wire.HeaderFingerprint
 	// HeaderAttempts is the number of handler attempts made (int64). It is
 	// the same header the retry loop counts with.
-	HeaderAttempts = triage.HeaderAttempts
+	HeaderAttempts = wire.HeaderAttempts
 	// HeaderFirstFailureAt, HeaderLastFailureAt and HeaderQuarantinedAt are
 	// RFC 3339 UTC times with nanoseconds.
-	HeaderFirstFailureAt = triage.HeaderFirstFailure
-	HeaderLastFailureAt  = "dlxbridge-last-failure-at"
-	HeaderQuarantinedAt  = "dlxbridge-quarantined-at"
+	HeaderFirstFailureAt = wire.HeaderFirstFailureAt
+	HeaderLastFailureAt  = wire.HeaderLastFailureAt
+	HeaderQuarantinedAt  = wire.HeaderQuarantinedAt
 	// HeaderOriginalExchange, HeaderOriginalRoutingKey and
 	// HeaderOriginalQueue say where the message first came from. They are set
 	// on the first retry publish and kept through every hop.
-	HeaderOriginalExchange   = "dlxbridge-original-exchange"
-	HeaderOriginalRoutingKey = "dlxbridge-original-routing-key"
-	HeaderOriginalQueue      = "dlxbridge-original-queue"
+	HeaderOriginalExchange   = wire.HeaderOriginalExchange
+	HeaderOriginalRoutingKey = wire.HeaderOriginalRoutingKey
+	HeaderOriginalQueue      = wire.HeaderOriginalQueue
 	// HeaderMessageType and HeaderSchemaVersion are what the schema gate
 	// read, when it got that far.
-	HeaderMessageType   = "dlxbridge-message-type"
-	HeaderSchemaVersion = "dlxbridge-schema-version"
+	HeaderMessageType   = wire.HeaderMessageType
+	HeaderSchemaVersion = wire.HeaderSchemaVersion
 	// HeaderValidationErrors is a JSON array of {pointer, keyword, message},
 	// at most MaxValidationBytes long.
-	HeaderValidationErrors = "dlxbridge-validation-errors"
+	HeaderValidationErrors = wire.HeaderValidationErrors
 	// HeaderIdempotencyKey is the message's idempotency key (its
 	// idempotency-key header, else its message id).
-	HeaderIdempotencyKey = "dlxbridge-idempotency-key"
+	HeaderIdempotencyKey = wire.HeaderIdempotencyKeyCopy
 	// HeaderTraceID is the W3C trace id; the traceparent header itself is
 	// also kept.
-	HeaderTraceID = "dlxbridge-trace-id"
+	HeaderTraceID = wire.HeaderTraceID
 	// HeaderWorkerHost and HeaderWorkerVersion name the process that
 	// quarantined the message.
-	HeaderWorkerHost    = "dlxbridge-worker-host"
-	HeaderWorkerVersion = "dlxbridge-worker-version"
+	HeaderWorkerHost    = wire.HeaderWorkerHost
+	HeaderWorkerVersion = wire.HeaderWorkerVersion
 	// HeaderRedacted lists what redaction changed (JSON array of header
 	// names and body pointers); absent when nothing was.
-	HeaderRedacted = "dlxbridge-redacted"
+	HeaderRedacted = wire.HeaderRedacted
 	// HeaderRedactionFailed says why configured body redaction could not be
 	// applied (e.g. the body is not JSON).
-	HeaderRedactionFailed = "dlxbridge-redaction-failed"
+	HeaderRedactionFailed = wire.HeaderRedactionFailed
 	// HeaderNotes carries triage notes (forged or malformed headers seen,
 	// headers dropped to fit a frame), as a JSON array.
-	HeaderNotes = "dlxbridge-notes"
+	HeaderNotes = wire.HeaderNotes
 	// HeaderDropped lists what was dropped or cut so that a retry or
 	// quarantine publish fits one frame, as a JSON array of
 	// "header:<name>" and "property:<name>" (see Fit); absent when nothing
 	// was. It is kept across hops.
-	HeaderDropped = "dlxbridge-dropped"
+	HeaderDropped = wire.HeaderDropped
 	// HeaderStack is the stack of a handler panic (class panic), from the
 	// panicking frame down, at most MaxStackBytes (see PanicStack).
-	HeaderStack = "dlxbridge-stack"
+	HeaderStack = wire.HeaderStack
 	// HeaderRedriveCount is how many times the message was replayed out of
 	// a quarantine (int64); HeaderRedriveAt (RFC 3339) and
 	// HeaderRedriveReason are the last replay's time and reason. Set by
 	// `quarantine replay`, kept by the runtime (see Replayer).
-	HeaderRedriveCount  = "dlxbridge-redrive-count"
-	HeaderRedriveAt     = "dlxbridge-redrive-at"
-	HeaderRedriveReason = "dlxbridge-redrive-reason"
+	HeaderRedriveCount  = wire.HeaderRedriveCount
+	HeaderRedriveAt     = wire.HeaderRedriveAt
+	HeaderRedriveReason = wire.HeaderRedriveReason
 )
 
 // Limits that keep the envelope well inside one frame.
@@ -149,7 +149,9 @@ type Envelope struct {
 }
 
 // Apply writes the envelope into headers (which must be non-nil), over any
-// envelope headers already there.
+// envelope headers already there. Texts are cut to their Max*Bytes, lists
+// keep what fits, and a time outside the years 0000-9999, which RFC 3339
+// cannot write (a forged x-death can carry one), is left out.
 func (e *Envelope) Apply(h amqp.Table) {
 	set := func(k, v string) {
 		if v != "" {
@@ -159,7 +161,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 		}
 	}
 	setTime := func(k string, t time.Time) {
-		if t.IsZero() {
+		if y := t.UTC().Year(); t.IsZero() || y < 0 || y > 9999 {
 			delete(h, k)
 			return
 		}
@@ -290,35 +292,35 @@ func encodeStrings(ss []string, limit int) string {
 func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	h := map[string]any(d.Headers)
 	env.MessageID = d.MessageId
-	env.Traceparent = str(h, "traceparent")
+	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
 	if _, has := h[HeaderEnvelope]; has {
-		env.Source = str(h, HeaderSource)
-		env.Class = triage.Class(str(h, HeaderClass))
-		env.Reason = str(h, HeaderReason)
-		env.Error = str(h, HeaderError)
-		env.Fingerprint = str(h, HeaderFingerprint)
-		env.Attempts = intOf(h[HeaderAttempts])
-		env.FirstFailureAt = timeOf(h, HeaderFirstFailureAt)
-		env.LastFailureAt = timeOf(h, HeaderLastFailureAt)
-		env.QuarantinedAt = timeOf(h, HeaderQuarantinedAt)
-		env.OriginalExchange = str(h, HeaderOriginalExchange)
-		env.OriginalRouting = str(h, HeaderOriginalRoutingKey)
-		env.OriginalQueue = str(h, HeaderOriginalQueue)
-		env.IdempotencyKey = str(h, HeaderIdempotencyKey)
-		env.MessageType = str(h, HeaderMessageType)
-		env.SchemaVersion = str(h, HeaderSchemaVersion)
-		_ = json.Unmarshal([]byte(str(h, HeaderValidationErrors)), &env.Validation)
-		env.TraceID = str(h, HeaderTraceID)
-		env.WorkerHost = str(h, HeaderWorkerHost)
-		env.WorkerVersion = str(h, HeaderWorkerVersion)
-		_ = json.Unmarshal([]byte(str(h, HeaderRedacted)), &env.Redacted)
-		env.RedactionFailed = str(h, HeaderRedactionFailed)
-		_ = json.Unmarshal([]byte(str(h, HeaderNotes)), &env.Notes)
-		_ = json.Unmarshal([]byte(str(h, HeaderDropped)), &env.Dropped)
-		env.Stack = str(h, HeaderStack)
+		env.Source = wire.Str(h, HeaderSource)
+		env.Class = triage.Class(wire.Str(h, HeaderClass))
+		env.Reason = wire.Str(h, HeaderReason)
+		env.Error = wire.Str(h, HeaderError)
+		env.Fingerprint = wire.Str(h, HeaderFingerprint)
+		env.Attempts = int(wire.IntOrDecimal(h[HeaderAttempts]))
+		env.FirstFailureAt = headerTime(h, HeaderFirstFailureAt)
+		env.LastFailureAt = headerTime(h, HeaderLastFailureAt)
+		env.QuarantinedAt = headerTime(h, HeaderQuarantinedAt)
+		env.OriginalExchange = wire.Str(h, HeaderOriginalExchange)
+		env.OriginalRouting = wire.Str(h, HeaderOriginalRoutingKey)
+		env.OriginalQueue = wire.Str(h, HeaderOriginalQueue)
+		env.IdempotencyKey = wire.Str(h, HeaderIdempotencyKey)
+		env.MessageType = wire.Str(h, HeaderMessageType)
+		env.SchemaVersion = wire.Str(h, HeaderSchemaVersion)
+		_ = json.Unmarshal([]byte(wire.Str(h, HeaderValidationErrors)), &env.Validation)
+		env.TraceID = wire.Str(h, HeaderTraceID)
+		env.WorkerHost = wire.Str(h, HeaderWorkerHost)
+		env.WorkerVersion = wire.Str(h, HeaderWorkerVersion)
+		env.Redacted, _ = wire.StringList(h[HeaderRedacted])
+		env.RedactionFailed = wire.Str(h, HeaderRedactionFailed)
+		env.Notes, _ = wire.StringList(h[HeaderNotes])
+		env.Dropped, _ = wire.StringList(h[HeaderDropped])
+		env.Stack = wire.Str(h, HeaderStack)
 		return env, true
 	}
-	hist := triage.ParseXDeath(h["x-death"])
+	hist := triage.ParseXDeath(h[wire.HeaderXDeath])
 	class, found := triage.ClassifyDeadLetter(hist, h)
 	if !found {
 		return env, false
@@ -343,50 +345,8 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	return env, true
 }
 
-func str(h map[string]any, k string) string {
-	switch v := h[k].(type) {
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	}
-	return ""
-}
-
-func timeOf(h map[string]any, k string) time.Time {
-	switch v := h[k].(type) {
-	case time.Time:
-		return v
-	case string:
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err == nil {
-			return t
-		}
-	}
-	return time.Time{}
-}
-
-func intOf(v any) int {
-	switch n := v.(type) {
-	case int:
-		return n
-	case int8:
-		return int(n)
-	case int16:
-		return int(n)
-	case int32:
-		return int(n)
-	case int64:
-		return int(n)
-	case uint8:
-		return int(n)
-	case uint16:
-		return int(n)
-	case uint32:
-		return int(n)
-	case string:
-		i, _ := strconv.Atoi(n)
-		return i
-	}
-	return 0
+// headerTime reads an envelope time: a time.Time or an RFC 3339 string.
+func headerTime(h map[string]any, k string) time.Time {
+	t, _ := wire.Time(h[k], 0)
+	return t
 }

@@ -1,7 +1,6 @@
 package quarantine
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -9,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // DefaultFrameSize is the broker's default frame_max (3.x and 4.x), the
@@ -318,24 +319,14 @@ func largest(h amqp.Table, rank func(string) Rank, n int) []string {
 	return out
 }
 
-// stringList reads a header holding a JSON array of strings. An absent
-// header is an empty list; ok is false only for a value of another shape.
+// stringList reads a header holding a JSON array of strings (see
+// wire.StringList). An absent header is an empty list; ok is false only for
+// a value of another shape.
 func stringList(v any) (list []string, ok bool) {
-	var s string
-	switch x := v.(type) {
-	case nil:
+	if v == nil {
 		return nil, true
-	case string:
-		s = x
-	case []byte:
-		s = string(x)
-	default:
-		return nil, false
 	}
-	if json.Unmarshal([]byte(s), &list) != nil {
-		return nil, false
-	}
-	return list, true
+	return wire.StringList(v)
 }
 
 type namedString struct {

@@ -15,6 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // State is where a record stands.
@@ -344,8 +346,8 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	} else {
 		h := r.Headers()
 		r.Envelope, _ = Read(&amqp.Delivery{Headers: h, MessageId: meta.Props.MessageID})
-		r.Redrives = intOf(h[HeaderRedriveCount])
-		r.version = str(h, versionHeader)
+		r.Redrives = redrives(h)
+		r.version = wire.Str(h, versionHeader)
 	}
 	// The envelope is headers, and a message the broker dead-lettered
 	// itself carries the producer's headers as sent, a forged envelope
@@ -532,7 +534,7 @@ func (f Filter) Match(r *Record) bool {
 		f.Reason != "" && !strings.Contains(env.Reason, f.Reason),
 		f.Fingerprint != "" && !strings.HasPrefix(env.Fingerprint, f.Fingerprint),
 		f.Type != "" && messageType(r) != f.Type,
-		f.Version != "" && config.NormalizeVersion(f.Version) != schemaVersion(r),
+		f.Version != "" && schemas.NormalizeVersion(f.Version) != schemaVersion(r),
 		!f.Since.IsZero() && r.Seen().Before(f.Since),
 		!f.Until.IsZero() && !r.Seen().Before(f.Until),
 		f.Error != "" && !strings.Contains(env.Error, f.Error):

@@ -23,6 +23,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Errors a replay or purge refuses with. Nothing was sent or resolved.
@@ -343,7 +344,7 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 // queue is where the replay sends it, so the runtime sets that anew).
 var keptOnReplay = map[string]bool{
 	HeaderNotes: true, HeaderDropped: true, HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true,
-	"dlxbridge-original-expiration": true, "dlxbridge-original-user-id": true,
+	wire.HeaderOriginalExpiration: true, wire.HeaderOriginalUserID: true,
 }
 
 // message builds the replayed message: the record's properties, payload
@@ -357,24 +358,24 @@ func (rp *Replayer) message(r *Record, body []byte, reason string) amqp.Publishi
 	h := amqp.Table{}
 	for k, v := range r.Headers() {
 		switch {
-		case k == "x-death" || k == "x-delivery-count" || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-"):
-		case strings.HasPrefix(k, "dlxbridge-") && !keptOnReplay[k]:
+		case wire.IsBrokerHeader(k):
+		case strings.HasPrefix(k, wire.OwnPrefix) && !keptOnReplay[k]:
 		default:
 			h[k] = v
 		}
 	}
-	if _, ok := h["idempotency-key"]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
-		h["idempotency-key"] = r.Envelope.IdempotencyKey
+	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
+		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
 	}
 	h[HeaderRedriveCount] = int64(r.Redrives + 1)
 	h[HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
 	h[HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
 	p := r.Properties
 	if p.Expiration != "" {
-		h["dlxbridge-original-expiration"] = p.Expiration
+		h[wire.HeaderOriginalExpiration] = p.Expiration
 	}
 	if p.UserID != "" {
-		h["dlxbridge-original-user-id"] = p.UserID
+		h[wire.HeaderOriginalUserID] = p.UserID
 	}
 	return amqp.Publishing{
 		Headers: h, ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, DeliveryMode: amqp.Persistent,

@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // A record is what a quarantine keeps of one quarantined message. The
@@ -36,8 +38,8 @@ import (
 
 // Record header names on the stream message.
 const (
-	HeaderRecordID     = "dlxbridge-record-id"
-	HeaderRecordIntake = "dlxbridge-record-intake"
+	HeaderRecordID     = wire.HeaderRecordID
+	HeaderRecordIntake = wire.HeaderRecordIntake
 )
 
 // recordMagic starts every record body; the digit is the layout version.
@@ -97,7 +99,7 @@ type recordMeta struct {
 func RecordID(d *amqp.Delivery) (string, error) {
 	h := amqp.Table{}
 	for k, v := range storable(d.Headers) {
-		if k != "x-delivery-count" {
+		if k != wire.HeaderDeliveryCount {
 			h[k] = v
 		}
 	}
@@ -155,7 +157,7 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	meta, err := json.Marshal(recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Headers: headers, Envelope: &env,
-		Redrives: intOf(d.Headers[HeaderRedriveCount]), Version: str(d.Headers, versionHeader),
+		Redrives: redrives(d.Headers), Version: wire.Str(d.Headers, versionHeader),
 	})
 	if err != nil {
 		return amqp.Publishing{}, "", err
@@ -176,7 +178,7 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 
 // versionHeader is the default schema version header, kept in a record's
 // meta for filtering records whose envelope has no version.
-const versionHeader = "schema-version"
+const versionHeader = wire.DefaultVersionHeader
 
 // decodeRecord reads a record body back: its meta and payload. The headers
 // stay encoded in meta.Headers until someone asks for them.
@@ -297,4 +299,14 @@ func (k *Keeper) Run(ctx context.Context) error {
 			k.kept(id)
 		}
 	}
+}
+
+// redrives reads the redrive count a message carries: 0 when absent,
+// malformed or negative, and at most math.MaxInt32.
+func redrives(h map[string]any) int {
+	n, res := wire.Int(h[HeaderRedriveCount])
+	if res != wire.IntOK && res != wire.IntOverflow || n < 0 {
+		return 0
+	}
+	return int(min(n, math.MaxInt32))
 }

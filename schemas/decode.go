@@ -577,6 +577,19 @@ func decodeJSON(data []byte) (any, *decodeError) {
 	return d.decode()
 }
 
+// decodeJSONMember is decodeJSON that also returns the text of the member
+// key of the top-level object (an envelope's "data"), a subslice of data;
+// nil if there is none.
+func decodeJSONMember(data []byte, key string) (any, []byte, *decodeError) {
+	d := decoder{sc: Scanner{data: data, single: true, strict: true, maxDepth: MaxDepth}, src: string(data), member: key}
+	d.frames = make([]frame, 0, 8)
+	v, err := d.decode()
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, d.memberText, nil
+}
+
 // decoder builds values from the scanner's tokens, with an explicit stack of
 // the arrays and objects being built.
 type decoder struct {
@@ -584,6 +597,10 @@ type decoder struct {
 	src    string // string(data): unescaped strings and numbers slice it
 	frames []frame
 	elems  []any // array elements being decoded, innermost array last
+
+	member     string // decodeJSONMember's key
+	valueAt    int    // where the top-level object's current member value starts
+	memberText []byte // the member's value
 }
 
 // frame is an array or object being decoded.
@@ -600,6 +617,9 @@ func (d *decoder) decode() (any, *decodeError) {
 		t, err := d.sc.next()
 		if err != nil {
 			return nil, d.fail(err)
+		}
+		if d.member != "" && len(d.frames) == 1 {
+			d.valueAt = t.Start // a member value's first token, or its key
 		}
 		var v any
 		switch t.Kind {
@@ -655,6 +675,9 @@ func (d *decoder) decode() (any, *decodeError) {
 		n := len(f.m)
 		if f.m[f.key] = v; len(f.m) == n {
 			return nil, d.fail(nil)
+		}
+		if d.member != "" && len(d.frames) == 1 && f.key == d.member {
+			d.memberText = d.sc.data[d.valueAt:t.End]
 		}
 		f.hasKey = false
 	}

@@ -18,6 +18,17 @@
 // *ValidationError with a Reason: a schema failure is never retried, it goes
 // straight to quarantine with its violations.
 //
+// Load also compiles each schema for a fast path that only answers "valid"
+// or "not": types, properties, required, additionalProperties,
+// patternProperties, propertyNames, min/maxProperties, dependent*, items,
+// prefixItems, contains, min/maxItems, uniqueItems, min/maxLength, pattern,
+// format, the numeric bounds, multipleOf, enum, const, $ref, allOf, anyOf,
+// oneOf, not and if/then/else. A message it calls valid passes; any other is
+// validated by jsonschema, whose verdict and violations the gate reports, so
+// the gate's verdicts and messages are jsonschema's. A schema that uses
+// anything else (unevaluated*, $dynamicRef, asserted content*, extensions)
+// is validated by jsonschema alone.
+//
 // Bound every array with maxItems (and open-ended objects with
 // maxProperties): the validator checks each element of an array and builds an
 // error for each one that fails, about 1 KB apiece. On bodies over 32 KiB the

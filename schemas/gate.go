@@ -119,10 +119,17 @@ type Message struct {
 	Version string
 	// Data is the validated value, decoded as encoding/json does with
 	// UseNumber (map[string]any, []any, string, json.Number, bool, nil).
-	// For FromEnvelope it is the envelope's "data" member. Its strings and
-	// numbers share one copy of the body: keeping any of them keeps that
-	// copy (not Input.Body) alive.
+	// For FromEnvelope it is the envelope's "data" member. It is the gate's
+	// only decode of the body: code that wants the parsed value reads it
+	// here rather than decoding the body again. Its strings and numbers
+	// share one copy of the body: keeping any of them keeps that copy (not
+	// Input.Body) alive.
 	Data any
+	// Raw is the JSON text Data was decoded from: Input.Body, or for
+	// FromEnvelope the text of its "data" member (a subslice of
+	// Input.Body). Decoding it with json.Unmarshal into a struct is one
+	// pass, where encoding Data and decoding that would be two.
+	Raw []byte
 }
 
 // Check runs the gate. It returns the decoded, validated message, or a
@@ -160,7 +167,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	doc, derr := decodeJSON(in.Body)
+	doc, raw, derr := g.decode(in.Body)
 	if derr != nil {
 		verr := &ValidationError{Type: typ, Version: version, Reason: ReasonDecode, Detail: capLen(derr.Error())}
 		if derr.rpath != nil {
@@ -190,16 +197,44 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 	}
 
 	schema, _ := g.reg.Lookup(typ, version)
-	if len(in.Body) >= preflightMinBody {
-		if pv := preflight(schema, data, 0); pv != nil {
-			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
+	if !g.reg.fastValid(schema, data) {
+		if len(in.Body) >= preflightMinBody {
+			if pv := preflight(schema, data, 0); pv != nil {
+				return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
+			}
+		}
+		if verr := validate(schema, data, prefix, g.maxViolations); verr != nil {
+			verr.Type, verr.Version = typ, version
+			return nil, verr
 		}
 	}
-	if verr := validate(schema, data, prefix, g.maxViolations); verr != nil {
-		verr.Type, verr.Version = typ, version
-		return nil, verr
+	return &Message{Type: typ, Version: version, Data: data, Raw: raw}, nil
+}
+
+// decode decodes the body: the document, and the text of what the gate
+// validates (the body, or an envelope's "data" member, nil if none).
+func (g *Gate) decode(body []byte) (doc any, text []byte, derr *decodeError) {
+	if g.id.From == FromEnvelope {
+		return decodeJSONMember(body, "data")
 	}
-	return &Message{Type: typ, Version: version, Data: data}, nil
+	doc, derr = decodeJSON(body)
+	return doc, body, derr
+}
+
+// fastValid reports whether the fast path of schema, if it has one, finds
+// data valid. False says nothing: jsonschema decides. A panic in the fast
+// path is a bug, but jsonschema still gives the right verdict.
+func (r *Registry) fastValid(schema *jsonschema.Schema, data any) (ok bool) {
+	f := r.fast[schema]
+	if f == nil {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return f.valid(data)
 }
 
 // checkContentType accepts "", application/json and application/*+json,
@@ -323,6 +358,11 @@ func (r *Registry) Validate(typ, version string, data any) error {
 			reason = ReasonUnknownType
 		}
 		return &ValidationError{Type: typ, Version: version, Reason: reason, Detail: "no schema for " + capLen(typ) + " v" + capLen(version)}
+	}
+	// An upcaster may build values the decoder never makes (int, float64,
+	// a struct); only jsonschema knows what it makes of them.
+	if decoded(data) && r.fastValid(schema, data) {
+		return nil
 	}
 	if verr := validate(schema, data, "", DefaultMaxViolations); verr != nil {
 		verr.Type, verr.Version = typ, NormalizeVersion(version)

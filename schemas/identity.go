@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Identity modes: where a message names its type and schema version.
@@ -24,7 +26,7 @@ const (
 
 // Identity defaults.
 const (
-	DefaultVersionHeader  = "schema-version"
+	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = "/type"
 	DefaultVersionPointer = "/schemaVersion"
 )
@@ -45,8 +47,8 @@ type Identity struct {
 	VersionPointer string
 }
 
-// withDefaults fills in defaults and checks the mode.
-func (id Identity) withDefaults() (Identity, error) {
+// WithDefaults returns id with every unset field at its default.
+func (id Identity) WithDefaults() Identity {
 	if id.From == "" {
 		id.From = FromProperties
 	}
@@ -59,15 +61,41 @@ func (id Identity) withDefaults() (Identity, error) {
 	if id.VersionPointer == "" {
 		id.VersionPointer = DefaultVersionPointer
 	}
+	return id
+}
+
+// IdentityProblem is one rule an Identity breaks. The config layer reports
+// these under its own field paths, so each rule is written here only.
+type IdentityProblem struct {
+	// Field is "From", "TypePointer" or "VersionPointer".
+	Field string
+	// Rule says what is wrong, e.g. `"type" is not a JSON pointer (it starts with '/')`.
+	Rule string
+}
+
+func (p IdentityProblem) Error() string { return "Identity." + p.Field + ": " + p.Rule }
+
+// Problems lists every rule a defaulted id breaks; nil when it is valid.
+func (id Identity) Problems() []IdentityProblem {
+	var out []IdentityProblem
 	switch id.From {
 	case FromProperties, FromEnvelope, FromPointer:
 	default:
-		return id, fmt.Errorf("Identity.From must be %q, %q or %q, not %q", FromProperties, FromEnvelope, FromPointer, id.From)
+		out = append(out, IdentityProblem{"From", fmt.Sprintf("must be %s, %s or %s, not %q", FromProperties, FromEnvelope, FromPointer, id.From)})
 	}
-	for _, p := range []string{id.TypePointer, id.VersionPointer} {
-		if !strings.HasPrefix(p, "/") {
-			return id, fmt.Errorf("Identity pointer %q must start with '/'", p)
+	for _, p := range []struct{ field, ptr string }{{"TypePointer", id.TypePointer}, {"VersionPointer", id.VersionPointer}} {
+		if !strings.HasPrefix(p.ptr, "/") {
+			out = append(out, IdentityProblem{p.field, fmt.Sprintf("%q is not a JSON pointer (it starts with '/')", p.ptr)})
 		}
+	}
+	return out
+}
+
+// withDefaults fills in defaults and checks the result.
+func (id Identity) withDefaults() (Identity, error) {
+	id = id.WithDefaults()
+	if probs := id.Problems(); len(probs) > 0 {
+		return id, probs[0]
 	}
 	return id, nil
 }

@@ -102,6 +102,10 @@ type Registry struct {
 	schemas map[string]*jsonschema.Schema // key: type + "\x00" + version
 	refs    []Ref
 	latest  map[string]string
+	// fast holds the fast path of each schema that has one (see
+	// fastSchema); noFast says why the others have none.
+	fast   map[*jsonschema.Schema]*fastSchema
+	noFast map[*jsonschema.Schema]error
 }
 
 // FileError is one schema file that failed to load or compile.
@@ -264,13 +268,14 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 		}
 		return nil, broken
 	}
+	roots := make([]*jsonschema.Schema, 0, len(keys))
+	for _, k := range keys {
+		roots = append(roots, r.schemas[k])
+	}
 	if elide {
-		roots := make([]*jsonschema.Schema, 0, len(keys))
-		for _, k := range keys {
-			roots = append(roots, r.schemas[k])
-		}
 		elideRefs(roots)
 	}
+	r.fast, r.noFast = compileFast(roots, c.Formats)
 	sort.Slice(r.refs, func(i, j int) bool {
 		a, b := r.refs[i], r.refs[j]
 		if a.Type != b.Type {

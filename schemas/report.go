@@ -12,8 +12,9 @@ func (e *ValidationError) SchemaFailure() bool { return true }
 // messages on anyway (a consumer whose gate is in report mode). On success it
 // returns what Check returns. On failure it returns the same
 // *ValidationError and also a Message with what the gate could read: Type
-// and Version as far as it got (either may be ""), and Data when the body
-// decodes as JSON (for FromEnvelope the envelope's "data" member, if any).
+// and Version as far as it got (either may be ""), and Data and Raw when the
+// body decodes as JSON (for FromEnvelope the envelope's "data" member, if
+// any).
 // Data is nil when the body is over the size limit, encoded, or not
 // acceptable JSON. It never panics.
 func (g *Gate) CheckReport(in Input) (*Message, error) {
@@ -27,11 +28,11 @@ func (g *Gate) CheckReport(in Input) (*Message, error) {
 	case ReasonTooLarge, ReasonEncoding, ReasonDecode:
 		return m, verr
 	}
-	doc, derr := decodeJSON(in.Body)
+	doc, text, derr := g.decode(in.Body)
 	if derr != nil {
 		return m, verr
 	}
-	m.Data = doc
+	m.Data, m.Raw = doc, text
 	if g.id.From == FromEnvelope {
 		env, _ := doc.(map[string]any)
 		m.Data = env["data"]

@@ -240,9 +240,9 @@ func TestTotalsOfTheShippedConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := topo.Totals()
-	want := topology.Totals{WorkQueues: 2, QuorumQueues: 29, Exchanges: 6, Bindings: 31, PerWorkQueue: []topology.WorkQueueTotals{
-		{Name: "orders", QuorumQueues: 18, RetryLanes: 16, Exchanges: 3, Bindings: 19},
-		{Name: "notifications", QuorumQueues: 11, RetryLanes: 9, Exchanges: 3, Bindings: 12},
+	want := topology.Totals{WorkQueues: 2, QuorumQueues: 29, Streams: 4, Exchanges: 6, Bindings: 31, PerWorkQueue: []topology.WorkQueueTotals{
+		{Name: "orders", QuorumQueues: 18, RetryLanes: 16, Streams: 2, Exchanges: 3, Bindings: 19},
+		{Name: "notifications", QuorumQueues: 11, RetryLanes: 9, Streams: 2, Exchanges: 3, Bindings: 12},
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("totals\n got %+v\nwant %+v", got, want)

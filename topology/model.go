@@ -139,8 +139,10 @@ func (t *Topology) WorkQueue(name string) (*WorkQueue, bool) {
 type Totals struct {
 	WorkQueues   int `json:"work_queues"`
 	QuorumQueues int `json:"quorum_queues"`
-	Exchanges    int `json:"exchanges"`
-	Bindings     int `json:"bindings"`
+	// Streams are the quarantines' records and events streams.
+	Streams   int `json:"streams"`
+	Exchanges int `json:"exchanges"`
+	Bindings  int `json:"bindings"`
 	// PerWorkQueue counts what each work queue declares. A shared
 	// quarantine or work exchange counts for the first queue naming it.
 	PerWorkQueue []WorkQueueTotals `json:"per_work_queue"`
@@ -153,13 +155,15 @@ type WorkQueueTotals struct {
 	// quarantine.
 	QuorumQueues int `json:"quorum_queues"`
 	RetryLanes   int `json:"retry_lanes"`
-	Exchanges    int `json:"exchanges"`
-	Bindings     int `json:"bindings"`
+	// Streams are its quarantine's records and events streams.
+	Streams   int `json:"streams"`
+	Exchanges int `json:"exchanges"`
+	Bindings  int `json:"bindings"`
 }
 
 // Totals counts t's objects.
 func (t *Topology) Totals() Totals {
-	tot := Totals{WorkQueues: len(t.Work), QuorumQueues: len(t.Queues), Exchanges: len(t.Exchanges), Bindings: len(t.Bindings)}
+	tot := Totals{WorkQueues: len(t.Work), Exchanges: len(t.Exchanges), Bindings: len(t.Bindings)}
 	per := map[string]*WorkQueueTotals{}
 	// A binding belongs to the work queue whose dead or retry exchange it
 	// leaves, else (the work exchange's bindings) to the queue it reaches.
@@ -173,6 +177,12 @@ func (t *Topology) Totals() Totals {
 		per[tot.PerWorkQueue[i].Name] = &tot.PerWorkQueue[i]
 	}
 	for _, q := range t.Queues {
+		if q.queueType() == QueueTypeStream {
+			tot.Streams++
+			per[q.Owner].Streams++
+			continue
+		}
+		tot.QuorumQueues++
 		per[q.Owner].QuorumQueues++
 		if q.Role == RoleRetry {
 			per[q.Owner].RetryLanes++

@@ -2,17 +2,18 @@ package triage
 
 import (
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// Header names the bridge owns. They have no "x-" prefix: x- headers belong
-// to the broker.
+// Header names the bridge owns, from package wire (the wire contract).
 const (
 	// HeaderAttempts is the number of failed attempts so far, an int64 set
 	// on every retry publish.
-	HeaderAttempts = "dlxbridge-attempts"
+	HeaderAttempts = wire.HeaderAttempts
 	// HeaderFirstFailure is when the first attempt failed: an RFC 3339
 	// (nano) UTC string; int64 unix milliseconds are also accepted.
-	HeaderFirstFailure = "dlxbridge-first-failure-at"
+	HeaderFirstFailure = wire.HeaderFirstFailureAt
 )
 
 // MaxAttemptsCeiling caps any attempt count read from a message. A larger
@@ -128,12 +129,12 @@ func CountAttempts(in AttemptInput) Attempts {
 
 // headerAttempts validates the bridge's attempt header.
 func headerAttempts(v any, n *notes) int {
-	c, res := asInt(v)
+	c, res := wire.Int(v)
 	switch {
-	case res == intAbsent:
+	case res == wire.IntAbsent:
 		return 0
-	case res == intWrongType:
-		n.add("%s of type %s ignored: not an integer", HeaderAttempts, typeName(v))
+	case res == wire.IntWrongType:
+		n.add("%s of type %s ignored: not an integer", HeaderAttempts, wire.TypeName(v))
 		return 0
 	case c < 0:
 		n.add("%s=%d ignored: negative", HeaderAttempts, c)
@@ -147,10 +148,10 @@ func headerAttempts(v any, n *notes) int {
 
 // saneTime reads a first-failure time and rejects absurd ones with a note.
 func saneTime(v any, unit time.Duration, what string, now time.Time, n *notes) time.Time {
-	t, ok := asTime(v, unit)
+	t, ok := wire.Time(v, unit)
 	switch {
 	case !ok:
-		n.add("%s of type %s ignored: not a time", what, typeName(v))
+		n.add("%s of type %s ignored: not a time", what, wire.TypeName(v))
 		return time.Time{}
 	case t.Before(minSaneTime):
 		n.add("%s %s ignored: before 2000", what, t.Format(time.RFC3339))

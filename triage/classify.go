@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Class is the kind of a failure. It decides whether a message is retried.
@@ -122,7 +124,7 @@ func orDefault(err error, msg string) error {
 //	Schema, or SchemaFailure() == true → ClassSchema
 //	Permanent                          → ClassPermanent
 //	context.DeadlineExceeded           → ClassTimeout (with the RetryAfter hint, if any)
-//	RetryAfter                         → ClassTransient with the hint
+//	RetryAfter or DependencyDown       → ClassTransient with the hint
 //	anything else                      → ClassTransient
 //
 // context.Canceled is transient: whether a cancelled handler (shutdown) is
@@ -165,7 +167,7 @@ func ClassifyDeadLetter(h History, headers map[string]any) (Class, bool) {
 		reasons = append(reasons, h.Deaths[0].Reason)
 	}
 	for _, name := range []string{HeaderLastDeathReason, HeaderFirstDeathReason} {
-		if s, ok := asString(headers[name]); ok {
+		if s, ok := wire.String(headers[name]); ok {
 			reasons = append(reasons, s)
 		}
 	}

@@ -1,7 +1,6 @@
 package triage
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -30,32 +29,79 @@ type Policy struct {
 	CrashLoopDeliveries int
 }
 
-// Validate reports the first invalid field, by name.
+// Validate reports the first rule the policy breaks (see Problems), naming
+// the field.
 func (p Policy) Validate() error {
+	if probs := p.Problems(); len(probs) > 0 {
+		return fmt.Errorf("triage: %w", probs[0])
+	}
+	return nil
+}
+
+// PolicyProblem is one rule a Policy breaks. The config layer reports these
+// under its own field paths, so each rule is written here only.
+type PolicyProblem struct {
+	// Field is the Policy field: "Tiers", "Lanes", "Jitter", "MaxAttempts",
+	// "MaxElapsed" or "CrashLoopDeliveries".
+	Field string
+	// Index is the tier's index when Field is "Tiers" and one tier is at
+	// fault; -1 otherwise.
+	Index int
+	// Value is the offending value as text; "" when none is (no tiers).
+	Value string
+	// Rule is what the field must be, e.g. "must be in [0, 1]".
+	Rule string
+}
+
+func (pp PolicyProblem) Error() string {
+	field := "Policy." + pp.Field
+	if pp.Index >= 0 {
+		field += fmt.Sprintf("[%d]", pp.Index)
+	}
+	if pp.Value == "" {
+		return field + ": " + pp.Rule
+	}
+	return field + ": " + pp.Value + " " + pp.Rule
+}
+
+// Problems lists every rule the policy breaks, in field order; nil when it
+// is valid.
+func (p Policy) Problems() []PolicyProblem {
+	var out []PolicyProblem
+	add := func(field string, index int, value any, rule string, args ...any) {
+		v := ""
+		if value != nil {
+			v = fmt.Sprint(value)
+		}
+		out = append(out, PolicyProblem{Field: field, Index: index, Value: v, Rule: fmt.Sprintf(rule, args...)})
+	}
 	if len(p.Tiers) == 0 {
-		return errors.New("triage: Policy.Tiers: at least one tier is required")
+		add("Tiers", -1, nil, "at least one delay is required")
 	}
 	for i, d := range p.Tiers {
 		switch {
 		case d <= 0:
-			return fmt.Errorf("triage: Policy.Tiers[%d]: %s must be > 0", i, d)
+			add("Tiers", i, d, "must be > 0")
 		case i > 0 && d <= p.Tiers[i-1]:
-			return fmt.Errorf("triage: Policy.Tiers[%d]: %s must be greater than Tiers[%d] (%s)", i, d, i-1, p.Tiers[i-1])
+			add("Tiers", i, d, "must be greater than the tier before it (%s)", p.Tiers[i-1])
 		}
 	}
-	switch {
-	case p.Lanes < 1:
-		return fmt.Errorf("triage: Policy.Lanes: %d must be >= 1", p.Lanes)
-	case !(p.Jitter >= 0 && p.Jitter <= 1): // also rejects NaN
-		return fmt.Errorf("triage: Policy.Jitter: %v must be in [0, 1]", p.Jitter)
-	case p.MaxAttempts < 1 || p.MaxAttempts > MaxAttemptsCeiling:
-		return fmt.Errorf("triage: Policy.MaxAttempts: %d must be in [1, %d]", p.MaxAttempts, MaxAttemptsCeiling)
-	case p.MaxElapsed < 0:
-		return fmt.Errorf("triage: Policy.MaxElapsed: %s must be >= 0 (0 disables it)", p.MaxElapsed)
-	case p.CrashLoopDeliveries < 0:
-		return fmt.Errorf("triage: Policy.CrashLoopDeliveries: %d must be >= 0 (0 disables it)", p.CrashLoopDeliveries)
+	if p.Lanes < 1 {
+		add("Lanes", -1, p.Lanes, "must be >= 1")
 	}
-	return nil
+	if !(p.Jitter >= 0 && p.Jitter <= 1) { // also rejects NaN
+		add("Jitter", -1, p.Jitter, "must be in [0, 1]")
+	}
+	if p.MaxAttempts < 1 || p.MaxAttempts > MaxAttemptsCeiling {
+		add("MaxAttempts", -1, p.MaxAttempts, "must be in [1, %d]", MaxAttemptsCeiling)
+	}
+	if p.MaxElapsed < 0 {
+		add("MaxElapsed", -1, p.MaxElapsed, "must be >= 0 (0 disables it)")
+	}
+	if p.CrashLoopDeliveries < 0 {
+		add("CrashLoopDeliveries", -1, p.CrashLoopDeliveries, "must be >= 0 (0 disables it)")
+	}
+	return out
 }
 
 // Action is what the runtime does with a delivery.
@@ -74,8 +120,9 @@ const (
 type Verdict struct {
 	Action Action
 	Class  Class
-	// Attempt is this attempt's number, 1-based (Attempts.Failed+1); 0 from
-	// Precheck, which does not count attempts.
+	// Attempt is this attempt's number, 1-based (Attempts.Failed+1). From
+	// Precheck it is the attempts made when it quarantines (Failed plus this
+	// queue's deliveries), else 0.
 	Attempt int
 	// Tier and Lane index Policy.Tiers and the tier's lanes (ActionRetry).
 	Tier, Lane int

@@ -156,9 +156,9 @@ func TestPolicyValidate(t *testing.T) {
 		mod  func(*Policy)
 		want string
 	}{
-		{"no tiers", func(p *Policy) { p.Tiers = nil }, "Policy.Tiers: at least one tier"},
+		{"no tiers", func(p *Policy) { p.Tiers = nil }, "Policy.Tiers: at least one delay"},
 		{"zero tier", func(p *Policy) { p.Tiers = []time.Duration{0} }, "Policy.Tiers[0]: 0s must be > 0"},
-		{"decreasing tiers", func(p *Policy) { p.Tiers = []time.Duration{time.Second, time.Second} }, "Policy.Tiers[1]: 1s must be greater than Tiers[0] (1s)"},
+		{"decreasing tiers", func(p *Policy) { p.Tiers = []time.Duration{time.Second, time.Second} }, "Policy.Tiers[1]: 1s must be greater than the tier before it (1s)"},
 		{"zero lanes", func(p *Policy) { p.Lanes = 0 }, "Policy.Lanes: 0 must be >= 1"},
 		{"negative jitter", func(p *Policy) { p.Jitter = -0.1 }, "Policy.Jitter"},
 		{"NaN jitter", func(p *Policy) { p.Jitter = math.NaN() }, "Policy.Jitter"},

@@ -57,4 +57,13 @@
 //
 // Fingerprint groups failures by class, normalized message, type and
 // version.
+//
+// # Breaker
+//
+// A Breaker is a queue's circuit breaker (closed, open, half-open), with
+// the clock passed in and the jitter injected: Admit(now) says deliver,
+// probe, pause until t, or hold; Record(now, ticket, outcome) returns the
+// Transition an outcome caused. It trips on a run of transient or timeout
+// failures, a failure ratio over a window, or a DependencyDown signal.
+// docs/breaker.md describes it and what the runtime does with its verdicts.
 package triage

@@ -1,6 +1,10 @@
 package triage
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/dlxbridge/dlxbridge/wire"
+)
 
 // DeliveryInput is what Precheck reads from a delivery.
 type DeliveryInput struct {
@@ -79,10 +83,10 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	var count int64
 	raw, present := in.Headers[HeaderDeliveryCount]
 	if present {
-		c, res := asInt(raw)
+		c, res := wire.Int(raw)
 		switch {
-		case res == intWrongType:
-			n.add("%s of type %s ignored: not an integer", HeaderDeliveryCount, typeName(raw))
+		case res == wire.IntWrongType:
+			n.add("%s of type %s ignored: not an integer", HeaderDeliveryCount, wire.TypeName(raw))
 			present = false
 		case c < 0:
 			n.add("%s=%d ignored: negative", HeaderDeliveryCount, c)
@@ -129,6 +133,6 @@ func readmitted(in DeliveryInput, h History) bool {
 	if !in.Signed || len(h.Deaths) == 0 {
 		return false
 	}
-	s, ok := asString(in.Headers[HeaderReadmitted])
+	s, ok := wire.String(in.Headers[HeaderReadmitted])
 	return ok && s != "" && s == XDeathDigest(in.Headers)
 }

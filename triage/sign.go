@@ -9,19 +9,21 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // HeaderSignature is the bridge's signature over its own retry state (the
 // headers a Signer is given), bound to one work queue and one message:
 // "v1:" and the base64url HMAC-SHA256. Without a valid signature those
 // headers are the publisher's, and nothing trusts them.
-const HeaderSignature = "dlxbridge-signature"
+const HeaderSignature = wire.HeaderSignature
 
 // HeaderReadmitted marks a message the bridge re-admitted into its work queue
 // (ActionReadmit). Its value is XDeathDigest of the message's x-death at that
 // moment; signed, it tells Precheck that the broker's delivery count on this
 // copy is the work queue's own.
-const HeaderReadmitted = "dlxbridge-readmitted"
+const HeaderReadmitted = wire.HeaderReadmitted
 
 // MinKeyBytes is the shortest signing key NewSigner accepts.
 const MinKeyBytes = 16
@@ -85,7 +87,7 @@ func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verifica
 	if !present {
 		return Verification{Problem: "no " + HeaderSignature}
 	}
-	str, ok := asString(raw)
+	str, ok := wire.String(raw)
 	if !ok || !strings.HasPrefix(str, sigPrefix) {
 		return Verification{Problem: HeaderSignature + " is malformed"}
 	}
@@ -127,15 +129,15 @@ func (s *Signer) mac(sub Subject, h map[string]any, fields []string) []byte {
 }
 
 func putValue(put func(byte, []byte), v any) {
-	if s, ok := asString(v); ok {
+	if s, ok := wire.String(v); ok {
 		put('s', []byte(s))
 		return
 	}
-	if n, res := asInt(v); res == intOK {
+	if n, res := wire.Int(v); res == wire.IntOK {
 		put('i', strconv.AppendInt(nil, n, 10))
 		return
 	}
-	put('?', []byte(typeName(v)))
+	put('?', []byte(wire.TypeName(v)))
 }
 
 // XDeathDigest is a short digest of a message's x-death history: every

@@ -3,16 +3,18 @@ package triage
 import (
 	"math"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// Broker header names read by triage. They belong to the broker (x-), the
-// bridge only reads them.
+// Broker header names read by triage, from package wire. They belong to the
+// broker (x-), the bridge only reads them.
 const (
-	HeaderXDeath           = "x-death"
-	HeaderFirstDeathQueue  = "x-first-death-queue"
-	HeaderFirstDeathReason = "x-first-death-reason"
-	HeaderLastDeathReason  = "x-last-death-reason" // 3.13+ only
-	HeaderDeliveryCount    = "x-delivery-count"    // quorum queues; absent on the first delivery
+	HeaderXDeath           = wire.HeaderXDeath
+	HeaderFirstDeathQueue  = wire.HeaderFirstDeathQueue
+	HeaderFirstDeathReason = wire.HeaderFirstDeathReason
+	HeaderLastDeathReason  = wire.HeaderLastDeathReason // 3.13+ only
+	HeaderDeliveryCount    = wire.HeaderDeliveryCount   // quorum queues; absent on the first delivery
 )
 
 // Dead-letter reasons the broker writes into x-death.
@@ -69,14 +71,14 @@ type History struct {
 // without notes. ParseXDeath never panics.
 func ParseXDeath(v any) History {
 	var n notes
-	v = deref(v)
+	v = wire.Deref(v)
 	if v == nil {
 		return History{}
 	}
-	list, ok := asList(v)
+	list, ok := wire.List(v)
 	if !ok {
-		if _, isTable := asTable(v); !isTable {
-			n.add("x-death: want an array of tables, got %s; ignored", typeName(v))
+		if _, isTable := wire.Table(v); !isTable {
+			n.add("x-death: want an array of tables, got %s; ignored", wire.TypeName(v))
 			return History{Notes: n.result()}
 		}
 		n.add("x-death: a single table instead of an array; read as one entry")
@@ -110,35 +112,35 @@ func HistoryOf(headers map[string]any) History {
 }
 
 func parseDeath(i int, raw any, n *notes) (Death, bool) {
-	t, ok := asTable(raw)
+	t, ok := wire.Table(raw)
 	if !ok {
-		n.add("x-death[%d]: want a table, got %s; skipped", i, typeName(raw))
+		n.add("x-death[%d]: want a table, got %s; skipped", i, wire.TypeName(raw))
 		return Death{}, false
 	}
 	var d Death
-	d.Queue, _ = asString(t["queue"])
-	d.Reason, _ = asString(t["reason"])
+	d.Queue, _ = wire.String(t[wire.XDeathQueue])
+	d.Reason, _ = wire.String(t[wire.XDeathReason])
 	if d.Queue == "" || d.Reason == "" {
 		n.add("x-death[%d]: missing queue or reason; skipped", i)
 		return Death{}, false
 	}
-	d.Exchange, _ = asString(t["exchange"])
-	d.OriginalExpiration, _ = asString(t["original-expiration"])
-	if keys, ok := asList(t["routing-keys"]); ok {
+	d.Exchange, _ = wire.String(t[wire.XDeathExchange])
+	d.OriginalExpiration, _ = wire.String(t[wire.XDeathOriginalExpiration])
+	if keys, ok := wire.List(t[wire.XDeathRoutingKeys]); ok {
 		for _, k := range keys {
-			if s, ok := asString(k); ok {
+			if s, ok := wire.String(k); ok {
 				d.RoutingKeys = append(d.RoutingKeys, s)
 			}
 		}
 	}
 
-	count, res := asInt(t["count"])
+	count, res := wire.Int(t[wire.XDeathCount])
 	switch {
-	case res == intAbsent:
+	case res == wire.IntAbsent:
 		n.add("x-death[%d] {%s, %s}: count missing; read as 1", i, short(d.Queue), short(d.Reason))
 		count = 1
-	case res == intWrongType:
-		n.add("x-death[%d] {%s, %s}: count is %s, not an integer; read as 1", i, short(d.Queue), short(d.Reason), typeName(t["count"]))
+	case res == wire.IntWrongType:
+		n.add("x-death[%d] {%s, %s}: count is %s, not an integer; read as 1", i, short(d.Queue), short(d.Reason), wire.TypeName(t[wire.XDeathCount]))
 		count = 1
 	case count < 0:
 		n.add("x-death[%d] {%s, %s}: count %d negative; read as 0", i, short(d.Queue), short(d.Reason), count)
@@ -149,11 +151,11 @@ func parseDeath(i int, raw any, n *notes) (Death, bool) {
 	}
 	d.Count = count
 
-	if tv, present := t["time"]; present && tv != nil {
-		if tm, ok := asTime(tv, time.Second); ok {
+	if tv, present := t[wire.XDeathTime]; present && tv != nil {
+		if tm, ok := wire.Time(tv, time.Second); ok {
 			d.Time = tm
 		} else {
-			n.add("x-death[%d] {%s, %s}: time is malformed (%s); ignored", i, short(d.Queue), short(d.Reason), typeName(tv))
+			n.add("x-death[%d] {%s, %s}: time is malformed (%s); ignored", i, short(d.Queue), short(d.Reason), wire.TypeName(tv))
 		}
 	}
 	return d, true

@@ -1,6 +1,7 @@
-// Command dlxbridge declares and verifies RabbitMQ dead-letter topology,
-// validates messages against the schema registry and runs the triage
-// runtime. See README.md.
+// Command dlxbridge plans, applies and verifies the RabbitMQ dead-letter
+// topology (dlxbridge topology) and lists, lints and validates against the
+// schema registry (dlxbridge schemas). The runtime that consumes the queues
+// is package consumer, which the host program runs. See README.md.
 package main
 
 import (

@@ -8,13 +8,14 @@ import (
 // layers ranks the public packages: a package may import public packages of
 // a lower rank only, so dependencies point one way. Leaves first.
 var layers = map[string]int{
-	"config":     0, // the file format, defaults and rules
-	"schemas":    0, // the registry and the gate
-	"triage":     0, // pure decisions
-	"topology":   1, // the declarative model; uses config and triage
-	"quarantine": 1, // the envelope; uses triage
-	"publisher":  1, // the validating publisher; uses schemas
-	"consumer":   2, // the runtime; uses all of them
+	"wire":       0, // header names and value readers; the standard library only
+	"schemas":    1, // the registry and the gate
+	"triage":     1, // pure decisions
+	"config":     2, // the file format and defaults; the domain packages' rules
+	"quarantine": 3, // the envelope, the record streams and replay; uses config, schemas and triage
+	"publisher":  2, // the validating publisher; uses schemas
+	"topology":   3, // the declarative model; uses config and triage
+	"consumer":   4, // the runtime; uses all of them
 }
 
 // Nothing public may import these, whatever its rank.

@@ -351,15 +351,6 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	return ExitOK
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
 func age(now, t time.Time) string {
 	if t.IsZero() {
 		return "-"

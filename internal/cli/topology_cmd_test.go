@@ -124,7 +124,7 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 		t.Errorf("plan totals: %+v", tot)
 	}
 	text := b.mustRun(t, checked, "topology", "plan", "--config", b.config)
-	if want := "totals: 4 quorum queues, 3 exchanges, 4 bindings for 1 work queue(s)\n  " + b.work + ": 4 quorum queues (2 retry lanes)"; !strings.Contains(text, want) {
+	if want := "totals: 4 quorum queues, 2 streams, 3 exchanges, 4 bindings for 1 work queue(s)\n  " + b.work + ": 4 quorum queues (2 retry lanes), 2 streams"; !strings.Contains(text, want) {
 		t.Errorf("plan text lacks %q:\n%s", want, text)
 	}
 	out := b.mustRun(t, checked, "topology", "verify", "--config", b.config)
@@ -292,7 +292,7 @@ func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
 		t.Errorf("apply does not warn that the management API did not answer:\n%s", errOut)
 	}
 	second, _ := b.mustRunAll(t, cli.ExitOK, "topology", "apply", "--config", b.config)
-	if !strings.Contains(second, "apply: 0 created, 7 unchanged") {
+	if !strings.Contains(second, "apply: 0 created, 9 unchanged") {
 		t.Errorf("second apply changed something:\n%s", second)
 	}
 	plan, _ := b.mustRunAll(t, cli.ExitIncomplete, "topology", "plan", "--config", b.config)
@@ -304,7 +304,7 @@ func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &r); err != nil {
 		t.Fatalf("verify JSON: %v\n%s", err, js)
 	}
-	if len(r.Problems) != 0 || r.Management || r.ManagementError == "" || r.Objects != 7 {
+	if len(r.Problems) != 0 || r.Management || r.ManagementError == "" || r.Objects != 9 {
 		t.Errorf("verify: problems %v, management %v, management error %q, %d objects checked", r.Problems, r.Management, r.ManagementError, r.Objects)
 	}
 	for _, what := range []string{"bindings", "policies", "arguments"} {

@@ -8,6 +8,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Propagator is W3C traceparent/tracestate plus baggage. dlxbridge always
@@ -22,16 +24,8 @@ var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPr
 // are not strings are ignored on Get.
 type HeaderCarrier amqp.Table
 
-// Get returns the header as a string, or "".
-func (c HeaderCarrier) Get(key string) string {
-	switch v := c[key].(type) {
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	}
-	return ""
-}
+// Get returns the header as a string (see wire.String), or "".
+func (c HeaderCarrier) Get(key string) string { return wire.Str(c, key) }
 
 // Set stores value under key.
 func (c HeaderCarrier) Set(key, value string) { c[key] = value }
@@ -57,12 +51,6 @@ func Extract(ctx context.Context, headers amqp.Table) context.Context {
 	}
 	return Propagator.Extract(ctx, HeaderCarrier(headers))
 }
-
-// Trace header names (W3C).
-const (
-	HeaderTraceparent = "traceparent"
-	HeaderTracestate  = "tracestate"
-)
 
 // OpenTelemetry messaging semantic-convention attributes used on spans.
 var (

@@ -1,0 +1,139 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"runtime/debug"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// abandonGrace is how long a handler that ignores its deadline gets before
+// the worker stops waiting for it.
+const abandonGrace = time.Second
+
+// runHandler routes, upcasts and calls the handler with a deadline. The
+// upcasters and the handler run on their own goroutine under recover, so a
+// panic in either is a classified failure, never a crashed process. A
+// handler that ignores its deadline is abandoned after abandonGrace: the
+// delivery is settled as a timeout while the goroutine keeps its slot (see
+// queueRuntime.slots) until it returns, so handlers never run more than
+// Concurrency at once.
+func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) error {
+	qr := w.q
+	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
+	if err != nil {
+		return err
+	}
+	m := &Message{
+		Queue:           qr.cfg.Name,
+		Type:            gm.Type,
+		Version:         version,
+		OriginalVersion: gm.Version,
+		Data:            gm.Data,
+		text:            gm.Raw,
+		Body:            d.Body,
+		// A copy: an abandoned handler must not share a map the runtime
+		// reads when it republishes.
+		Headers:        maps.Clone(d.Headers),
+		MessageID:      d.MessageId,
+		CorrelationID:  d.CorrelationId,
+		IdempotencyKey: idempotencyKey(d),
+		Attempt:        attempts.Failed + 1,
+		ReceivedAt:     now,
+		GateError:      gm.reported,
+		raw:            gm.raw,
+	}
+	select {
+	case qr.slots <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		return w.s.handlerCtx.Err()
+	}
+	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-qr.slots }()
+		defer func() {
+			if r := recover(); r != nil {
+				done <- &triage.PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
+		if err := qr.upcast(m, chain); err != nil {
+			done <- err
+			return
+		}
+		done <- h.Handle(hctx, m)
+	}()
+	var herr error
+	select {
+	case herr = <-done:
+	case <-hctx.Done():
+		select {
+		case herr = <-done:
+		case <-time.After(abandonGrace):
+			w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+			w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+				"queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
+			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+		}
+	}
+	// A handler that returns some error after its deadline passed timed out.
+	if herr != nil && hctx.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
+		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+	}
+	result := "ok"
+	if herr != nil {
+		result = "error"
+	}
+	w.deps.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
+	return herr
+}
+
+// upcast runs the upcaster chain on m.Data and validates the result against
+// the target version's schema. Its failures are permanent: the same input
+// always upcasts the same way. A message that failed a report-mode gate is
+// upcast as it is (a body that is not JSON can't be), and its result is not
+// validated again: the gate reported it once.
+func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
+	if len(chain) == 0 {
+		return nil
+	}
+	if m.Data == nil && m.GateError != nil {
+		return triage.Permanent(fmt.Errorf("upcast %s v%s: no data: %w", m.Type, m.OriginalVersion, m.GateError))
+	}
+	data := m.Data
+	for _, u := range chain {
+		var err error
+		if data, err = u.fn(data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s to v%s: %w", m.Type, u.to, err))
+		}
+	}
+	// Validated as the gate validates: the violations never quote a value
+	// (jsonschema's own error text does), since the error goes into the
+	// quarantine envelope, its fingerprint and the log. A message the gate
+	// only reported is not held to its schema here either.
+	if m.GateError == nil {
+		if err := qr.deps.cfg.Registry.Validate(m.Type, m.Version, data); err != nil {
+			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
+		}
+	}
+	m.Data, m.text = data, nil
+	return nil
+}
+
+// panicStack is the truncated stack of a handler or upcaster panic, or "".
+func panicStack(err error) string {
+	var pe *triage.PanicError
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	return quarantine.PanicStack(pe.Stack)
+}

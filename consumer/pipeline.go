@@ -1,0 +1,157 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// worker processes deliveries one at a time; it owns a confirm publisher on
+// the session's publishing connection for retries and quarantine (out).
+type worker struct {
+	deps *deps
+	q    *queueRuntime
+	s    *queueSession
+	out  confirmer
+	// pubFailures counts consecutive failed retry/quarantine publishes; it
+	// drives the pause before a requeue.
+	pubFailures int
+	// settled is what process has learned of the delivery in hand; record
+	// reports it to Config.OnSettled.
+	settled Settled
+}
+
+func (w *worker) close() {
+	if sp, ok := w.out.(*sessionPublisher); ok {
+		sp.close()
+	}
+}
+
+// failure is everything known about a failed delivery when it is settled.
+type failure struct {
+	verdict    triage.Verdict
+	attempts   triage.Attempts
+	err        error
+	msgType    string
+	version    string
+	validation *schemas.ValidationError
+}
+
+// process takes one delivery from receipt to settlement, in order: the
+// bridge's signature and attempt count, the crash-loop guard, the schema
+// gate, the handler (invoke.go), then the ack or the verdict's settlement
+// (settle.go: build the retry or quarantine publishing, publish with
+// confirm, and only then ack).
+func (w *worker) process(d amqp.Delivery) {
+	qr := w.q
+	c := w.deps
+	now := c.cfg.Now()
+	headers := map[string]any(d.Headers)
+	a := sessionDelivery{s: w.s, d: &d}
+
+	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
+	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationProcess,
+			attribute.String(telemetry.AttrDestination, qr.cfg.Name),
+			attribute.String(telemetry.AttrRoutingKey, d.RoutingKey),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
+			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
+		))
+	defer span.End()
+
+	// The bridge's own retry headers count only under its signature; what
+	// else was forged or malformed is noted and carried to the quarantine.
+	isRetry := func(q string) bool { return w.s.isRetry[q] }
+	sig, sigNotes := qr.verify(&d)
+	attempts := triage.CountAttempts(triage.AttemptInput{
+		Headers:      headers,
+		Signature:    sig,
+		IsRetryQueue: isRetry,
+		Now:          now,
+	})
+	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	w.settled = Settled{Queue: qr.cfg.Name, MessageID: d.MessageId, Attempt: attempts.Failed + 1}
+
+	// 1. Crash-loop guard: a message this queue delivered too often never
+	// reaches the handler again; one whose count may be another queue's is
+	// re-admitted first.
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
+		CarriedCounts: w.s.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
+	v := triage.Precheck(qr.policy, pre)
+	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
+	if v.Action != triage.ActionDeliver { // quarantine or re-admit
+		if v.Action == triage.ActionQuarantine {
+			if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+			}
+		}
+		if w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}) {
+			return
+		}
+		// A re-admission that cannot fit one frame was not sent: the
+		// message is handled here, with the count it arrived with (the
+		// broker's delivery limit stays the backstop).
+		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame; handled with the delivery count it arrived with")
+	}
+
+	// 2. Schema gate, before any handler, in the queue's mode (see admit).
+	msg, err := qr.admit(&d)
+	if err != nil {
+		w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
+		return
+	}
+	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
+	span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+
+	// 3. The handler.
+	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		return
+	}
+	if herr == nil {
+		if w.ack(a, d.MessageId) {
+			w.record(OutcomeAcked)
+			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
+		}
+		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+		return
+	}
+	w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+}
+
+// failed classifies a failed attempt with triage.Classify, the one path for
+// every class (the gate's *schemas.ValidationError is ClassSchema), and
+// decides what follows. typ and version default to the ones the gate's error
+// names.
+func (qr *queueRuntime) failed(err error, attempts triage.Attempts, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version}
+	if errors.As(err, &f.validation) && typ == "" {
+		f.msgType, f.version = f.validation.Type, f.validation.Version
+	}
+	class, hint := triage.Classify(err)
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.deps.cfg.Now()}, randFunc(qr.deps.cfg.Rand))
+	return f
+}
+
+type randFunc func() float64
+
+func (f randFunc) Float64() float64 { return f() }

@@ -1,0 +1,61 @@
+package consumer
+
+import (
+	"fmt"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// queueRuntime is what stays fixed for one work queue across reconnects.
+type queueRuntime struct {
+	deps    *deps
+	cfg     *config.Queue
+	gate    *schemas.Gate // nil when the queue's gate is off
+	policy  triage.Policy
+	redact  quarantine.Redaction
+	router  *router
+	accepts map[string]map[string]bool
+	// slots bounds running handlers to Concurrency across sessions: a
+	// handler holds a slot until it returns, even after it was abandoned.
+	slots chan struct{}
+	// publishFailures remembers, by message id, why this process last
+	// failed to publish a message's retry or quarantine copy, so that when
+	// the crash-loop guard later quarantines it the envelope says the broker
+	// refused publishes rather than leaving a bare "crash-loop".
+	publishFailures failureMemo
+
+	// reportLog samples the gate's report-mode logs.
+	reportLog logSampler
+}
+
+func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
+	accepts := map[string][]string{}
+	acceptSet := map[string]map[string]bool{}
+	for _, a := range q.Accepts {
+		accepts[a.Type] = a.Versions
+		acceptSet[a.Type] = map[string]bool{}
+		for _, v := range a.Versions {
+			acceptSet[a.Type][v] = true
+		}
+	}
+	gate, err := newGate(d.cfg.Registry, q, accepts, d.cfg.File.Schemas.MaxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	policy := q.Policy()
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
+	}
+	return &queueRuntime{
+		deps:    d,
+		cfg:     q,
+		gate:    gate,
+		policy:  policy,
+		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
+		accepts: acceptSet,
+		slots:   make(chan struct{}, q.Consumer.Concurrency),
+	}, nil
+}

@@ -1,0 +1,420 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
+)
+
+// Settlement without a broker: the builders are pure, and the ack, reject
+// and publish steps go through the acker and confirmer seam, here faked.
+
+type fakeAcker struct {
+	mu                 sync.Mutex
+	calls              []string
+	ackErr, requeueErr error
+	onAck              func()
+}
+
+func (a *fakeAcker) note(s string) { a.mu.Lock(); a.calls = append(a.calls, s); a.mu.Unlock() }
+func (a *fakeAcker) Ack() error {
+	a.note("ack")
+	if a.onAck != nil {
+		a.onAck()
+	}
+	return a.ackErr
+}
+func (a *fakeAcker) Requeue() error { a.note("requeue"); return a.requeueErr }
+func (a *fakeAcker) Reject() error  { a.note("reject"); return nil }
+func (a *fakeAcker) log() string    { a.mu.Lock(); defer a.mu.Unlock(); return strings.Join(a.calls, ",") }
+
+type published struct {
+	exchange, key string
+	p             amqp.Publishing
+}
+
+type fakeConfirmer struct {
+	mu   sync.Mutex
+	sent []published
+	// fail, if set, is returned for a publish (after it is recorded).
+	fail func(p published) error
+	// block, if set, holds the publish until ctx ends.
+	block bool
+}
+
+func (f *fakeConfirmer) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+	pub := published{exchange, key, p}
+	f.mu.Lock()
+	f.sent = append(f.sent, pub)
+	fail, block := f.fail, f.block
+	f.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}
+	if fail != nil {
+		return fail(pub)
+	}
+	return nil
+}
+
+type settleBundle struct {
+	w       *worker
+	out     *fakeConfirmer
+	settled []Settled
+	stop    context.CancelFunc
+	key     []byte
+}
+
+const settleQueue = "orders"
+
+func newSettleBundle(t *testing.T, frameMax int) *settleBundle {
+	t.Helper()
+	file, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    bindings: [order.created]
+    gate: off
+    retry: {tiers: [1s, 5s], jitter: 0, max_attempts: 3}
+    quarantine: {redact: {headers: [secret]}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &settleBundle{out: &fakeConfirmer{}, key: []byte("0123456789abcdef-settle")}
+	var mu sync.Mutex
+	c, err := New(&Config{
+		URL: "amqp://guest:guest@127.0.0.1:5672/", File: file,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		SigningKey: b.key, WorkerVersion: "test",
+		TracerProvider: noop.NewTracerProvider(),
+		Rand:           func() float64 { return 0 },
+		Now:            func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) },
+		OnSettled:      func(s Settled) { mu.Lock(); b.settled = append(b.settled, s); mu.Unlock() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := topology.ParseBrokerVersion("3.10.8")
+	topo, err := topology.Build(file, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wq, _ := topo.WorkQueue(settleQueue)
+	ctx, cancel := context.WithCancel(context.Background())
+	b.stop = cancel
+	t.Cleanup(cancel)
+	qr := c.queues[settleQueue]
+	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{}, frameMax: frameMax,
+		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
+	b.w = &worker{deps: c.deps, q: qr, s: qs, out: b.out}
+	return b
+}
+
+func (b *settleBundle) outcomes() []string {
+	var out []string
+	for _, s := range b.settled {
+		out = append(out, s.Outcome)
+	}
+	return out
+}
+
+func delivery() *amqp.Delivery {
+	return &amqp.Delivery{
+		Exchange: "orders", RoutingKey: "order.created", MessageId: "m-1", CorrelationId: "c-1",
+		ContentType: "application/json", Type: "orders.created", Expiration: "60000", UserId: "alice",
+		Timestamp: time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC),
+		Headers: amqp.Table{
+			"secret": "s3cr3t", "x-app": "kept", wire.HeaderIdempotencyKey: "idem-1",
+			wire.HeaderXDeath:        []any{amqp.Table{"queue": "orders", "reason": "rejected", "count": int64(1)}},
+			wire.HeaderDeliveryCount: int64(2), wire.HeaderTraceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		},
+		Body: []byte(`{"id":  "1"}`), // odd spacing: must go out byte for byte
+	}
+}
+
+func retryFailure() failure {
+	return failure{
+		verdict:  triage.Verdict{Action: triage.ActionRetry, Class: triage.ClassTransient, Attempt: 1, Tier: 1, Lane: 0, Delay: 5 * time.Second, Reason: "transient failure; retry 1 in 5s"},
+		attempts: triage.Attempts{Notes: []string{"a note"}},
+		err:      errors.New("downstream busy"),
+	}
+}
+
+func quarantineFailure() failure {
+	return failure{
+		verdict:  triage.Verdict{Action: triage.ActionQuarantine, Class: triage.ClassPermanent, Attempt: 1, Reason: "permanent failure"},
+		err:      errors.New("no such customer"),
+		msgType:  "orders.created",
+		version:  "1",
+		attempts: triage.Attempts{Notes: []string{"a note"}},
+	}
+}
+
+func (b *settleBundle) input(d *amqp.Delivery, f failure) *buildInput {
+	in := b.w.buildInput(d, f, noop.Span{})
+	in.trace = amqp.Table{wire.HeaderTraceparent: "00-11111111111111111111111111111111-2222222222222222-01"}
+	return in
+}
+
+func TestBuildRetry(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	d := delivery()
+	got, err := build(b.input(d, retryFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, h := got.p, got.p.Headers
+	if got.exchange != "orders.retry" || got.key != b.w.s.wq.Tiers[1].Lanes[0].RoutingKey {
+		t.Errorf("to %q %q", got.exchange, got.key)
+	}
+	if !bytes.Equal(p.Body, d.Body) || p.Expiration != "5000" || p.DeliveryMode != amqp.Persistent || p.MessageId != "m-1" || p.Type != "orders.created" {
+		t.Errorf("publishing %+v", p)
+	}
+	for _, k := range []string{wire.HeaderXDeath, wire.HeaderDeliveryCount} {
+		if _, ok := h[k]; ok {
+			t.Errorf("the broker's %s went back into the work queue", k)
+		}
+	}
+	want := map[string]any{
+		"x-app": "kept", "secret": "s3cr3t", wire.HeaderAttempts: int64(1),
+		wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalRoutingKey: "order.created", wire.HeaderOriginalQueue: settleQueue,
+		wire.HeaderFirstFailureAt: "2026-11-30T12:00:00Z", wire.HeaderLastError: "downstream busy",
+		wire.HeaderOriginalExpiration: "60000", wire.HeaderOriginalUserID: "alice",
+		wire.HeaderTraceparent: "00-11111111111111111111111111111111-2222222222222222-01",
+		wire.HeaderNotes:       `["a note"]`,
+	}
+	for k, v := range want {
+		if h[k] != v {
+			t.Errorf("%s = %#v, want %#v", k, h[k], v)
+		}
+	}
+	signer, _ := triage.NewSigner(b.key)
+	if v := signer.Verify(subject(settleQueue, d), h, signedHeaders); !v.Valid {
+		t.Errorf("the retry state does not verify: %s", v.Problem)
+	}
+}
+
+func TestBuildReadmit(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	d := delivery()
+	f := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
+	got, err := build(b.input(d, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := got.p.Headers
+	if got.exchange != "" || got.key != settleQueue {
+		t.Errorf("to %q %q", got.exchange, got.key)
+	}
+	if _, ok := h[wire.HeaderDeliveryCount]; ok {
+		t.Error("x-delivery-count kept")
+	}
+	if _, ok := h[wire.HeaderXDeath]; !ok {
+		t.Error("x-death dropped")
+	}
+	if h[wire.HeaderReadmitted] != triage.XDeathDigest(d.Headers) || h[wire.HeaderNotes] != `["re-admitted"]` {
+		t.Errorf("readmitted %v, notes %v", h[wire.HeaderReadmitted], h[wire.HeaderNotes])
+	}
+	signer, _ := triage.NewSigner(b.key)
+	if v := signer.Verify(subject(settleQueue, d), h, signedHeaders); !v.Valid {
+		t.Errorf("the re-admission does not verify: %s", v.Problem)
+	}
+}
+
+func TestBuildQuarantine(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	d := delivery()
+	d.Headers[wire.HeaderSignature] = "v1:forged"
+	got, err := build(b.input(d, quarantineFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := got.p
+	if got.exchange != "orders.dead" || got.key != settleQueue || !bytes.Equal(p.Body, d.Body) {
+		t.Errorf("to %q %q, body %q", got.exchange, got.key, p.Body)
+	}
+	if _, ok := p.Headers[wire.HeaderSignature]; ok {
+		t.Error("the quarantine carries a signature")
+	}
+	if p.Headers["secret"] != quarantine.Redacted {
+		t.Errorf("secret = %v, want it redacted", p.Headers["secret"])
+	}
+	env, ok := quarantine.Read(&amqp.Delivery{MessageId: p.MessageId, Headers: p.Headers})
+	if !ok {
+		t.Fatal("no envelope")
+	}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	if env.Source != quarantine.SourceBridge || env.Class != triage.ClassPermanent || env.Reason != "permanent failure" ||
+		env.Error != "no such customer" || env.Attempts != 1 || !env.QuarantinedAt.Equal(now) || !env.FirstFailureAt.Equal(now) ||
+		env.OriginalExchange != "orders" || env.OriginalRouting != "order.created" || env.OriginalQueue != settleQueue ||
+		env.IdempotencyKey != "idem-1" || env.MessageType != "orders.created" || env.SchemaVersion != "1" ||
+		env.WorkerVersion != "test" || len(env.Redacted) != 1 || env.Fingerprint == "" {
+		t.Errorf("envelope %+v", env)
+	}
+	if strings.Join(env.Notes, ";") != "a note" {
+		t.Errorf("notes %q", env.Notes)
+	}
+}
+
+// A retry whose producer headers can't fit is no retry; a quarantine drops
+// the producer's headers to fit, and notes it.
+func TestBuildFitsOneFrame(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 4096)
+	d := delivery()
+	d.Headers["x-big"] = strings.Repeat("b", 8000)
+	if _, err := build(b.input(d, retryFailure())); !errors.Is(err, quarantine.ErrNoFit) {
+		t.Fatalf("retry: %v, want ErrNoFit", err)
+	}
+	got, err := build(b.input(d, quarantineFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, kept := got.p.Headers["x-big"]; kept || quarantine.HeaderFrameSize(&got.p) > 4096 {
+		t.Errorf("x-big kept, frame %d", quarantine.HeaderFrameSize(&got.p))
+	}
+	if len(got.changed) == 0 || !strings.Contains(strings.Join(got.changed, " "), "x-big") {
+		t.Errorf("changed %v", got.changed)
+	}
+}
+
+// The original is acked only after the broker confirmed its copy.
+func TestSettleAcksOnlyAfterConfirm(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	a := &fakeAcker{}
+	a.onAck = func() {
+		if len(b.out.sent) != 1 {
+			t.Error("acked before the copy was published")
+		}
+	}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), retryFailure())
+	if a.log() != "ack" || strings.Join(b.outcomes(), ",") != OutcomeRetried {
+		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
+	}
+	if b.out.sent[0].exchange != "orders.retry" {
+		t.Errorf("published to %q", b.out.sent[0].exchange)
+	}
+	if n := testutil.ToFloat64(b.w.deps.metrics.retries.WithLabelValues(settleQueue, "1")); n != 1 {
+		t.Errorf("retries metric %v", n)
+	}
+}
+
+// A publish that fails (returned, nacked, channel lost) requeues the
+// original with a reject, never acks it.
+func TestSettleRequeuesWhenThePublishFails(t *testing.T) {
+	t.Parallel()
+	for _, cause := range []error{amqpx.ErrUnroutable, amqpx.ErrNacked, amqp.ErrClosed} {
+		b := newSettleBundle(t, quarantine.DefaultFrameSize)
+		b.out.fail = func(published) error { return cause }
+		a := &fakeAcker{}
+		b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+		if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != OutcomeRequeued || !errors.Is(b.settled[0].SettleErr, cause) {
+			t.Errorf("%v: calls %q, settled %+v", cause, a.log(), b.settled)
+		}
+		if why, n := b.w.q.publishFailures.take("m-1"); n != 1 || why == "" {
+			t.Errorf("%v: publish failure not remembered for the crash-loop note", cause)
+		}
+	}
+}
+
+// A retry that cannot fit is parked in the quarantine; what even the
+// quarantine can't fit is rejected without requeue (the broker dead-letters
+// it as received), never acked.
+func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 4096)
+	d := delivery()
+	d.Headers["x-big"] = strings.Repeat("b", 8000)
+	a := &fakeAcker{}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, d, retryFailure())
+	if a.log() != "ack" || len(b.out.sent) != 1 || b.out.sent[0].exchange != "orders.dead" || b.settled[0].Outcome != OutcomeQuarantined ||
+		!strings.Contains(b.settled[0].Reason, "not retried") {
+		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
+	}
+
+	b = newSettleBundle(t, 600) // not even the bare envelope fits
+	a = &fakeAcker{}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeQuarantined {
+		t.Fatalf("calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
+	}
+}
+
+// Shutdown past the drain deadline while the publish waits leaves the
+// original unsettled: the channel close requeues it.
+func TestSettleLeavesItUnsettledOnShutdownMidPublish(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b.out.block = true
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		for {
+			b.out.mu.Lock()
+			n := len(b.out.sent)
+			b.out.mu.Unlock()
+			if n > 0 {
+				b.stop() // the drain deadline
+				cancel(errors.New("drain deadline"))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	a := &fakeAcker{}
+	b.w.settleFailure(ctx, noop.Span{}, a, delivery(), quarantineFailure())
+	if a.log() != "" || strings.Join(b.outcomes(), ",") != OutcomeAbandoned {
+		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
+	}
+}
+
+// An ack that fails (the channel is gone) is no "acked": the broker will
+// redeliver.
+func TestSettleReportsAFailedAck(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	a := &fakeAcker{ackErr: amqp.ErrClosed}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), retryFailure())
+	if strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
+		t.Fatalf("outcomes %v, settled %+v", b.outcomes(), b.settled)
+	}
+}
+
+// A re-admission that cannot fit is not settled at all: the caller hands the
+// message to its handler instead (rejecting it would quarantine a message
+// whose handler never ran).
+func TestSettleLeavesAnUnfittableReadmissionToTheHandler(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 4096)
+	d := delivery()
+	d.Headers["x-big"] = strings.Repeat("b", 8000)
+	a := &fakeAcker{}
+	f := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
+	if b.w.settleFailure(context.Background(), noop.Span{}, a, d, f) {
+		t.Fatal("settleFailure reported the re-admission settled")
+	}
+	if a.log() != "" || len(b.out.sent) != 0 || len(b.settled) != 0 {
+		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
+	}
+}

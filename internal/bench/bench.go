@@ -1,0 +1,339 @@
+// Package bench is `dlxbridge bench`: the dlxbridge runtime ("bridge") and a
+// plain amqp091-go consumer ("raw") drain the same pre-published messages
+// from fresh quorum queues, side by side and interleaved, and every id is
+// reconciled afterwards.
+//
+// Each side runs in a process of its own (the command runs its own binary
+// again, told what to do through the DLXBRIDGE_BENCH_SIDE environment
+// variable), so its CPU time and peak RSS are its own. The parent declares
+// the topology, publishes, reads the quarantine back, compares bodies byte
+// for byte, and deletes everything it declared.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/topology"
+)
+
+// Exit codes, the same as the rest of the command line's.
+const (
+	exitOK    = 0
+	exitFail  = 1 // a reconciliation mismatch, or the broker failed
+	exitUsage = 2
+)
+
+// SideEnv, when set in a process's environment, makes it one side of a
+// bench run: it holds the side's JSON spec.
+const SideEnv = "DLXBRIDGE_BENCH_SIDE"
+
+// RunSideFromEnv runs one side if SideEnv is set, and says so. A test
+// binary that runs the bench calls it first thing in TestMain, because the
+// bench starts its sides by running its own executable again.
+func RunSideFromEnv() (code int, ran bool) {
+	spec := os.Getenv(SideEnv)
+	if spec == "" {
+		return 0, false
+	}
+	return side(context.Background(), spec, os.Stdout, os.Stderr), true
+}
+
+func side(ctx context.Context, spec string, stdout, stderr io.Writer) int {
+	var s sideSpec
+	if err := json.Unmarshal([]byte(spec), &s); err != nil {
+		fmt.Fprintf(stderr, "dlxbridge bench: bad %s: %v\n", SideEnv, err)
+		return exitUsage
+	}
+	if err := runSide(ctx, &s, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "dlxbridge bench: %s side: %v\n", s.Side, err)
+		return exitFail
+	}
+	return exitOK
+}
+
+// Options of a bench run: the command's flags.
+type Options struct {
+	URL         string
+	Count       int // messages per queue and round
+	Size        int // body bytes
+	Prefetch    int
+	Concurrency int // the bridge's workers; 0 takes the config default
+	Rounds      int
+	Scenarios   []string
+	Output      string // text or json
+	Prefix      string // every declared name starts with it
+	Idle        time.Duration
+	// drop, for tests: take this many messages off the bridge's queue
+	// before it starts, so that reconciliation must fail.
+	drop int
+}
+
+// Command runs `dlxbridge bench` with args and returns the exit code.
+func Command(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if spec := getenv(SideEnv); spec != "" {
+		return side(ctx, spec, stdout, stderr)
+	}
+	o, code, ok := parseFlags(args, stderr, getenv)
+	if !ok {
+		return code
+	}
+	rep, err := run(ctx, o, stderr)
+	if rep != nil {
+		if o.Output == "text" {
+			rep.writeText(stdout)
+		}
+		line, _ := json.Marshal(rep)
+		fmt.Fprintf(stdout, "%s\n", line)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dlxbridge bench: %v\n", err)
+		return exitFail
+	}
+	if !rep.Reconciled {
+		fmt.Fprintf(stderr, "dlxbridge bench: reconciliation failed: %s\n", rep.mismatch())
+		return exitFail
+	}
+	return exitOK
+}
+
+func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*Options, int, bool) {
+	o := &Options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var scenarios string
+	fs.StringVar(&o.URL, "url", "", "AMQP URL (default $RABBITMQ_URL, else the local broker)")
+	fs.IntVar(&o.Count, "count", 20000, "messages per side and round")
+	fs.IntVar(&o.Size, "size", 1024, fmt.Sprintf("body size in bytes (%d to %d)", MinSize, MaxSize))
+	fs.IntVar(&o.Prefetch, "prefetch", 200, "prefetch of both sides")
+	fs.IntVar(&o.Concurrency, "concurrency", 0, "the bridge's concurrent handlers (0: the config default)")
+	fs.IntVar(&o.Rounds, "rounds", 3, "rounds; the side that goes first alternates")
+	fs.StringVar(&scenarios, "scenario", Clean+","+Storm, "scenarios, comma-separated: clean, storm")
+	fs.StringVar(&o.Output, "output", "text", "text (a table, then the JSON line) or json (the JSON line only)")
+	fs.StringVar(&o.Prefix, "prefix", "", "start of every declared name (default dlxbench-<random>)")
+	fs.DurationVar(&o.Idle, "idle", 30*time.Second, "give a side up after this long without progress")
+	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: dlxbridge bench [flags]
+
+Drains the same pre-published orders.created v2 messages from fresh quorum
+queues with plain amqp091-go ("raw": consume, json.Unmarshal, ack, one at a
+time) and with the dlxbridge runtime ("bridge": gate, handler binding the
+body), interleaved, each side in a process of its own. Scenario clean: every
+message succeeds. Scenario storm: 10% schema-invalid, 20% fail once, 1% always
+fail (raw has no failure handling and acks them all). Then every id is
+reconciled: handled (raw: acked) or quarantined, body as published,
+duplicates counted apart. Exit 1 on any mismatch. Deletes what it declares.
+
+flags:
+`)
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Usage != "" {
+				fmt.Fprintf(stderr, "  --%s (default %q)\n    \t%s\n", f.Name, f.DefValue, f.Usage)
+			}
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, exitOK, false
+		}
+		return nil, exitUsage, false
+	}
+	usage := func(format string, a ...any) (*Options, int, bool) {
+		fmt.Fprintf(stderr, "dlxbridge bench: "+format+"\n", a...)
+		return nil, exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		return usage("unexpected argument %q", fs.Arg(0))
+	}
+	for _, s := range strings.Split(scenarios, ",") {
+		if s = strings.TrimSpace(s); s != Clean && s != Storm {
+			return usage("--scenario: unknown scenario %q (want clean, storm)", s)
+		}
+		o.Scenarios = append(o.Scenarios, strings.TrimSpace(s))
+	}
+	switch {
+	case o.Count < 1:
+		return usage("--count must be at least 1")
+	case o.Size < MinSize || o.Size > MaxSize:
+		return usage("--size must be in [%d, %d]", MinSize, MaxSize)
+	case o.Prefetch < 1:
+		return usage("--prefetch must be at least 1")
+	case o.Concurrency < 0:
+		return usage("--concurrency must be at least 0")
+	case o.Rounds < 1:
+		return usage("--rounds must be at least 1")
+	case o.Output != "text" && o.Output != "json":
+		return usage("--output must be text or json, not %q", o.Output)
+	case o.Idle <= 0:
+		return usage("--idle must be positive")
+	}
+	if o.URL == "" {
+		o.URL = getenv("RABBITMQ_URL")
+	}
+	if o.URL == "" {
+		o.URL = amqpx.DefaultURL
+	}
+	if _, err := amqpx.ParseAMQPURL(o.URL); err != nil {
+		return usage("--url: %v", err) // quotes nothing of the URL
+	}
+	if o.Prefix == "" {
+		o.Prefix = fmt.Sprintf("dlxbench-%x", time.Now().UnixNano()&0xffffffff)
+	}
+	return o, exitOK, true
+}
+
+// run runs every round of every scenario and reconciles them. It returns
+// what it measured so far even with an error.
+func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
+	conn, err := dial(o.URL, o.Prefix+"/bench")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	rep := newReport(o, conn)
+	for _, sc := range o.Scenarios {
+		msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
+		for r := range o.Rounds {
+			order := []string{Raw, Bridge}
+			if r%2 == 1 {
+				order = []string{Bridge, Raw}
+			}
+			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
+			if err != nil {
+				rep.finish()
+				return rep, fmt.Errorf("%s round %d: %w", sc, r+1, err)
+			}
+			rep.add(sc, res)
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// roundResult is one round of one scenario: both sides, reconciled.
+type roundResult struct {
+	Round int                    `json:"round"`
+	Sides map[string]*sideReport `json:"sides"`
+}
+
+// runRound declares a fresh topology per side, publishes the same messages
+// to both, drains each side in order, reconciles, and deletes everything.
+func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string, round int, order []string, msg func(i int) amqp.Publishing, stderr io.Writer) (_ *roundResult, err error) {
+	prefixes := map[string]string{}
+	var exchanges []string
+	for _, s := range order {
+		prefix := fmt.Sprintf("%s-%s-r%d-%s", o.Prefix, sc, round, s)
+		cfg, err := Config(prefix, o.Prefetch, o.Concurrency)
+		if err != nil {
+			return nil, err
+		}
+		topo, err := Declare(ctx, conn, cfg)
+		if topo != nil {
+			defer func() {
+				if derr := Delete(conn, topo); derr != nil && err == nil {
+					err = derr
+				}
+			}()
+		}
+		if err != nil {
+			return nil, err
+		}
+		prefixes[s] = prefix
+		exchanges = append(exchanges, cfg.Queues[0].Exchange.Name)
+	}
+	if err := PublishAll(ctx, conn, exchanges, o.Count, msg); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	if o.drop > 0 {
+		ch, err := conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		for range o.drop {
+			if d, ok, err := ch.Get(prefixes[Bridge]+".work", true); err != nil || !ok {
+				return nil, fmt.Errorf("test drop: %v (got a message: %v)", err, ok)
+			} else {
+				fmt.Fprintf(stderr, "dlxbridge bench: dropped %s from the bridge's queue, as --test-drop asks\n", d.MessageId)
+			}
+		}
+		_ = ch.Close()
+	}
+	res := &roundResult{Round: round, Sides: map[string]*sideReport{}}
+	for _, s := range order {
+		spec := &sideSpec{URL: o.URL, Side: s, Scenario: sc, Prefix: prefixes[s], Count: o.Count, Size: o.Size,
+			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle}
+		sr, err := spawnSide(ctx, spec, stderr)
+		if err != nil {
+			return nil, err
+		}
+		rep, err := reconcile(conn, spec, sr)
+		if err != nil {
+			return nil, err
+		}
+		res.Sides[s] = rep
+	}
+	return res, nil
+}
+
+// spawnSide runs one side in a process of its own: this executable again,
+// with the spec in SideEnv.
+func spawnSide(ctx context.Context, spec *sideSpec, stderr io.Writer) (*sideResult, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe, "bench")
+	cmd.Env = append(os.Environ(), SideEnv+"="+string(b))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s side: %w", spec.Side, err)
+	}
+	var r sideResult
+	lines := bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n"))
+	if err := json.Unmarshal(lines[len(lines)-1], &r); err != nil {
+		return nil, fmt.Errorf("%s side: unreadable result: %w", spec.Side, err)
+	}
+	return &r, nil
+}
+
+// brokerVersion is the broker's version from the connection's properties.
+func brokerVersion(conn *amqp.Connection) string {
+	if v, err := topology.VersionFromProperties(conn.Properties); err == nil {
+		return v.String()
+	}
+	return "unknown"
+}
+
+// loadAverage is the one-minute load average, or -1 where unknown.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(b), &l); err != nil {
+		return -1
+	}
+	return l
+}
+
+var numCPU = runtime.NumCPU

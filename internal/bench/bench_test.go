@@ -1,0 +1,181 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// The bench runs its sides by running its own executable again: here, this
+// test binary, which then runs one side and exits.
+func TestMain(m *testing.M) {
+	if code, ran := RunSideFromEnv(); ran {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// Body pads to the exact size asked, and the registry's gate takes a valid
+// body and refuses an invalid one for the reason meant.
+func TestBodyIsExactAndValidAsMeant(t *testing.T) {
+	t.Parallel()
+	reg, err := schemas.Load(schemas.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := reg.Lookup(MessageType, MessageVersion)
+	if !ok {
+		t.Fatalf("no %s v%s in the registry", MessageType, MessageVersion)
+	}
+	for _, size := range []int{MinSize, MinSize + 1, 500, 1024, 1024 + 37, 4096, 65536, MaxSize} {
+		for _, kind := range []Kind{OK, Invalid} {
+			b := Body(size, size, kind)
+			if len(b) != size {
+				t.Errorf("Body(size %d, %s) is %d bytes", size, kind, len(b))
+			}
+			var v any
+			if err := json.Unmarshal(b, &v); err != nil {
+				t.Fatalf("Body(size %d, %s) is not JSON: %v", size, kind, err)
+			}
+			verr := s.Validate(v)
+			if (verr == nil) != (kind == OK) {
+				t.Errorf("Body(size %d, %s): validation error %v", size, kind, verr)
+			}
+		}
+	}
+}
+
+// The storm's mix is what the command's help says.
+func TestStormMix(t *testing.T) {
+	t.Parallel()
+	n := map[Kind]int{}
+	for i := range 1000 {
+		n[KindOf(Storm, i)]++
+	}
+	if n[Invalid] != 100 || n[TransientOnce] != 200 || n[AlwaysFailing] != 10 {
+		t.Errorf("storm mix of 1000: %v, want 100 invalid, 200 transient once, 10 always failing", n)
+	}
+}
+
+// tally tells losses, misplacements and duplicates apart.
+func TestTally(t *testing.T) {
+	t.Parallel()
+	// In a storm of 100, id 0 is schema-invalid ((0*37)%100 = 0) and id 2
+	// must succeed (74).
+	if KindOf(Storm, 0) != Invalid || KindOf(Storm, 2) != OK {
+		t.Fatalf("kinds: %s %s", KindOf(Storm, 0), KindOf(Storm, 2))
+	}
+	s := &sideSpec{Side: Bridge, Scenario: Storm, Count: 100}
+	handled, quarantined, left := make([]byte, 100), make([]int, 100), make([]int, 100)
+	for i := range 100 {
+		if KindOf(Storm, i).Quarantined() {
+			quarantined[i] = 1
+		} else {
+			handled[i] = 1
+		}
+	}
+	var r sideReport
+	tally(&r, s, handled, quarantined, left)
+	if r.failed() || r.Duplicates != 0 || r.Handled+r.Quarantined != 100 {
+		t.Fatalf("all accounted: %+v", r)
+	}
+	handled[2], left[3] = 0, 1 // 2 lost; 3 handled and a copy left: a duplicate
+	handled[0] = 1             // an invalid message handled
+	quarantined[5] = 2         // quarantined twice: misplaced if 5 must succeed
+	r = sideReport{}
+	tally(&r, s, handled, quarantined, left)
+	wantMisplaced := 1
+	if !KindOf(Storm, 5).Quarantined() {
+		wantMisplaced++
+	}
+	if r.Lost != 1 || r.LostIDs[0] != ID(2) || r.Misplaced != wantMisplaced || r.Duplicates < 3 || !r.failed() {
+		t.Errorf("got %+v; want 1 lost (%s), %d misplaced, at least 3 duplicates", r, ID(2), wantMisplaced)
+	}
+}
+
+func runCommand(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Command(context.Background(), args, &out, &errb, func(string) string { return "" })
+	return code, out.String(), errb.String()
+}
+
+// A small run against the broker: both scenarios, both sides, exit 0, a
+// JSON line that parses and says every id was reconciled, and nothing left
+// on the broker.
+func TestBenchReconcilesEveryID(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	code, out, errs := runCommand(t, "--url", env.URL, "--prefix", env.Name("b"), "--count", "200", "--size", "600",
+		"--prefetch", "20", "--rounds", "2", "--idle", "20s")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var rep Report
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
+		t.Fatalf("the last line is not the JSON report: %v\n%s", err, out)
+	}
+	if !rep.Reconciled || rep.Lost != 0 || rep.Misplaced != 0 || rep.BadBodies != 0 {
+		t.Errorf("report: %+v", rep)
+	}
+	if len(rep.Scenarios) != 2 || rep.StormVsClean <= 0 {
+		t.Fatalf("scenarios: %+v", rep.Scenarios)
+	}
+	for _, sc := range rep.Scenarios {
+		if len(sc.Ratios) != 2 || sc.Raw.Rate <= 0 || sc.Bridge.Rate <= 0 || sc.Bridge.MaxRSSKB <= 0 || sc.Bridge.CPUPerMsgUS <= 0 {
+			t.Errorf("%s: %+v", sc.Scenario, sc)
+		}
+	}
+	if !strings.Contains(out, "reconciled: every id") {
+		t.Errorf("text output lacks the reconciliation line:\n%s", out)
+	}
+	t.Logf("\n%s", out)
+	assertNothingLeft(t, env)
+}
+
+// A message taken off the bridge's queue behind its back is a loss: the
+// command says which id and exits 1.
+func TestBenchMismatchExitsNonZero(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	code, out, errs := runCommand(t, "--url", env.URL, "--prefix", env.Name("b"), "--count", "50", "--scenario", "clean",
+		"--rounds", "1", "--prefetch", "10", "--idle", "3s", "--output", "json", "--test-drop", "1")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errs)
+	}
+	var rep Report
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &rep); err != nil {
+		t.Fatalf("--output json: not one JSON line: %v\n%s", err, out)
+	}
+	if rep.Reconciled || rep.Lost != 1 {
+		t.Errorf("reconciled %v, lost %d; want false, 1", rep.Reconciled, rep.Lost)
+	}
+	if !strings.Contains(errs, "reconciliation failed") || !strings.Contains(errs, "m-0000000") {
+		t.Errorf("stderr does not name the lost id:\n%s", errs)
+	}
+	assertNothingLeft(t, env)
+}
+
+// assertNothingLeft checks that the bench deleted every object it
+// declared (the harness would delete them anyway, so look first).
+func assertNothingLeft(t *testing.T, env *brokertest.Env) {
+	t.Helper()
+	conn := env.Dial("leftovers")
+	for _, name := range []string{"clean-r1-raw.work", "clean-r1-bridge.work", "clean-r1-bridge.quarantine", "storm-r2-bridge.work"} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(env.Name("b")+"-"+name, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s is still on the broker", name)
+			_ = ch.Close()
+		}
+	}
+}

@@ -1,0 +1,507 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/consumer"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// DemoQuarantineTail, when set, runs after the demo's final table with the
+// demo's config and URL: the place for `quarantine stats` and the replay of
+// one group once the quarantine store (issue 9) exists. nil today.
+var DemoQuarantineTail func(ctx context.Context, w io.Writer, url string, cfg *config.Config) error
+
+// Kinds of demo message, by what their handler does.
+const (
+	demoValid     = "valid"     // handled on the first attempt
+	demoFlaky     = "flaky"     // fails (transient) on its first attempt(s), then succeeds
+	demoPermanent = "permanent" // the handler refuses it: quarantined at once
+	demoCrash     = "crash"     // the handler panics every time: retried, then quarantined
+	demoInvalid   = "invalid"   // fails its schema: never reaches a handler
+)
+
+// demoMessage is one published message and where it is.
+type demoMessage struct {
+	id, kind string
+	failures int // flaky: attempts that fail before one succeeds
+	attempts int
+	where    string
+	done     bool
+	class    string // when quarantined
+}
+
+// expected is where the message must end.
+func (m *demoMessage) expected() string {
+	switch m.kind {
+	case demoValid, demoFlaky:
+		return "handled"
+	case demoPermanent:
+		return "quarantined (permanent)"
+	case demoCrash:
+		return "quarantined (panic)"
+	default:
+		return "quarantined (schema)"
+	}
+}
+
+// demoTracker follows every message from the handlers' and the
+// quarantine's points of view.
+type demoTracker struct {
+	mu     sync.Mutex
+	byID   map[string]*demoMessage
+	order  []*demoMessage
+	events chan string
+	tiers  []time.Duration
+	max    int
+}
+
+func (t *demoTracker) add(m *demoMessage) {
+	m.where = "queued"
+	t.byID[m.id] = m
+	t.order = append(t.order, m)
+}
+
+func (t *demoTracker) set(id, where string, done bool, update func(*demoMessage)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m, ok := t.byID[id]
+	if !ok || m.done {
+		return
+	}
+	if update != nil {
+		update(m)
+	}
+	m.where, m.done = where, done
+	select {
+	case t.events <- fmt.Sprintf("%-18s %s", id, where):
+	default:
+	}
+}
+
+func (t *demoTracker) finished() (handled int, all bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	all = true
+	for _, m := range t.order {
+		all = all && m.done
+		if m.where == "handled" {
+			handled++
+		}
+	}
+	return handled, all
+}
+
+// handler runs the demo's in-process handler for m's kind and records what
+// the runtime will do with the result.
+func (t *demoTracker) handler() consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) (err error) {
+		t.mu.Lock()
+		dm, ok := t.byID[m.MessageID]
+		t.mu.Unlock()
+		if !ok {
+			return triage.Permanent(fmt.Errorf("not a demo message: %q", m.MessageID))
+		}
+		t.set(dm.id, fmt.Sprintf("handling (attempt %d)", m.Attempt), false, func(d *demoMessage) { d.attempts = m.Attempt })
+		defer func() {
+			if v := recover(); v != nil {
+				t.failed(dm.id, m.Attempt, false)
+				panic(v) // the runtime recovers it: class panic
+			}
+			switch {
+			case err == nil:
+				t.set(dm.id, "handled", true, nil)
+			default:
+				var permanent bool
+				if c, _ := triage.Classify(err); c == triage.ClassPermanent {
+					permanent = true
+				}
+				t.failed(dm.id, m.Attempt, permanent)
+			}
+		}()
+		switch dm.kind {
+		case demoValid:
+			return nil
+		case demoFlaky:
+			if m.Attempt <= dm.failures {
+				return errors.New("inventory service unavailable")
+			}
+			return nil
+		case demoPermanent:
+			return triage.Permanent(errors.New("customer account is closed"))
+		default: // crash
+			var prices map[string]float64
+			prices["tax"] = 0.2 // a nil map: the handler crashes
+			return nil
+		}
+	})
+}
+
+// failed records a failed attempt: the message waits in a retry tier, or is
+// on its way to the quarantine.
+func (t *demoTracker) failed(id string, attempt int, permanent bool) {
+	if permanent || attempt >= t.max {
+		t.set(id, "quarantining", false, nil)
+		return
+	}
+	tier := min(attempt, len(t.tiers)) - 1
+	t.set(id, fmt.Sprintf("waiting in retry tier %d (%s)", tier, t.tiers[tier]), false, nil)
+}
+
+// runDemo: dlxbridge demo. It declares a demo topology under its own
+// prefix, publishes a mix of messages, handles them in-process and shows
+// where each one is until all have settled, then prints the final table and
+// deletes what it declared (unless --keep). Exit 0 when every message ended
+// where it should; 1 otherwise or on a broker error; 2 bad usage.
+func runDemo(ctx context.Context, env *Env, args []string) int {
+	fs := newFlagSet(env, "demo", "demo [--url amqp://...] [--keep] [--prefix P]")
+	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
+	urlFlag := fs.String("url", "", "AMQP URL (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
+	keep := fs.Bool("keep", false, "leave the demo's queues and exchanges (and the quarantined messages) on the broker")
+	prefix := fs.String("prefix", "", "name prefix of everything the demo declares (default dlxbridge-demo-<random>)")
+	timeout := fs.Duration("timeout", 50*time.Second, "give up if the messages have not settled by then")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	c := common{url: *urlFlag}
+	url, from := c.brokerURL(env)
+	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge demo: %s: %v\n", from, err)
+		return ExitUsage
+	}
+	if *prefix == "" {
+		b := make([]byte, 3)
+		_, _ = rand.Read(b)
+		*prefix = "dlxbridge-demo-" + hex.EncodeToString(b)
+	}
+	if err := demo(ctx, env, url, *prefix, *keep, *timeout); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge demo: %v\n", err)
+		return ExitFail
+	}
+	return ExitOK
+}
+
+func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout time.Duration) (err error) {
+	out := env.Stdout
+	noJitter := 0.0
+	noBudget := time.Duration(0)
+	cfg := &config.Config{
+		Broker: config.Broker{ConnectionName: prefix},
+		Queues: []config.Queue{{
+			Name:     prefix + ".orders",
+			Owner:    config.Owner{Team: "team-orders"},
+			Exchange: config.Exchange{Name: prefix + ".orders", Type: "topic"},
+			Bindings: []string{"order.created"},
+			Consumer: config.Consumer{Prefetch: 10, Concurrency: 4, HandlerTimeout: 5 * time.Second},
+			Retry: config.Retry{Tiers: []time.Duration{time.Second, 2 * time.Second}, Jitter: &noJitter,
+				MaxAttempts: 3, MaxElapsed: &noBudget},
+			Accepts: []config.Accept{{Type: "orders.created", Versions: []string{"2"}}},
+		}},
+	}
+	if err := cfg.Complete(); err != nil {
+		return err
+	}
+	q := &cfg.Queues[0]
+	registry, err := schemas.Load(schemas.LoadOptions{})
+	if err != nil {
+		return err
+	}
+	conn, err := amqpx.Dial(url, prefix+"/demo")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	topo, err := topology.BuildFor(cfg, conn)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+		return fmt.Errorf("declare the demo topology: %w", err)
+	}
+	fmt.Fprintf(out, "declared %d queues and %d exchanges under %q on %s\n", len(topo.Queues), len(topo.Exchanges), prefix, topo.Broker)
+	if !keep {
+		defer func() {
+			if cerr := demoCleanup(conn, topo); cerr != nil {
+				err = errors.Join(err, cerr)
+			} else {
+				fmt.Fprintf(out, "deleted the demo's queues and exchanges (--keep leaves them)\n")
+			}
+		}()
+	}
+
+	tr := &demoTracker{byID: map[string]*demoMessage{}, events: make(chan string, 256), tiers: q.Retry.Tiers, max: q.Retry.MaxAttempts}
+	for i := 1; i <= 6; i++ {
+		tr.add(&demoMessage{id: fmt.Sprintf("demo-valid-%d", i), kind: demoValid})
+	}
+	tr.add(&demoMessage{id: "demo-flaky-1", kind: demoFlaky, failures: 1})
+	tr.add(&demoMessage{id: "demo-flaky-2", kind: demoFlaky, failures: 2})
+	tr.add(&demoMessage{id: "demo-permanent-1", kind: demoPermanent})
+	tr.add(&demoMessage{id: "demo-crash-1", kind: demoCrash})
+	tr.add(&demoMessage{id: "demo-invalid-1", kind: demoInvalid})
+	tr.add(&demoMessage{id: "demo-invalid-2", kind: demoInvalid})
+
+	reg := prometheus.NewRegistry()
+	c, err := consumer.New(&consumer.Config{
+		URL: url, File: cfg, Registry: registry, Registerer: reg,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DrainTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.HandleVersion(q.Name, "orders.created", "2", tr.handler()); err != nil {
+		return err
+	}
+
+	// The quarantine, watched without acking: what arrives stays there.
+	qch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer qch.Close()
+	if err := qch.Qos(100, 0, false); err != nil {
+		return err
+	}
+	arrivals, err := qch.Consume(q.Quarantine.Queue, prefix+"-demo-watch", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for d := range arrivals {
+			class, _ := d.Headers[quarantine.HeaderClass].(string)
+			tr.set(d.MessageId, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
+		}
+	}()
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(runCtx) }()
+	defer func() {
+		stopRun()
+		if rerr := <-ran; rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+
+	if err := demoPublish(ctx, conn, registry, q, tr); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "published %d messages to %s: 6 valid orders, 2 that fail then recover, 1 the handler refuses, 1 that crashes its handler, 2 schema-invalid\n\n", len(tr.order), q.Exchange.Name)
+
+	// Live: every change as it happens, and on a terminal the whole table.
+	tty := isTerminal(out)
+	deadline := time.After(timeout)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	lines := 0
+	for settled := false; !settled; {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			demoTable(out, tr)
+			return fmt.Errorf("not every message settled within %s", timeout)
+		case ev := <-tr.events:
+			if !tty {
+				fmt.Fprintf(out, "%6.1fs  %s\n", time.Since(start).Seconds(), ev)
+			}
+		case <-tick.C:
+			handled, all := tr.finished()
+			acked := demoCounter(reg, "dlxbridge_deliveries_total", "acked")
+			settled = all && acked >= float64(handled)
+			if tty {
+				if lines > 0 {
+					fmt.Fprintf(out, "\x1b[%dA\x1b[J", lines)
+				}
+				lines = demoTable(out, tr)
+			}
+		}
+	}
+	if tty && lines > 0 {
+		fmt.Fprintf(out, "\x1b[%dA\x1b[J", lines)
+	}
+	fmt.Fprintf(out, "\nfinal, after %.1fs:\n", time.Since(start).Seconds())
+	demoTable(out, tr)
+	wrong := demoSummary(out, tr, reg)
+	if DemoQuarantineTail != nil {
+		if err := DemoQuarantineTail(ctx, out, url, cfg); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(out, "\n(quarantine stats and the replay of one group: to come with `dlxbridge quarantine`, issue 9)")
+	}
+	if wrong > 0 {
+		return fmt.Errorf("%d message(s) did not end where they should", wrong)
+	}
+	return nil
+}
+
+// demoPublish sends the mix: valid and failing orders through the
+// validating publisher, the invalid ones raw, as a producer the bridge does
+// not control would.
+func demoPublish(ctx context.Context, conn *amqp.Connection, registry *schemas.Registry, q *config.Queue, tr *demoTracker) error {
+	pub, err := publisher.New(conn, publisher.Config{Registry: registry, AppID: "dlxbridge-demo"})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 8))
+	for i, m := range tr.order {
+		if m.kind != demoInvalid {
+			body := fmt.Sprintf(demoOrder, i, 40+i)
+			err := pub.Publish(ctx, q.Exchange.Name, "order.created", publisher.Message{
+				Type: "orders.created", Version: "2", Body: []byte(body), MessageID: m.id})
+			if err != nil {
+				return fmt.Errorf("publish %s: %w", m.id, err)
+			}
+			continue
+		}
+		body := `{"orderId":"not-a-uuid","customer":{"id":"c-99"}}`
+		if m.id == "demo-invalid-2" {
+			body = fmt.Sprintf(demoOrder, i, 40+i)[:60] // cut short: not JSON
+		}
+		err := ch.PublishWithContext(ctx, q.Exchange.Name, "order.created", true, false, amqp.Publishing{
+			Type: "orders.created", Headers: amqp.Table{q.Message.VersionHeader: "2"}, MessageId: m.id,
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(body)})
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", m.id, err)
+		}
+		if c := <-confirms; !c.Ack {
+			return fmt.Errorf("publish %s: nacked", m.id)
+		}
+	}
+	return nil
+}
+
+const demoOrder = `{"orderId":"6f1c2b9e-3f4a-4d7b-9a51-2c8e0f6d1a%02d","createdAt":"2026-11-29T10:00:00Z",
+ "customer":{"id":"c-%d","email":"ada@example.com"},
+ "lineItems":[{"sku":"BOOK-001","quantity":2,"unitPrice":{"amount":"12.50","currency":"EUR"}}],
+ "total":{"amount":"25.00","currency":"EUR"}}`
+
+// demoTable prints where every message is and returns the lines written.
+func demoTable(w io.Writer, tr *demoTracker) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	fmt.Fprintf(w, "%-18s %-10s %-8s %s\n", "MESSAGE", "KIND", "ATTEMPTS", "WHERE")
+	for _, m := range tr.order {
+		fmt.Fprintf(w, "%-18s %-10s %-8d %s\n", m.id, m.kind, m.attempts, m.where)
+	}
+	return len(tr.order) + 1
+}
+
+// demoSummary prints the totals, cross-checked with the runtime's own
+// counters, and returns how many messages ended somewhere unexpected.
+func demoSummary(w io.Writer, tr *demoTracker, reg *prometheus.Registry) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	wrong, handled := 0, 0
+	classes := map[string]int{}
+	for _, m := range tr.order {
+		if m.where != m.expected() {
+			wrong++
+			fmt.Fprintf(w, "UNEXPECTED: %s ended %q, expected %q\n", m.id, m.where, m.expected())
+		}
+		if m.where == "handled" {
+			handled++
+		} else if m.class != "" {
+			classes[m.class]++
+		}
+	}
+	var parts []string
+	quarantined := 0
+	for c, n := range classes {
+		parts = append(parts, fmt.Sprintf("%s %d", c, n))
+		quarantined += n
+	}
+	sort.Strings(parts)
+	fmt.Fprintf(w, "\npublished %d: handled %d, quarantined %d (%s); the runtime counted %.0f acked, %.0f retried, %.0f quarantined\n",
+		len(tr.order), handled, quarantined, strings.Join(parts, ", "),
+		demoCounter(reg, "dlxbridge_deliveries_total", "acked"),
+		demoCounter(reg, "dlxbridge_deliveries_total", "retried"),
+		demoCounter(reg, "dlxbridge_deliveries_total", "quarantined"))
+	return wrong
+}
+
+// demoCounter sums a counter's samples whose outcome label is outcome.
+func demoCounter(reg *prometheus.Registry, name, outcome string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// demoCleanup deletes the demo's queues, then its exchanges.
+func demoCleanup(conn *amqp.Connection, topo *topology.Topology) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	for _, q := range topo.Queues {
+		if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", q.Name, err)
+		}
+	}
+	for _, x := range topo.Exchanges {
+		if err := ch.ExchangeDelete(x.Name, false, false); err != nil {
+			return fmt.Errorf("delete exchange %s: %w", x.Name, err)
+		}
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

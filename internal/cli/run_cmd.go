@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/sidecar"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// RunQuarantineSource, when set, gives `dlxbridge run` the quarantine
+// inspector that feeds dlxbridge_quarantine_open_records and
+// dlxbridge_quarantine_oldest_open_age_seconds: the seam for issue 9's
+// quarantine.Inspector. nil today: run exports no quarantine gauges.
+var RunQuarantineSource func(ctx context.Context, url string, cfg *config.Config) (sidecar.QuarantineSource, error)
+
+// runRun: dlxbridge run, the sidecar. It verifies the topology (refusing to
+// start on drift unless --apply or --allow-drift), serves /metrics,
+// /healthz and /readyz on run.listen, and forwards every queue's validated
+// messages to queues[].forward.url until SIGINT or SIGTERM, then drains and
+// exits 0. Exit 2: bad usage or config (a queue without forward.url
+// included); 1: the broker refused, the topology drifted, or the runtime
+// gave up.
+func runRun(ctx context.Context, env *Env, args []string) int {
+	fs := newFlagSet(env, "run", "run [--config config.yaml] [--url amqp://...] [--apply | --allow-drift] [--listen host:port]")
+	var c common
+	c.register(fs, env)
+	apply := fs.Bool("apply", false, "declare missing topology before verifying it (refuses on a conflicting object)")
+	allowDrift := fs.Bool("allow-drift", false, "start even if the topology differs from the config (logs the drift)")
+	listen := fs.String("listen", "", "address for /metrics, /healthz, /readyz (default run.listen)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: unexpected argument %q\n", fs.Arg(0))
+		return ExitUsage
+	}
+	if *apply && *allowDrift {
+		fmt.Fprintln(env.Stderr, "dlxbridge run: --apply and --allow-drift exclude each other")
+		return ExitUsage
+	}
+	cfg, ok := loadConfig(env, c.configPath)
+	if !ok {
+		return ExitUsage
+	}
+	if *listen != "" {
+		cfg.Run.Listen = *listen
+	}
+	missing := false
+	for i, q := range cfg.Queues {
+		if q.Forward.URL == "" {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: %s: queues[%d].forward.url is required (where queue %q's messages go)\n", c.configPath, i, q.Name)
+			missing = true
+		}
+	}
+	if missing {
+		return ExitUsage
+	}
+	url, from := c.brokerURL(env)
+	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: %s: %v\n", from, err)
+		return ExitUsage
+	}
+	reg, err := schemas.Load(schemas.LoadOptions{Dir: cfg.Schemas.Dir})
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: schemas: %v\n", err)
+		return ExitUsage
+	}
+	mode := sidecar.TopologyVerify
+	switch {
+	case *apply:
+		mode = sidecar.TopologyApply
+	case *allowDrift:
+		mode = sidecar.TopologyAllowDrift
+	}
+	logger := slog.New(slog.NewTextHandler(env.Stderr, nil))
+	tp, stopTracing, err := otlpTracing(ctx, env, "dlxbridge")
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: tracing: %v\n", err)
+		return ExitUsage
+	}
+	defer stopTracing()
+	var qsrc sidecar.QuarantineSource
+	if RunQuarantineSource != nil {
+		if qsrc, err = RunQuarantineSource(ctx, url, cfg); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: quarantine inspector: %v\n", err)
+			return ExitFail
+		}
+	}
+	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp, Quarantine: qsrc})
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
+		return ExitFail
+	}
+	return ExitOK
+}

@@ -1,0 +1,510 @@
+package faulttest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/consumer"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/bench"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// full says whether the slow variants run (DLXBRIDGE_FAULTS=full).
+func full() bool { return os.Getenv("DLXBRIDGE_FAULTS") == "full" }
+
+// Message sizes and the mix: the bench's storm (10% schema-invalid, 20%
+// transient once, 1% always failing), so every path runs: ack, retry
+// through a TTL lane, quarantine by the gate and by the retry budget.
+const (
+	bodySize = 400
+	scenario = bench.Storm
+)
+
+// faultConfig is the one-queue config of a fault test on prefix. Faults
+// requeue what was unacked and raise delivery counts: leave room so that a
+// message caught by several faults is still handled rather than
+// quarantined as a crash loop.
+func faultConfig(prefix string) (*config.Config, error) {
+	cfg, err := bench.Config(prefix, 20, 4)
+	if err != nil {
+		return nil, err
+	}
+	q := &cfg.Queues[0]
+	q.DeliveryLimit = 12
+	q.Consumer.CrashLoopDeliveries = 10
+	q.Consumer.HandlerTimeout = 10 * time.Second
+	return cfg, cfg.Validate()
+}
+
+// world is one fault test: a private node, the topology declared on it, and
+// what each id became.
+type world struct {
+	t      *testing.T
+	node   *brokertest.Node
+	env    *brokertest.Env
+	cfg    *config.Config
+	queue  *config.Queue
+	topo   *topology.Topology
+	n      int // ids 0..n-1
+	ledger *ledger
+}
+
+func newWorld(t *testing.T, n int) *world {
+	t.Helper()
+	node := brokertest.StartPrivateNode(t)
+	env := node.Env(t)
+	cfg, err := faultConfig(env.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, node: node, env: env, cfg: cfg, queue: &cfg.Queues[0], n: n, ledger: newLedger()}
+	w.declare()
+	return w
+}
+
+// declare applies the topology (again: idempotent).
+func (w *world) declare() {
+	w.t.Helper()
+	conn := w.env.Dial("declare")
+	defer conn.Close()
+	topo, err := bench.Declare(context.Background(), conn, w.cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.topo = topo
+}
+
+// handle is the fault tests' handler logic: decode, do a little work (so
+// that deliveries are in flight when a fault lands), then what the id's
+// kind says. It reports success through ok before returning nil, and a
+// transient failure (a retry to publish) through failed, if not nil.
+func handle(ctx context.Context, m *consumer.Message, ok func(i int) error, failed func()) error {
+	var o bench.Order
+	if err := m.Bind(&o); err != nil {
+		return triage.Permanent(err)
+	}
+	i := bench.Index(m.MessageID)
+	if i < 0 {
+		return triage.Permanent(fmt.Errorf("unexpected message id %q", m.MessageID))
+	}
+	select {
+	case <-time.After(3 * time.Millisecond):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	switch bench.KindOf(scenario, i) {
+	case bench.TransientOnce:
+		if m.Attempt == 1 {
+			if failed != nil {
+				failed()
+			}
+			return errors.New("fault test: transient failure")
+		}
+	case bench.AlwaysFailing:
+		return errors.New("fault test: always fails")
+	}
+	return ok(i)
+}
+
+// newConsumer makes a runtime on url for cfg whose handler records
+// successes with ok; reg (may be nil) receives its metrics.
+func newConsumer(url string, cfg *config.Config, name string, reg prometheus.Registerer, logTo io.Writer, ok func(i int) error, failed func()) (*consumer.Consumer, error) {
+	registry, err := schemas.Load(schemas.LoadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	c, err := consumer.New(&consumer.Config{
+		URL: url, File: cfg, Registry: registry, ConnectionName: name, Registerer: reg,
+		Logger:       slog.New(slog.NewTextHandler(logTo, &slog.HandlerOptions{Level: slog.LevelError})),
+		DrainTimeout: 5 * time.Second,
+		ReconnectMin: 50 * time.Millisecond,
+		ReconnectMax: time.Second,
+		// A fault may make the broker refuse or lose a queue for a while.
+		PermanentFailureTimeout: -1,
+		// The ledger reads the quarantine queue itself.
+		KeepQuarantineIntake: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = c.HandleVersion(cfg.Queues[0].Name, bench.MessageType, bench.MessageVersion, consumer.HandlerFunc(
+		func(ctx context.Context, m *consumer.Message) error { return handle(ctx, m, ok, failed) }))
+	return c, err
+}
+
+// runConsumer runs a runtime in this process until the test ends or stop
+// is called. reg and failed may be nil.
+func (w *world) runConsumer(reg prometheus.Registerer, failed func()) (stop func()) {
+	w.t.Helper()
+	c, err := newConsumer(w.node.URL, w.cfg, w.env.Prefix+"/consumer", reg, w.t.Output(), func(i int) error {
+		w.ledger.succeeded(i)
+		return nil
+	}, failed)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					w.t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				w.t.Errorf("Run did not return within 30s of cancel")
+			}
+		})
+	}
+	w.t.Cleanup(stop)
+	return stop
+}
+
+// ledger counts, per id, handler successes and copies in the quarantine.
+type ledger struct {
+	mu          sync.Mutex
+	successes   map[int]int
+	quarantined map[int]int
+	classes     map[int][]string
+	changed     chan struct{}
+}
+
+func newLedger() *ledger {
+	return &ledger{successes: map[int]int{}, quarantined: map[int]int{}, classes: map[int][]string{}, changed: make(chan struct{}, 1)}
+}
+
+func (l *ledger) succeeded(i int) {
+	l.mu.Lock()
+	l.successes[i]++
+	l.mu.Unlock()
+	l.notify()
+}
+
+func (l *ledger) inQuarantine(i int, class triage.Class) {
+	l.mu.Lock()
+	l.quarantined[i]++
+	l.classes[i] = append(l.classes[i], string(class))
+	l.mu.Unlock()
+	l.notify()
+}
+
+func (l *ledger) notify() {
+	select {
+	case l.changed <- struct{}{}:
+	default:
+	}
+}
+
+// successCount is how many ids succeeded at least once.
+func (l *ledger) successCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.successes)
+}
+
+// waitFor waits until cond (called with l.mu held) holds, or within passes.
+func (l *ledger) waitFor(cond func() bool, within time.Duration) bool {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	for {
+		l.mu.Lock()
+		ok := cond()
+		l.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-l.changed:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+// accounted is how many of ids 0..n-1 succeeded or are quarantined; call
+// with l.mu held.
+func (l *ledger) accounted(n int) int {
+	k := 0
+	for i := range n {
+		if l.successes[i] > 0 || l.quarantined[i] > 0 {
+			k++
+		}
+	}
+	return k
+}
+
+// readSuccessFile adds the ids a child process recorded, one per line.
+func (l *ledger) readSuccessFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.successes)
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if i := bench.Index(strings.TrimSpace(sc.Text())); i >= 0 {
+			l.successes[i]++
+		}
+	}
+	return sc.Err()
+}
+
+// publisher publishes ids 0..n-1 in order, pace apart, each with confirm +
+// mandatory, and publishes it again on a fresh connection until the broker
+// confirms it: through node restarts and forced closes the test's own
+// publisher loses nothing either.
+type publisher struct {
+	url, name, exchange string
+	pace                time.Duration
+	mu                  sync.Mutex
+	confirmed, resent   int
+}
+
+func (p *publisher) confirmedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.confirmed
+}
+
+func (p *publisher) run(ctx context.Context, n int) error {
+	var conn *amqp.Connection
+	var pub *amqpx.Publisher
+	drop := func() {
+		if pub != nil {
+			_ = pub.Close()
+		}
+		if conn != nil {
+			_ = conn.Close()
+		}
+		pub, conn = nil, nil
+	}
+	defer drop()
+	for i := range n {
+		if p.pace > 0 {
+			select {
+			case <-time.After(p.pace):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		msg := bench.Publishing(i, bench.Body(i, bodySize, bench.KindOf(scenario, i)))
+		for attempt := 0; ; attempt++ {
+			if attempt > 0 {
+				p.mu.Lock()
+				p.resent++ // the broker may have the earlier copy: a possible duplicate
+				p.mu.Unlock()
+				select {
+				case <-time.After(100 * time.Millisecond): // the node may be down: don't spin
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if pub == nil {
+				var err error
+				if conn, err = amqpx.Dial(p.url, p.name); err != nil {
+					conn = nil
+					continue
+				}
+				if pub, err = amqpx.NewPublisher(conn); err != nil {
+					drop()
+					continue
+				}
+			}
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := pub.Publish(pctx, p.exchange, bench.RoutingKey, msg)
+			cancel()
+			if err == nil {
+				p.mu.Lock()
+				p.confirmed++
+				p.mu.Unlock()
+				break
+			}
+			drop()
+		}
+	}
+	return nil
+}
+
+// publish starts a publisher of ids 0..w.n-1 in the background; the
+// returned function waits for it to finish.
+func (w *world) publish(pace time.Duration) (*publisher, func() error) {
+	p := &publisher{url: w.node.URL, name: w.env.Prefix + "/publisher", exchange: w.queue.Exchange.Name, pace: pace}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- p.run(ctx, w.n) }()
+	w.t.Cleanup(cancel)
+	return p, func() error { defer cancel(); return <-done }
+}
+
+// readQuarantine consumes the quarantine (acking what it recorded) until
+// the test ends, consuming again whenever its connection, channel or
+// consumer goes away (forced closes, a node restart, the queue deleted).
+func (w *world) readQuarantine() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			_ = w.consumeQuarantine(ctx)
+			select {
+			case <-time.After(100 * time.Millisecond): // the node or the queue may be gone for a while
+			case <-ctx.Done():
+			}
+		}
+	}()
+}
+
+func (w *world) consumeQuarantine(ctx context.Context) error {
+	conn, err := amqpx.Dial(w.node.URL, w.env.Prefix+"/quarantine-reader")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Qos(100, 0, false); err != nil {
+		return err
+	}
+	deliveries, err := ch.Consume(w.queue.Quarantine.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				return errors.New("quarantine consumer ended")
+			}
+			w.recordQuarantined(&d)
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// recordQuarantined checks a quarantined message's body byte for byte and
+// records it.
+func (w *world) recordQuarantined(d *amqp.Delivery) {
+	i := bench.Index(d.MessageId)
+	if i < 0 || i >= w.n {
+		w.t.Errorf("quarantine holds an unknown message id %q", d.MessageId)
+		return
+	}
+	if want := bench.Body(i, bodySize, bench.KindOf(scenario, i)); string(d.Body) != string(want) {
+		w.t.Errorf("quarantined %s: body differs from the one published (%d bytes, want %d)", d.MessageId, len(d.Body), len(want))
+	}
+	class, _ := d.Headers["dlxbridge-class"].(string)
+	w.ledger.inQuarantine(i, triage.Class(class))
+}
+
+// verify waits until every id is accounted for, then checks what each
+// became. strict: an id whose kind must succeed may not end only in the
+// quarantine (else that is logged, an at-least-once side effect).
+func (w *world) verify(within time.Duration, strict bool) {
+	w.t.Helper()
+	l := w.ledger
+	all := l.waitFor(func() bool { return l.accounted(w.n) == w.n }, within)
+	// Let copies still in flight settle, for the duplicate count: the work
+	// queue and the retry lanes drain (bounded; not required).
+	w.waitDrained(10 * time.Second)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var lost, notQuarantined, quarantinedGood []string
+	dupSuccess, dupQuarantine, both := 0, 0, 0
+	for i := range w.n {
+		s, q := l.successes[i], l.quarantined[i]
+		kind := bench.KindOf(scenario, i)
+		switch {
+		case s == 0 && q == 0:
+			lost = append(lost, bench.ID(i))
+		case kind.Quarantined() && q == 0:
+			notQuarantined = append(notQuarantined, bench.ID(i)+"("+kind.String()+")")
+		case !kind.Quarantined() && q > 0:
+			quarantinedGood = append(quarantinedGood, fmt.Sprintf("%s(%s, %v)", bench.ID(i), kind, l.classes[i]))
+		}
+		if s > 1 {
+			dupSuccess++
+		}
+		if q > 1 {
+			dupQuarantine++
+		}
+		if s > 0 && q > 0 {
+			both++
+		}
+	}
+	w.t.Logf("%d ids: %d succeeded in a handler, %d quarantined; duplicates (at-least-once, not losses): %d ids succeeded more than once, %d quarantined more than once, %d both",
+		w.n, len(l.successes), len(l.quarantined), dupSuccess, dupQuarantine, both)
+	if !all || len(lost) > 0 {
+		w.t.Errorf("LOST %d of %d ids (neither handled successfully nor quarantined): %v", len(lost), w.n, lost)
+	}
+	if len(notQuarantined) > 0 {
+		w.t.Errorf("%d ids that can never succeed are not in the quarantine: %v", len(notQuarantined), notQuarantined)
+	}
+	if len(quarantinedGood) > 0 {
+		if strict {
+			w.t.Errorf("%d ids that should have succeeded were quarantined: %v", len(quarantinedGood), quarantinedGood)
+		} else {
+			w.t.Logf("%d ids that would succeed were (also) quarantined (at-least-once side effect of the fault, not a loss): %v", len(quarantinedGood), quarantinedGood)
+		}
+	}
+}
+
+// waitDrained polls the work queue's and the retry lanes' ready counts
+// until they are 0 or within passes.
+func (w *world) waitDrained(within time.Duration) {
+	conn, err := amqpx.Dial(w.node.URL, w.env.Prefix+"/depths")
+	if err != nil {
+		w.t.Logf("depths: %v", err)
+		return
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		total := 0
+		for _, n := range w.queue.Names() {
+			if n.Kind == config.KindQueue && n.Role != config.RoleQuarantine {
+				d, err := bench.Depth(conn, n.Name)
+				if err != nil {
+					w.t.Logf("depth of %s: %v", n.Name, err)
+					return
+				}
+				total += d
+			}
+		}
+		if total == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // polling the broker; no event to wait on
+	}
+}

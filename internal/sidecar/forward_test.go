@@ -1,0 +1,318 @@
+package sidecar
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/consumer"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+func testConfig(t *testing.T, forwardURL string, concurrency int) *config.Config {
+	t.Helper()
+	cfg := &config.Config{Queues: []config.Queue{{
+		Name:     "orders",
+		Exchange: config.Exchange{Name: "orders"},
+		Consumer: config.Consumer{Concurrency: concurrency, HandlerTimeout: 5 * time.Second},
+		Accepts:  []config.Accept{{Type: "orders.created", Versions: []string{"1"}}},
+		Forward:  config.Forward{URL: forwardURL, Timeout: 2 * time.Second},
+	}}}
+	if err := cfg.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func forwarder(t *testing.T, srvURL string, concurrency int) *Forwarder {
+	t.Helper()
+	cfg := testConfig(t, srvURL+"/orders?token=secret", concurrency)
+	m, err := NewMetrics(prometheus.NewRegistry(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewForwarder(cfg, &cfg.Queues[0], m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+func message() *consumer.Message {
+	return &consumer.Message{
+		Queue: "orders", Type: "orders.created", Version: "1", OriginalVersion: "1",
+		Body: []byte(`{"id":"o-1"}`), MessageID: "m-1", IdempotencyKey: "k-1", Attempt: 3,
+	}
+}
+
+// Each answer class maps to the verdict the runtime carries out.
+func TestForwardMapsAnswersToVerdicts(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name       string
+		status     int
+		retryAfter string
+		body       string
+		class      triage.Class
+		delay      time.Duration
+		permanent  bool
+	}{
+		{name: "200", status: 200},
+		{name: "204", status: 204},
+		{name: "429 with Retry-After", status: 429, retryAfter: "2", class: triage.ClassTransient, delay: 2 * time.Second},
+		{name: "503 with Retry-After", status: 503, retryAfter: "7", class: triage.ClassTransient, delay: 7 * time.Second},
+		{name: "429 without Retry-After", status: 429, class: triage.ClassTransient},
+		{name: "503 with a bad Retry-After", status: 503, retryAfter: "soon", class: triage.ClassTransient},
+		{name: "400", status: 400, body: "missing field customer", class: triage.ClassPermanent},
+		{name: "404", status: 404, class: triage.ClassPermanent},
+		{name: "422", status: 422, class: triage.ClassPermanent},
+		{name: "302 is not followed", status: 302, class: triage.ClassPermanent},
+		{name: "500", status: 500, body: "database down", class: triage.ClassTransient},
+		{name: "502", status: 502, class: triage.ClassTransient},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.retryAfter != "" {
+					w.Header().Set("Retry-After", tc.retryAfter)
+				}
+				if tc.status == 302 {
+					w.Header().Set("Location", "http://example.invalid/")
+				}
+				w.WriteHeader(tc.status)
+				_, _ = w.Write([]byte(tc.body))
+			}))
+			defer srv.Close()
+			err := forwarder(t, srv.URL, 1).Handle(context.Background(), message())
+			if tc.status/100 == 2 {
+				if err != nil {
+					t.Fatalf("got %v, want nil (ack)", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("got nil (ack), want an error")
+			}
+			class, delay := triage.Classify(err)
+			if class != tc.class || delay != tc.delay {
+				t.Errorf("classified %s after %s, want %s after %s (%v)", class, delay, tc.class, tc.delay, err)
+			}
+			if tc.body != "" && !strings.Contains(err.Error(), tc.body) {
+				t.Errorf("error %q lacks the endpoint's text %q", err, tc.body)
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error %q quotes the URL's query", err)
+			}
+		})
+	}
+}
+
+// No answer at all (refused, timed out) is transient.
+func TestForwardWithoutAnAnswerIsTransient(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: refused
+	err = forwarder(t, "http://"+addr, 1).Handle(context.Background(), message())
+	if c, _ := triage.Classify(err); err == nil || c != triage.ClassTransient {
+		t.Errorf("refused connection: %v classified %s, want transient", err, c)
+	}
+
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	f := forwarder(t, srv.URL, 1)
+	f.timeout = 100 * time.Millisecond
+	err = f.Handle(context.Background(), message())
+	if c, _ := triage.Classify(err); err == nil || c != triage.ClassTransient || !strings.Contains(err.Error(), "no answer within") {
+		t.Errorf("timeout: %v classified %s, want transient 'no answer within'", err, c)
+	}
+}
+
+// The request carries the body as received and the message's identity.
+func TestForwardSendsBodyAndHeaders(t *testing.T) {
+	t.Parallel()
+	var got *http.Request
+	var body string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := new(strings.Builder)
+		_, _ = io.Copy(b, r.Body)
+		got, body = r, b.String()
+	}))
+	defer srv.Close()
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: [16]byte{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:  [8]byte{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7}, TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	if err := forwarder(t, srv.URL, 1).Handle(ctx, message()); err != nil {
+		t.Fatal(err)
+	}
+	if got.Method != http.MethodPost || got.URL.Path != "/orders" || body != `{"id":"o-1"}` {
+		t.Errorf("got %s %s %q", got.Method, got.URL.Path, body)
+	}
+	for k, want := range map[string]string{
+		HeaderMessageType: "orders.created", HeaderSchemaVersion: "1", HeaderMessageID: "m-1",
+		HeaderIdempotencyKey: "k-1", HeaderAttempt: "3", HeaderQueue: "orders", "Traceparent": tp,
+		"Content-Type": "application/json",
+	} {
+		if v := got.Header.Get(k); v != want {
+			t.Errorf("header %s = %q, want %q", k, v, want)
+		}
+	}
+}
+
+// A long or binary answer is cut to MaxErrorText bytes of valid UTF-8 on
+// one line.
+func TestForwardErrorTextIsBounded(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(500)
+		_, _ = w.Write([]byte("line1\nline2 " + strings.Repeat("é", 4000) + "\xff"))
+	}))
+	defer srv.Close()
+	err := forwarder(t, srv.URL, 1).Handle(context.Background(), message())
+	msg := err.Error()
+	if strings.Contains(msg, "\n") || !strings.HasSuffix(msg, "…") || len(msg) > MaxErrorText+200 {
+		t.Errorf("error text not bounded to one line: %d bytes: %q", len(msg), msg)
+	}
+	if !strings.Contains(msg, "line1 line2") {
+		t.Errorf("error text lost the answer: %q", msg)
+	}
+}
+
+// A slow endpoint gets at most the queue's concurrency in requests: extra
+// callers wait for a connection, not a new one.
+func TestForwardPoolMatchesConcurrency(t *testing.T) {
+	t.Parallel()
+	var inFlight, peak atomic.Int32
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		arrived <- struct{}{}
+		<-release
+		inFlight.Add(-1)
+	}))
+	defer srv.Close()
+	f := forwarder(t, srv.URL, 2)
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = f.Handle(context.Background(), message())
+		}()
+	}
+	<-arrived
+	<-arrived
+	select {
+	case <-arrived:
+		t.Error("a third request reached the endpoint while two were in flight")
+	case <-time.After(300 * time.Millisecond): // a negative: nothing more arrives
+	}
+	close(release)
+	wg.Wait()
+	if p := peak.Load(); p != 2 {
+		t.Errorf("peak in flight %d, want 2", p)
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"2": 2 * time.Second, " 120 ": 2 * time.Minute, "0": 0, "-1": 0, "1.5": 0, "": 0, "soon": 0,
+		"99999999999999": 0,
+		now.Add(30 * time.Second).Format(http.TimeFormat): 30 * time.Second,
+		now.Add(-time.Minute).Format(http.TimeFormat):     0,
+	} {
+		d, ok := parseRetryAfter(v, now)
+		if d != want || ok != (want > 0) {
+			t.Errorf("parseRetryAfter(%q) = %s, %v; want %s", v, d, ok, want)
+		}
+	}
+}
+
+// Forward URLs may name loopback or the configured hosts only.
+func TestForwardHostsAreChecked(t *testing.T) {
+	t.Parallel()
+	for u, ok := range map[string]bool{
+		"http://127.0.0.1:8080/x": true, "http://localhost/x": true, "http://[::1]:9/x": true,
+		"http://127.9.9.9/x": true, "http://app.internal/x": true, "http://example.com/x": false,
+		"http://10.0.0.1/x": false, "ftp://127.0.0.1/x": false, "http://u:p@127.0.0.1/x": false,
+	} {
+		cfg := &config.Config{Run: config.Run{ForwardHosts: []string{"app.internal"}}, Queues: []config.Queue{{
+			Name: "orders", Exchange: config.Exchange{Name: "orders"},
+			Accepts: []config.Accept{{Type: "orders.created", Versions: []string{"1"}}},
+			Forward: config.Forward{URL: u},
+		}}}
+		err := cfg.Complete()
+		if (err == nil) != ok {
+			t.Errorf("%s: Complete() = %v, want ok=%v", u, err, ok)
+		}
+	}
+}
+
+// run's keys are checked with the paths of the fields.
+func TestRunKeysAreChecked(t *testing.T) {
+	t.Parallel()
+	_, err := config.Parse([]byte(`run: {listen: "9180", forward_hosts: ["a/b"]}
+queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 5s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+    forward: {url: "http://127.0.0.1:8080/x", timeout: 6s}
+`))
+	for _, want := range []string{
+		`run.listen: "9180" is not host:port`,
+		`run.forward_hosts[0]: "a/b" is not a host name or IP address`,
+		`queues[0].forward.timeout: must be <= consumer.handler_timeout (5s)`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want %q", err, want)
+		}
+	}
+	cfg, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 7s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Run.Listen != config.DefaultListen || cfg.Queues[0].ForwardTimeout() != 7*time.Second {
+		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].ForwardTimeout())
+	}
+}

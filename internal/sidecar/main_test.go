@@ -1,0 +1,16 @@
+package sidecar
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestMain removes the dlxbridge binary the process tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,256 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/consumer"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/topology"
+)
+
+// Topology modes: what Run does with the broker's topology before it
+// consumes.
+const (
+	// TopologyVerify refuses to start when the broker differs from the
+	// config (missing objects, differing arguments, overriding policies).
+	TopologyVerify = "verify"
+	// TopologyApply declares what is missing first (refusing, like
+	// `topology apply`, when an object conflicts), then verifies.
+	TopologyApply = "apply"
+	// TopologyAllowDrift verifies, logs the drift, and starts anyway.
+	TopologyAllowDrift = "allow-drift"
+)
+
+// Options configure Run.
+type Options struct {
+	// URL is the AMQP URL. Required.
+	URL string
+	// Config is a completed config in which every queue has forward.url.
+	// Required.
+	Config *config.Config
+	// Registry is the schema registry. Required.
+	Registry *schemas.Registry
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Topology is TopologyVerify (the default), TopologyApply or
+	// TopologyAllowDrift.
+	Topology string
+	// Listener, if set, is used instead of listening on run.listen (tests
+	// pass one bound to port 0).
+	Listener net.Listener
+	// Quarantine, if set, feeds the quarantine gauges (the issue-9
+	// inspector). Defaults to none: no quarantine gauges.
+	Quarantine QuarantineSource
+	// Started, if set, is called with the server's address once it serves.
+	Started func(addr string)
+	// TracerProvider makes the runtime's spans. Defaults to the global one.
+	TracerProvider trace.TracerProvider
+}
+
+// ErrDrift is returned (wrapped) when the topology differs from the config
+// and Topology is TopologyVerify.
+var ErrDrift = errors.New("the broker's topology differs from the config")
+
+// Run verifies (or applies) the topology, serves /metrics, /healthz and
+// /readyz, and forwards every queue's validated messages to its endpoint
+// until ctx ends. Then it stops consuming, lets the requests in flight and
+// the deliveries already received finish (the consumer's drain, which
+// lasts at most the longest handler timeout plus 5s), stops the server and
+// returns nil.
+func Run(ctx context.Context, o Options) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "dlxbridge.run")
+	cfg := o.Config
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var mgmt *topology.Management
+	if cfg.Broker.ManagementURL != "" {
+		m, err := topology.NewManagement(cfg.Broker.ManagementURL, o.URL)
+		if err != nil {
+			return fmt.Errorf("broker.management_url: %w", err)
+		}
+		mgmt = m
+		reg.MustRegister(NewBrokerCollector(mgmt, cfg))
+	}
+	if o.Quarantine != nil {
+		reg.MustRegister(NewQuarantineCollector(o.Quarantine, nil))
+	}
+	metrics, err := NewMetrics(reg, cfg)
+	if err != nil {
+		return err
+	}
+
+	var drain time.Duration
+	for _, q := range cfg.Queues {
+		drain = max(drain, q.Consumer.HandlerTimeout)
+	}
+	c, err := consumer.New(&consumer.Config{
+		URL: o.URL, File: cfg, Registry: o.Registry,
+		ConnectionName: cfg.Broker.ConnectionName + "/run",
+		Logger:         o.Logger, Registerer: reg,
+		DrainTimeout: drain + 5*time.Second, TracerProvider: o.TracerProvider,
+	})
+	if err != nil {
+		return err
+	}
+	var forwarders []*Forwarder
+	defer func() {
+		for _, f := range forwarders {
+			f.Close()
+		}
+	}()
+	for i := range cfg.Queues {
+		q := &cfg.Queues[i]
+		f, err := NewForwarder(cfg, q, metrics)
+		if err != nil {
+			return err
+		}
+		forwarders = append(forwarders, f)
+		for _, a := range q.Accepts {
+			if err := c.Handle(q.Name, a.Type, f); err != nil {
+				return err
+			}
+		}
+	}
+
+	h := &health{c: c}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dlxbridge_ready",
+		Help: "1 while /readyz answers ready: topology verified, connected and consuming.",
+	}, func() float64 {
+		if h.notReady() == "" {
+			return 1
+		}
+		return 0
+	}))
+	ln := o.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.Run.Listen)
+		if err != nil {
+			return fmt.Errorf("run.listen: %w", err)
+		}
+	}
+	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	stopServer := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	log.Info("serving", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	if o.Started != nil {
+		o.Started(ln.Addr().String())
+	}
+
+	if err := checkTopology(ctx, o, mgmt, log); err != nil {
+		return errors.Join(err, stopServer())
+	}
+	h.topologyOK.Store(true)
+
+	runErr := c.Run(ctx)
+	log.Info("stopped consuming", "error", runErr)
+	return errors.Join(runErr, stopServer())
+}
+
+// checkTopology verifies (after applying, in TopologyApply) the topology
+// over a connection of its own.
+func checkTopology(ctx context.Context, o Options, mgmt *topology.Management, log *slog.Logger) error {
+	mode := o.Topology
+	if mode == "" {
+		mode = TopologyVerify
+	}
+	conn, err := amqpx.Dial(o.URL, o.Config.Broker.ConnectionName+"/run-topology")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	in := &topology.Inspector{Conn: conn}
+	if mgmt != nil {
+		if err := in.UseManagement(ctx, mgmt); err != nil {
+			log.Warn("management API unusable; verifying what AMQP can", "error", err)
+		}
+	}
+	topo, err := topology.BuildFor(o.Config, conn)
+	if err != nil {
+		return err
+	}
+	if mode == TopologyApply {
+		if _, err := in.Apply(ctx, topo); err != nil {
+			return fmt.Errorf("topology apply: %w", err)
+		}
+	}
+	r, err := in.Verify(ctx, topo)
+	if err != nil {
+		return fmt.Errorf("topology verify: %w", err)
+	}
+	if !r.Complete() {
+		log.Warn("topology only partly verified (no management API)", "not_checked", strings.Join(r.NotChecked, "; "))
+	}
+	if r.OK() {
+		return nil
+	}
+	var b strings.Builder
+	_ = r.WriteText(&b)
+	if mode == TopologyAllowDrift {
+		log.Warn("topology drift; starting anyway (--allow-drift)", "report", b.String())
+		return nil
+	}
+	return fmt.Errorf("%w (start with --apply to declare what is missing, or --allow-drift):\n%s", ErrDrift, b.String())
+}
+
+// health serves /healthz and /readyz.
+type health struct {
+	c          *consumer.Consumer
+	topologyOK atomic.Bool
+}
+
+func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		why := h.notReady()
+		if why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+func (h *health) notReady() string {
+	switch {
+	case !h.topologyOK.Load():
+		return "topology not verified"
+	case !h.c.Ready():
+		return "not connected and consuming"
+	}
+	return ""
+}

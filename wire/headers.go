@@ -1,0 +1,183 @@
+// Package wire is dlxbridge's wire contract: the name of every header the
+// bridge reads or writes (its own dlxbridge-* headers, the producer's
+// idempotency key and schema version, the broker's x-death family, W3C trace
+// context) and the hardened readers for header values, which come from
+// producers and brokers the bridge does not control.
+//
+// It imports only the standard library, so every other package, including
+// the pure triage, can use it. No header name is spelled anywhere else in
+// the module: a test holds every other file to that.
+package wire
+
+import "strings"
+
+// The bridge's own headers. They have no "x-" prefix: x- headers belong to
+// the broker. Values are strings unless noted.
+const (
+	// OwnPrefix starts the name of every header the bridge writes.
+	OwnPrefix = "dlxbridge-"
+
+	// HeaderAttempts is the number of failed attempts so far (int64), set on
+	// every retry publish and in the quarantine envelope.
+	HeaderAttempts = "dlxbridge-attempts"
+	// HeaderFirstFailureAt is when the first attempt failed: an RFC 3339
+	// (nano) UTC string; int64 unix milliseconds are also read.
+	HeaderFirstFailureAt = "dlxbridge-first-failure-at"
+	// HeaderSignature is the bridge's signature over its retry state (see
+	// triage.Signer).
+	HeaderSignature = "dlxbridge-signature"
+	// HeaderReadmitted marks a message the bridge re-admitted into its work
+	// queue; its value is triage.XDeathDigest of the message's x-death.
+	HeaderReadmitted = "dlxbridge-readmitted"
+	// HeaderLastError is a retried message's last error text (truncated).
+	HeaderLastError = "dlxbridge-last-error"
+	// HeaderOriginalExpiration keeps a message's own expiration property,
+	// which a retry replaces with its delay and the quarantine drops.
+	HeaderOriginalExpiration = "dlxbridge-original-expiration"
+	// HeaderOriginalUserID keeps the user-id property, which the broker
+	// refuses on a publish by a different user.
+	HeaderOriginalUserID = "dlxbridge-original-user-id"
+	// HeaderOriginalExchange, HeaderOriginalRoutingKey and
+	// HeaderOriginalQueue say where the message first came from. They are
+	// set on the first retry publish and kept through every hop.
+	HeaderOriginalExchange   = "dlxbridge-original-exchange"
+	HeaderOriginalRoutingKey = "dlxbridge-original-routing-key"
+	HeaderOriginalQueue      = "dlxbridge-original-queue"
+	// HeaderNotes carries triage notes (forged or malformed headers seen,
+	// headers dropped to fit a frame), as a JSON array of strings.
+	HeaderNotes = "dlxbridge-notes"
+	// HeaderDropped lists what was dropped or cut so that a retry or
+	// quarantine publish fits one frame, as a JSON array of "header:<name>"
+	// and "property:<name>".
+	HeaderDropped = "dlxbridge-dropped"
+
+	// The quarantine envelope (see quarantine.Envelope).
+
+	// HeaderEnvelope is the envelope format version (int32).
+	HeaderEnvelope = "dlxbridge-envelope"
+	// HeaderSource is "bridge" for envelopes written by dlxbridge.
+	HeaderSource = "dlxbridge-source"
+	// HeaderClass is the failure class (triage.Class).
+	HeaderClass = "dlxbridge-class"
+	// HeaderReason is the human reason for quarantine.
+	HeaderReason = "dlxbridge-reason"
+	// HeaderError is the last error message, truncated.
+	HeaderError = "dlxbridge-error"
+	// HeaderFingerprint groups like failures (triage.Fingerprint).
+	HeaderFingerprint = "dlxbridge-fingerprint"
+	// HeaderLastFailureAt and HeaderQuarantinedAt are RFC 3339 UTC times
+	// with nanoseconds.
+	HeaderLastFailureAt = "dlxbridge-last-failure-at"
+	HeaderQuarantinedAt = "dlxbridge-quarantined-at"
+	// HeaderMessageType and HeaderSchemaVersion are what the schema gate
+	// read, when it got that far.
+	HeaderMessageType   = "dlxbridge-message-type"
+	HeaderSchemaVersion = "dlxbridge-schema-version"
+	// HeaderValidationErrors is a JSON array of {pointer, keyword, message}.
+	HeaderValidationErrors = "dlxbridge-validation-errors"
+	// HeaderIdempotencyKeyCopy is the envelope's copy of the message's
+	// idempotency key (its HeaderIdempotencyKey, else its message id).
+	HeaderIdempotencyKeyCopy = "dlxbridge-idempotency-key"
+	// HeaderTraceID is the W3C trace id of the span that quarantined it.
+	HeaderTraceID = "dlxbridge-trace-id"
+	// HeaderWorkerHost and HeaderWorkerVersion name the process that
+	// quarantined the message.
+	HeaderWorkerHost    = "dlxbridge-worker-host"
+	HeaderWorkerVersion = "dlxbridge-worker-version"
+	// HeaderRedacted lists what redaction changed (JSON array of header
+	// names and body pointers).
+	HeaderRedacted = "dlxbridge-redacted"
+	// HeaderRedactionFailed says why configured body redaction could not be
+	// applied.
+	HeaderRedactionFailed = "dlxbridge-redaction-failed"
+	// HeaderStack is the stack of a handler panic (class panic).
+	HeaderStack = "dlxbridge-stack"
+)
+
+// Headers on a record in a quarantine's records stream.
+const (
+	// HeaderRecordID is the record's id (a content hash, stable across
+	// copies of one message).
+	HeaderRecordID = "dlxbridge-record-id"
+	// HeaderRecordIntake is the quarantine queue the record came through.
+	HeaderRecordIntake = "dlxbridge-record-intake"
+)
+
+// Headers a replay out of the quarantine sets.
+const (
+	// HeaderRedriveCount is how many times the message was replayed out of
+	// a quarantine (int64).
+	HeaderRedriveCount = "dlxbridge-redrive-count"
+	// HeaderRedriveAt is the last replay's time (RFC 3339).
+	HeaderRedriveAt = "dlxbridge-redrive-at"
+	// HeaderRedriveReason is the last replay's reason.
+	HeaderRedriveReason = "dlxbridge-redrive-reason"
+)
+
+// Headers a producer sets.
+const (
+	// HeaderIdempotencyKey names a message's idempotency key; the message id
+	// stands in when it is absent.
+	HeaderIdempotencyKey = "idempotency-key"
+	// DefaultVersionHeader is the header that holds a message's schema
+	// version when its type is the AMQP type property (the header's name is
+	// configurable per queue).
+	DefaultVersionHeader = "schema-version"
+)
+
+// Headers the broker writes; the bridge only reads them, and never carries
+// them back into a work queue (see IsBrokerHeader).
+const (
+	// HeaderXDeath is the dead-letter history: an array of tables, newest
+	// first, one per {queue, reason}; see the XDeath* field names.
+	HeaderXDeath = "x-death"
+	// HeaderDeliveryCount is a quorum queue's delivery count; absent on the
+	// first delivery.
+	HeaderDeliveryCount = "x-delivery-count"
+	// FirstDeathPrefix and LastDeathPrefix start the x-first-death-* (all
+	// versions) and x-last-death-* (3.13+) headers.
+	FirstDeathPrefix         = "x-first-death-"
+	LastDeathPrefix          = "x-last-death-"
+	HeaderFirstDeathQueue    = FirstDeathPrefix + "queue"
+	HeaderFirstDeathReason   = FirstDeathPrefix + "reason"
+	HeaderFirstDeathExchange = FirstDeathPrefix + "exchange"
+	HeaderLastDeathQueue     = LastDeathPrefix + "queue"
+	HeaderLastDeathReason    = LastDeathPrefix + "reason"
+	HeaderLastDeathExchange  = LastDeathPrefix + "exchange"
+)
+
+// Field names of one x-death entry.
+const (
+	XDeathCount              = "count"
+	XDeathReason             = "reason"
+	XDeathQueue              = "queue"
+	XDeathExchange           = "exchange"
+	XDeathRoutingKeys        = "routing-keys"
+	XDeathTime               = "time"
+	XDeathOriginalExpiration = "original-expiration"
+)
+
+// W3C trace context and baggage.
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+	HeaderBaggage     = "baggage"
+)
+
+// IsBrokerHeader reports whether k is a dead-letter header the broker owns:
+// x-death, x-delivery-count, x-first-death-* or x-last-death-*.
+func IsBrokerHeader(k string) bool {
+	return k == HeaderXDeath || k == HeaderDeliveryCount || IsDeathHeader(k)
+}
+
+// IsDeathHeader reports whether k is x-death or one of the
+// x-first-death-*/x-last-death-* headers (the dead-letter record, without
+// the delivery count).
+func IsDeathHeader(k string) bool {
+	return k == HeaderXDeath || strings.HasPrefix(k, FirstDeathPrefix) || strings.HasPrefix(k, LastDeathPrefix)
+}
+
+// IsTraceHeader reports whether k carries trace context or baggage.
+func IsTraceHeader(k string) bool {
+	return k == HeaderTraceparent || k == HeaderTracestate || k == HeaderBaggage
+}
