@@ -30,6 +30,17 @@ type storeBundle struct {
 
 func setupStore(t *testing.T, mutate func(q *config.Queue)) *storeBundle {
 	t.Helper()
+	return setupStoreConfig(t, func(_ *brokertest.Env, cfg *config.Config) {
+		if mutate != nil {
+			mutate(&cfg.Queues[0])
+		}
+	})
+}
+
+// setupStoreConfig is setupStore with the whole config to change (e.g. to
+// add queues, named with env.Name so that they are cleaned up).
+func setupStoreConfig(t *testing.T, mutate func(env *brokertest.Env, cfg *config.Config)) *storeBundle {
+	t.Helper()
 	env := brokertest.Require(t)
 	cfg := &config.Config{Queues: []config.Queue{{
 		Name:     env.Name("work"),
@@ -39,9 +50,7 @@ func setupStore(t *testing.T, mutate func(q *config.Queue)) *storeBundle {
 		Accepts:  []config.Accept{{Type: "test.job", Versions: []string{"1"}}},
 		Owner:    config.Owner{Team: "payments", Contact: "#payments-oncall"},
 	}}}
-	if mutate != nil {
-		mutate(&cfg.Queues[0])
-	}
+	mutate(env, cfg)
 	if err := cfg.Complete(); err != nil {
 		t.Fatal(err)
 	}

@@ -349,17 +349,26 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 		r.Redrives = redrives(h)
 		r.version = wire.Str(h, versionHeader)
 	}
-	r.Queue = r.Envelope.OriginalQueue
+	// The envelope is headers, and a message the broker dead-lettered
+	// itself carries the producer's headers as sent, a forged envelope
+	// included: a record only ever belongs to a work queue of this
+	// quarantine. The dead-letter exchange it reached the intake through
+	// (set by the broker) names it; else the envelope, if it names one of
+	// them; else the quarantine's first work queue. Replay sends it there.
 	owner := s.cfg
 	for _, q := range s.queues {
-		if q.Name == r.Queue {
+		if q.Name == r.Envelope.OriginalQueue {
 			owner = q
 		}
 	}
-	if r.Queue == "" {
-		r.Queue = owner.Name
+	for _, q := range s.queues {
+		if r.Exchange == config.DeadExchangeName(q.Name) {
+			owner = q
+		}
 	}
-	r.Owner = owner.Owner
+	r.Queue, r.Owner = owner.Name, owner.Owner
+	// A forged negative count would buy redrives past the budget.
+	r.Redrives = max(r.Redrives, 0)
 	return r, nil
 }
 

@@ -411,6 +411,14 @@ func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool) ([]
 		release()
 		return nil, nil, err
 	}
+	// An id prefix names one record: one that several share would send or
+	// resolve all of them.
+	for _, id := range f.IDs {
+		if _, err := snap.Get(id); errors.Is(err, ErrAmbiguous) {
+			release()
+			return nil, nil, err
+		}
+	}
 	return snap.List(f), release, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 
@@ -97,7 +98,7 @@ type recordMeta struct {
 // offset, it survives retention.
 func RecordID(d *amqp.Delivery) (string, error) {
 	h := amqp.Table{}
-	for k, v := range d.Headers {
+	for k, v := range storable(d.Headers) {
 		if k != wire.HeaderDeliveryCount {
 			h[k] = v
 		}
@@ -117,6 +118,30 @@ func RecordID(d *amqp.Delivery) (string, error) {
 	return hex.EncodeToString(sum.Sum(nil))[:12], nil
 }
 
+// notKept replaces a header value that a record cannot keep.
+const notKept = "[not kept in the quarantine record: nested deeper than the record encoding reads back]"
+
+// storable returns h with every value that EncodeTable refuses (a table or
+// array nested deeper than maxCodecDepth, which amqp091-go and the broker
+// take from a producer) replaced by notKept, so that a producer's header
+// never keeps a message out of its record: the keeper would otherwise
+// return it to the intake for ever.
+func storable(h amqp.Table) amqp.Table {
+	var out amqp.Table
+	for k, v := range h {
+		if _, err := encodeValue(v, 1); err != nil {
+			if out == nil {
+				out = maps.Clone(h)
+			}
+			out[k] = notKept
+		}
+	}
+	if out == nil {
+		return h
+	}
+	return out
+}
+
 // encodeRecord turns an intake delivery into the stream message that keeps
 // it.
 func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishing, string, error) {
@@ -124,7 +149,7 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
-	headers, err := EncodeTable(d.Headers)
+	headers, err := EncodeTable(storable(d.Headers))
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
@@ -256,8 +281,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 			_ = d.Nack(false, true)
 			return fmt.Errorf("keeper %s: %w", k.Intake, err)
 		}
-		if err := pub.Publish(context.WithoutCancel(ctx), "", k.Records, msg); err != nil {
+		// Not WithoutCancel: during a resource alarm the confirm comes only
+		// when the alarm clears, and the runtime's stop waits for the
+		// keeper. A record written but not acked is written again with the
+		// same id, and readers keep one.
+		if err := pub.Publish(ctx, "", k.Records, msg); err != nil {
 			_ = d.Nack(false, true)
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("keeper %s: write record to %s (was the topology applied?): %w", k.Intake, k.Records, err)
 		}
 		if err := d.Ack(false); err != nil {

@@ -7,11 +7,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -82,6 +86,12 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	if !c.checkOutput(env) {
+		return ExitUsage
+	}
+	// A negative --max would mean no cap, a negative or non-finite --rate
+	// no pacing: the opposite of what was asked for.
+	if ro.max < 0 || ro.rate < 0 || math.IsNaN(ro.rate) || math.IsInf(ro.rate, 0) {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --max and --rate must be 0 or more (0: no cap, unpaced)\n", sub)
 		return ExitUsage
 	}
 	filter, err := f.filter(time.Now())
@@ -365,8 +375,8 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tREDRIVES\tREASON")
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Envelope.Class, r.Envelope.Fingerprint,
-			age(now, r.Seen()), r.State, r.Redrives, quarantine.Truncate(r.Envelope.Reason, 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, printable(string(r.Envelope.Class), ""), printable(r.Envelope.Fingerprint, ""),
+			age(now, r.Seen()), r.State, r.Redrives, printable(quarantine.Truncate(r.Envelope.Reason, 80), ""))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -380,7 +390,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) {
 		if s := fmt.Sprint(v); s != "" && s != "0" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, s)
+			fmt.Fprintf(tw, "%s\t%s\n", printable(k, ""), printable(s, ""))
 		}
 	}
 	row("id", r.ID)
@@ -429,7 +439,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Body), r.Body)
+	_, err := fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Body), printable(string(r.Body), "\n\t"))
 	return err
 }
 
@@ -449,8 +459,8 @@ func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapsho
 		if g.Open > 0 {
 			oldest = g.OldestOpenAge.Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, g.Class, g.Fingerprint, g.Open, g.Replayed, g.Purged, g.Expired,
-			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), quarantine.Truncate(g.Example, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, printable(string(g.Class), ""), printable(g.Fingerprint, ""), g.Open, g.Replayed, g.Purged, g.Expired,
+			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), printable(quarantine.Truncate(g.Example, 60), ""))
 		open, replayed, purged, expired = open+g.Open, replayed+g.Replayed, purged+g.Purged, expired+g.Expired
 	}
 	if err := tw.Flush(); err != nil {
@@ -490,7 +500,7 @@ func writeAudit(w io.Writer, events []quarantine.Event) error {
 		if len(e.IDs) > 5 {
 			ids = strings.Join(e.IDs[:5], ",") + fmt.Sprintf(",… (%d)", len(e.IDs))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), e.Kind, e.By, e.Run, e.Reason, e.Filter, strings.Join(counts, " "), ids)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), printable(e.Kind, ""), printable(e.By, ""), printable(e.Run, ""), printable(e.Reason, ""), printable(e.Filter, ""), strings.Join(counts, " "), ids)
 	}
 	return tw.Flush()
 }
@@ -503,7 +513,7 @@ func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
 		}
 		fmt.Fprintf(w, "%-7s %s -> %s (redrive %d)", verb, p.ID, p.ToQueue, p.Redrives)
 		if p.Refused != "" {
-			fmt.Fprintf(w, ": %s", p.Refused)
+			fmt.Fprintf(w, ": %s", printable(p.Refused, ""))
 		}
 		fmt.Fprintln(w)
 	}
@@ -514,4 +524,27 @@ func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
 	_, err := fmt.Fprintf(w, "replayed %d of %d selected in %s (run %s); %d invalid, %d over budget\n",
 		len(res.Sent), res.Selected, res.Duration.Round(time.Millisecond), res.Run, len(res.Invalid), len(res.OverBudget))
 	return err
+}
+
+// printable returns s with every control character but those in keep,
+// every bidirectional-text control and every byte that is not UTF-8
+// escaped as in a Go string literal. Record text comes from producers (and
+// handlers quoting them): on an on-call engineer's terminal it must not
+// move the cursor, erase or fake a line, or set the title or clipboard.
+func printable(s, keep string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case (unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)) && !strings.ContainsRune(keep, r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }

@@ -1,0 +1,62 @@
+package cli_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+)
+
+// A record's reason, error, headers and payload come from producers (and
+// from handlers quoting them). list, show and stats print them on the
+// on-call engineer's terminal: a control character there (an escape
+// sequence that erases lines, rewrites the title or the clipboard) must
+// reach it escaped, never as is.
+func TestQuarantineTextOutputEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, nil)
+	q := &cfg.Queues[0]
+	const esc = "\x1b[2K\x1b]52;c;aGk=\x07"
+	h := amqp.Table{"evil": "a" + esc, "schema-version": "1"}
+	(&quarantine.Envelope{Source: quarantine.SourceBridge, Class: "permanent", Reason: "refused" + esc, Error: "no\r\n" + esc,
+		Fingerprint: "fp" + esc, Attempts: 1, OriginalQueue: q.Name}).Apply(h)
+	ch := b.env.Channel("hostile")
+	if err := ch.PublishWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+		MessageId: "evil" + esc, Type: "test.event", Headers: h, Body: []byte("{\"n\":1}" + esc + "\x00\xff")}); err != nil {
+		t.Fatal(err)
+	}
+	keep(t, b.env, cfg, 1)
+	cfgFlag := []string{"--config", b.config}
+	list := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "list"}, cfgFlag...)...)
+	id := strings.Fields(strings.Split(list, "\n")[1])[0]
+	for name, out := range map[string]string{
+		"list":  list,
+		"show":  b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id}, cfgFlag...)...),
+		"stats": b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "stats"}, cfgFlag...)...),
+	} {
+		if i := strings.IndexAny(out, "\x1b\x07\r\x00"); i >= 0 {
+			t.Errorf("%s prints a control character at %d:\n%q", name, i, out)
+		}
+	}
+}
+
+// A negative --max or --rate is refused (exit 2), not taken as "no cap" or
+// "unpaced"; the check comes before the config and the broker.
+func TestReplayRefusesNegativeMaxAndRate(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"quarantine", "replay", "--queue", "q", "--rate", "-5"},
+		{"quarantine", "replay", "--queue", "q", "--rate", "NaN"},
+		{"quarantine", "replay", "--queue", "q", "--max", "-1"},
+		{"quarantine", "purge", "--queue", "q", "--reason", "r", "--max", "-1"},
+	} {
+		code, _, stderr := runWith("amqp://127.0.0.1:1/", append(args, "--config", "/nonexistent.yaml")...)
+		if code != cli.ExitUsage || !strings.Contains(stderr, "--max and --rate") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
