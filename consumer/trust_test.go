@@ -405,6 +405,8 @@ func crashChild() int {
 		SigningKey:     []byte(testSigningKey),
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		DrainTimeout:   2 * time.Second,
+		// The parent reads the quarantine queue itself.
+		KeepQuarantineIntake: true,
 		OnSettled: func(s Settled) {
 			say("settled %s", s.Outcome)
 			if s.Outcome == OutcomeQuarantined {
