@@ -144,6 +144,12 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 		return 0, fmt.Errorf("forward to %s: %w", f.target, err)
 	}
 	defer resp.Body.Close()
+	// The timeout bounds the body too. The transport ends a body read when
+	// rctx ends, except a 101's, which is the raw connection: an endpoint
+	// that switches protocols and goes quiet would hold the worker (and
+	// its concurrency slot) forever.
+	stop := context.AfterFunc(rctx, func() { _ = resp.Body.Close() })
+	defer stop()
 	text, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorText+utf8.UTFMax))
 	// Read a little more so the connection can be reused; not a whole
 	// large body.

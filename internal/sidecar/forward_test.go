@@ -316,3 +316,41 @@ queues:
 		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].Forward.Timeout)
 	}
 }
+
+// An endpoint that answers 101 Switching Protocols and then goes quiet
+// gets the forward timeout like any other: the 101's body is the raw
+// connection, which the transport does not close when the request's
+// context ends.
+func TestForwardTimeoutBoundsASwitchedConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	release := make(chan struct{})
+	defer close(release)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf) // the request (small, one read)
+		_, _ = c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: quiet\r\n\r\n"))
+		<-release
+	}()
+	f := forwarder(t, "http://"+ln.Addr().String(), 1)
+	f.timeout = 200 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- f.Handle(context.Background(), message()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("101 acked, want an error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Handle still waits on a 101's connection 5s after its 200ms timeout")
+	}
+}
