@@ -354,3 +354,35 @@ func TestForwardTimeoutBoundsASwitchedConnection(t *testing.T) {
 		t.Fatal("Handle still waits on a 101's connection 5s after its 200ms timeout")
 	}
 }
+
+// A producer's message id, idempotency key or correlation id with a
+// control character cannot become an HTTP header: the request is never
+// sent (no header injection), and the failure is permanent, not a
+// transient one retried until the attempts run out.
+func TestForwardRefusesControlCharactersInHeadersPermanently(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	defer srv.Close()
+	f := forwarder(t, srv.URL, 1)
+	for name, set := range map[string]func(m *consumer.Message){
+		"idempotency key with CRLF": func(m *consumer.Message) { m.IdempotencyKey = "k\r\nX-Injected: 1" },
+		"message id with NUL":       func(m *consumer.Message) { m.MessageID = "m\x00" },
+		"correlation id with LF":    func(m *consumer.Message) { m.CorrelationID = "c\n" },
+	} {
+		m := message()
+		set(m)
+		err := f.Handle(context.Background(), m)
+		if c, _ := triage.Classify(err); c != triage.ClassPermanent || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("%s: %v classified %q, want permanent naming the control character", name, err, c)
+		}
+	}
+	m := message()
+	m.IdempotencyKey = "k\tü" // a tab and non-ASCII bytes are valid field values
+	if err := f.Handle(context.Background(), m); err != nil {
+		t.Errorf("tab and UTF-8 in a header: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("endpoint called %d times, want 1 (the valid message only)", n)
+	}
+}
