@@ -22,6 +22,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/consumer"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -66,7 +67,7 @@ func (m *demoMessage) expected() string {
 }
 
 // demoTracker follows every message from the handlers' and the
-// runtime's (OnSettled) points of view.
+// quarantine's points of view.
 type demoTracker struct {
 	mu     sync.Mutex
 	byID   map[string]*demoMessage
@@ -268,16 +269,6 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	c, err := consumer.New(&consumer.Config{
 		URL: url, File: cfg, Registry: registry, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DrainTimeout: 5 * time.Second,
-		// Told by the runtime once the quarantine confirmed the message,
-		// not by watching the quarantine queue: the runtime's quarantine
-		// keeper consumes that queue too (into the records stream), and a
-		// second consumer there saw only its round-robin share.
-		OnSettled: func(s consumer.Settled) {
-			if s.Outcome == consumer.OutcomeQuarantined {
-				class := string(s.Class)
-				tr.set(s.MessageID, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
-			}
-		},
 	})
 	if err != nil {
 		return err
@@ -285,6 +276,26 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	if err := c.HandleVersion(q.Name, "orders.created", "2", tr.handler()); err != nil {
 		return err
 	}
+
+	// The quarantine, watched without acking: what arrives stays there.
+	qch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer qch.Close()
+	if err := qch.Qos(100, 0, false); err != nil {
+		return err
+	}
+	arrivals, err := qch.Consume(q.Quarantine.Queue, prefix+"-demo-watch", false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for d := range arrivals {
+			class, _ := d.Headers[quarantine.HeaderClass].(string)
+			tr.set(d.MessageId, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
+		}
+	}()
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	ran := make(chan error, 1)
