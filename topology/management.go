@@ -121,6 +121,27 @@ func (m *Management) Ping(ctx context.Context) error {
 	return nil
 }
 
+// sameBroker refuses a management API of another cluster than the one conn
+// is connected to (a broker.management_url left at the local default while
+// the AMQP URL names another broker): verifying against it would report
+// the other broker's objects. Either side without a cluster name passes.
+func (m *Management) sameBroker(ctx context.Context, conn *amqp.Connection) error {
+	if conn == nil {
+		return nil
+	}
+	amqpName, _ := conn.Properties["cluster_name"].(string)
+	var overview struct {
+		ClusterName string `json:"cluster_name"`
+	}
+	if err := m.get(ctx, "/api/overview", &overview); err != nil {
+		return err
+	}
+	if amqpName != "" && overview.ClusterName != "" && amqpName != overview.ClusterName {
+		return fmt.Errorf("management API at %s is of cluster %q, but the AMQP connection is to %q: not the same broker", m.BaseURL, overview.ClusterName, amqpName)
+	}
+	return nil
+}
+
 // Queue reads one queue; ErrNotFound if it does not exist.
 func (m *Management) Queue(ctx context.Context, name string) (*MgmtQueue, error) {
 	var raw map[string]json.RawMessage

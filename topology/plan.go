@@ -34,6 +34,10 @@ func (in *Inspector) UseManagement(ctx context.Context, m *Management) error {
 		in.Mgmt, in.MgmtError = nil, err.Error()
 		return err
 	}
+	if err := m.sameBroker(ctx, in.Conn); err != nil {
+		in.Mgmt, in.MgmtError = nil, err.Error()
+		return err
+	}
 	in.Mgmt, in.MgmtError = m, ""
 	return nil
 }

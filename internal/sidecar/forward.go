@@ -121,6 +121,14 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 	if err != nil {
 		return 0, triage.Permanent(fmt.Errorf("forward to %s: %w", f.target, errors.Unwrap(err)))
 	}
+	// Producers set these: a control character (CR, LF, NUL) cannot go
+	// into an HTTP header, and the transport would refuse the request on
+	// every attempt. No retry can fix it, so it is permanent, and says why.
+	for k, v := range map[string]string{HeaderMessageID: m.MessageID, HeaderIdempotencyKey: m.IdempotencyKey, HeaderCorrelationID: m.CorrelationID} {
+		if !validHeaderValue(v) {
+			return 0, triage.Permanent(fmt.Errorf("forward to %s: the message's %s holds a control character, which an HTTP header cannot carry", f.target, k))
+		}
+	}
 	h := req.Header
 	h.Set("Content-Type", "application/json")
 	h.Set(HeaderMessageType, m.Type)
@@ -144,6 +152,12 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 		return 0, fmt.Errorf("forward to %s: %w", f.target, err)
 	}
 	defer resp.Body.Close()
+	// The timeout bounds the body too. The transport ends a body read when
+	// rctx ends, except a 101's, which is the raw connection: an endpoint
+	// that switches protocols and goes quiet would hold the worker (and
+	// its concurrency slot) forever.
+	stop := context.AfterFunc(rctx, func() { _ = resp.Body.Close() })
+	defer stop()
 	text, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorText+utf8.UTFMax))
 	// Read a little more so the connection can be reused; not a whole
 	// large body.
@@ -165,6 +179,17 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 	default: // 1xx, 3xx, 4xx
 		return code, triage.Permanent(answer)
 	}
+}
+
+// validHeaderValue reports whether v can be an HTTP field value as sent:
+// no control characters but horizontal tab (RFC 9110, section 5.5).
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; b < 0x20 && b != '\t' || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func setIf(h http.Header, k, v string) {

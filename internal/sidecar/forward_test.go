@@ -316,3 +316,73 @@ queues:
 		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].ForwardTimeout())
 	}
 }
+
+// An endpoint that answers 101 Switching Protocols and then goes quiet
+// gets the forward timeout like any other: the 101's body is the raw
+// connection, which the transport does not close when the request's
+// context ends.
+func TestForwardTimeoutBoundsASwitchedConnection(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	release := make(chan struct{})
+	defer close(release)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf) // the request (small, one read)
+		_, _ = c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: quiet\r\n\r\n"))
+		<-release
+	}()
+	f := forwarder(t, "http://"+ln.Addr().String(), 1)
+	f.timeout = 200 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- f.Handle(context.Background(), message()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("101 acked, want an error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Handle still waits on a 101's connection 5s after its 200ms timeout")
+	}
+}
+
+// A producer's message id, idempotency key or correlation id with a
+// control character cannot become an HTTP header: the request is never
+// sent (no header injection), and the failure is permanent, not a
+// transient one retried until the attempts run out.
+func TestForwardRefusesControlCharactersInHeadersPermanently(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	defer srv.Close()
+	f := forwarder(t, srv.URL, 1)
+	for name, set := range map[string]func(m *consumer.Message){
+		"idempotency key with CRLF": func(m *consumer.Message) { m.IdempotencyKey = "k\r\nX-Injected: 1" },
+		"message id with NUL":       func(m *consumer.Message) { m.MessageID = "m\x00" },
+		"correlation id with LF":    func(m *consumer.Message) { m.CorrelationID = "c\n" },
+	} {
+		m := message()
+		set(m)
+		err := f.Handle(context.Background(), m)
+		if c, _ := triage.Classify(err); c != triage.ClassPermanent || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("%s: %v classified %q, want permanent naming the control character", name, err, c)
+		}
+	}
+	m := message()
+	m.IdempotencyKey = "k\tü" // a tab and non-ASCII bytes are valid field values
+	if err := f.Handle(context.Background(), m); err != nil {
+		t.Errorf("tab and UTF-8 in a header: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("endpoint called %d times, want 1 (the valid message only)", n)
+	}
+}
