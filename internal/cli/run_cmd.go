@@ -95,7 +95,11 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 			return ExitFail
 		}
 	}
-	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp, Quarantine: qsrc})
+	page, ok := runPage(env, url, cfg, reg, logger)
+	if !ok {
+		return ExitUsage
+	}
+	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp, Quarantine: qsrc, Page: page})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail
