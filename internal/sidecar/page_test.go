@@ -2,7 +2,9 @@ package sidecar
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -352,5 +355,39 @@ func TestPageActionsNeedTheTokenAndADryRun(t *testing.T) {
 	}
 	if !audited {
 		t.Errorf("no replay-started event by web:alice: %+v", snap.Events)
+	}
+}
+
+// A payload over 64 KiB is cut, with a note; one that is not text is
+// shown in base64.
+func TestPageRecordShowsLargeAndBinaryPayloads(t *testing.T) {
+	t.Parallel()
+	b := setupPage(t)
+	big := `{"id":"` + strings.Repeat("é", 50_000) + `"}` // 100,009 bytes; the cut falls inside a rune
+	binary := "\x00\x01\xfe\xffnot text"
+	b.quarantine(1, "big", "too big", func(int) string { return big }, nil)
+	b.quarantine(1, "bin", "not text", func(int) string { return binary }, nil)
+	b.keep(2)
+	srv := b.server("")
+	for _, r := range b.snapshot().Records {
+		code, body := get(t, srv.URL+"/quarantine/record/"+r.ID)
+		if code != http.StatusOK {
+			t.Fatalf("GET record %s: %d", r.ID, code)
+		}
+		start := strings.Index(body, `<pre id="payload">`) + len(`<pre id="payload">`)
+		shown := html.UnescapeString(body[start : start+strings.Index(body[start:], "</pre>")])
+		switch r.Envelope.Fingerprint {
+		case "big":
+			if !strings.Contains(body, `id="truncated"`) || !strings.Contains(body, "100009 bytes as received") {
+				t.Errorf("large payload: no truncation note")
+			}
+			if !utf8.ValidString(shown) || len(shown) > pagePayload || len(shown) < pagePayload-utf8.UTFMax || !strings.HasPrefix(shown, `{"id":"éé`) {
+				t.Errorf("large payload shown: %d bytes, valid UTF-8 %v, starts %q", len(shown), utf8.ValidString(shown), shown[:min(len(shown), 40)])
+			}
+		case "bin":
+			if !strings.Contains(body, "shown in base64") || shown != base64.StdEncoding.EncodeToString([]byte(binary)) {
+				t.Errorf("binary payload shown as %q", shown)
+			}
+		}
 	}
 }
