@@ -196,6 +196,33 @@ func (b *browser) textOf(id string) string {
 	return res.Value
 }
 
+// waitText waits until the first element matching css shows want. The
+// page may be replaced meanwhile (a click's navigation), so an element
+// gone stale is looked up again rather than failing the test.
+func (b *browser) waitText(css, want string) {
+	b.t.Helper()
+	deadline := time.Now().Add(b.timeout)
+	last := ""
+	for {
+		var found struct {
+			Value map[string]string `json:"value"`
+		}
+		var text struct {
+			Value string `json:"value"`
+		}
+		if call(http.MethodPost, b.base+"/element", map[string]string{"using": "css selector", "value": css}, &found) == nil &&
+			call(http.MethodGet, b.base+"/element/"+found.Value[webElementKey]+"/text", nil, &text) == nil {
+			if last = text.Value; strings.Contains(last, want) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s shows %q, not %q", css, last, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func (b *browser) click(css string) {
 	b.t.Helper()
 	b.do(http.MethodPost, "/element/"+b.find(css)+"/click", map[string]any{}, nil)
@@ -264,13 +291,7 @@ func TestBrowserQuarantinePage(t *testing.T) {
 		t.Fatalf("the dry run moved records: %d open", o)
 	}
 	br.click("#confirm")
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(br.text("#summary"), "Replayed 3 of 3") {
-		if time.Now().After(deadline) {
-			t.Fatalf("after confirming: %q", br.text("body"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	br.waitText("#summary", "Replayed 3 of 3")
 	b.replayed(b.snapshot(), 0, 3)
 	ch := b.env.Channel("page-work")
 	for i := 0; i < 3; i++ {

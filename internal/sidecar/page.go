@@ -209,12 +209,12 @@ func (p *Page) stats(w http.ResponseWriter, r *http.Request) {
 	p.render(w, http.StatusOK, v)
 }
 
-// inGroup: the records of exactly one queue, class and fingerprint (the
-// Filter matches fingerprints by prefix).
+// inGroup: the records of exactly one queue, class and fingerprint (a
+// Filter matches fingerprints by prefix, and an empty field matches all).
 func inGroup(snap *quarantine.Snapshot, queue, class, fingerprint string, states ...quarantine.State) []*quarantine.Record {
 	var out []*quarantine.Record
 	for _, r := range snap.List(quarantine.Filter{Queue: queue, Class: class, Fingerprint: fingerprint, States: states}) {
-		if r.Queue == queue && r.Envelope.Fingerprint == fingerprint {
+		if r.Queue == queue && string(r.Envelope.Class) == class && r.Envelope.Fingerprint == fingerprint {
 			out = append(out, r)
 		}
 	}
@@ -326,6 +326,10 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 	}
 	confirm := r.PostFormValue("confirm") != ""
 	filter := quarantine.Filter{Queue: sel.Queue, Class: sel.Class, Fingerprint: sel.Fingerprint}
+	if kind == "purge" {
+		filter.States = []quarantine.State{quarantine.StateOpen, quarantine.StateExpired}
+	}
+	av := &actionView{Kind: kind, DryRun: !confirm, Sel: sel, Token: r.PostFormValue("token")}
 	if confirm {
 		for _, id := range strings.Split(r.PostFormValue("ids"), ",") {
 			if id = strings.TrimSpace(id); id != "" {
@@ -334,6 +338,21 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 		}
 		if len(filter.IDs) == 0 {
 			p.fail(w, http.StatusBadRequest, errors.New("the confirmation names no records: run the dry run again"))
+			return
+		}
+	} else {
+		// The dry run selects the group's records by id, so that it lists
+		// exactly the group (not every fingerprint it prefixes).
+		snap, err := p.snapshot(r.Context())
+		if err != nil {
+			p.fail(w, http.StatusBadGateway, err)
+			return
+		}
+		for _, rec := range inGroup(snap, sel.Queue, sel.Class, sel.Fingerprint, filter.States...) {
+			filter.IDs = append(filter.IDs, rec.ID)
+		}
+		if len(filter.IDs) == 0 {
+			p.render(w, http.StatusOK, &view{Title: kind, Result: av})
 			return
 		}
 	}
@@ -352,10 +371,8 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 		by = "web:" + sel.By
 	}
 	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, Registry: p.Registry, By: by, LockWait: lockWait}
-	av := &actionView{Kind: kind, DryRun: !confirm, Sel: sel, Token: r.PostFormValue("token")}
 	status := http.StatusOK
 	if kind == "purge" {
-		filter.States = []quarantine.State{quarantine.StateOpen, quarantine.StateExpired}
 		res, err := rp.Purge(r.Context(), quarantine.PurgeOptions{Filter: filter, Reason: sel.Reason, DryRun: !confirm, Max: sel.Max})
 		if err != nil {
 			p.fail(w, http.StatusConflict, err)

@@ -280,6 +280,9 @@ func TestPageActionsNeedTheTokenAndADryRun(t *testing.T) {
 	t.Parallel()
 	b := setupPage(t)
 	b.seedTwoGroups()
+	// A fingerprint that fp-a prefixes: a quarantine.Filter would match it.
+	b.quarantine(1, "fp-a2", "failed fp-a2", func(int) string { return `{"id":"a2"}` }, nil)
+	b.keep(6)
 	group := "/quarantine/group?" + groupQuery(b.q.Name, "permanent", "fp-a").Encode()
 	sel := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-a"}, "token": {"s3cret"}, "reason": {"fixed"}}
 
@@ -336,7 +339,7 @@ func TestPageActionsNeedTheTokenAndADryRun(t *testing.T) {
 	}
 	// The confirmation names two of the three: only those move.
 	var ids []string
-	for _, r := range b.snapshot().List(quarantine.Filter{Fingerprint: "fp-a"}) {
+	for _, r := range inGroup(b.snapshot(), b.q.Name, "permanent", "fp-a") {
 		ids = append(ids, r.ID)
 	}
 	confirm := url.Values{"confirm": {"1"}, "ids": {strings.Join(ids[:2], ",")}, "rate": {"0"}, "by": {"alice"}}
@@ -349,6 +352,9 @@ func TestPageActionsNeedTheTokenAndADryRun(t *testing.T) {
 	}
 	snap := b.snapshot()
 	b.replayed(snap, 1, 2)
+	if o, _, _ := openIn(snap, "fp-a2"); o != 1 {
+		t.Errorf("fp-a2: %d open, want 1", o)
+	}
 	audited := false
 	for _, e := range snap.Events {
 		audited = audited || (e.Kind == quarantine.EventReplayStarted && e.By == "web:alice" && e.Reason == "fixed")
