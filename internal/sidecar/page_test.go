@@ -362,6 +362,36 @@ func TestPageActionsNeedTheTokenAndADryRun(t *testing.T) {
 	if !audited {
 		t.Errorf("no replay-started event by web:alice: %+v", snap.Events)
 	}
+
+	// Purge, the same way: a dry run, then its ids confirmed.
+	purge := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-b"}, "token": {"s3cret"}, "reason": {"known bad"}}
+	code, body = post(t, rw.URL+"/quarantine/purge", purge)
+	if code != http.StatusOK || strings.Count(body, `class="planned"`) != 2 {
+		t.Fatalf("purge dry run: %d\n%s", code, body)
+	}
+	ids = nil
+	for _, r := range inGroup(b.snapshot(), b.q.Name, "permanent", "fp-b") {
+		ids = append(ids, r.ID)
+	}
+	purge.Set("confirm", "1")
+	purge.Set("ids", strings.Join(ids, ","))
+	if code, body = post(t, rw.URL+"/quarantine/purge", purge); code != http.StatusOK || !strings.Contains(body, "Purged 2 of 2") {
+		t.Fatalf("purge: %d\n%s", code, body)
+	}
+	snap = b.snapshot()
+	if o, _, p := openIn(snap, "fp-b"); o != 0 || p != 2 {
+		t.Errorf("fp-b after the purge: %d open, %d purged; want 0, 2", o, p)
+	}
+	if o, _, _ := openIn(snap, "fp-a2"); o != 1 {
+		t.Errorf("fp-a2 after the purge: %d open, want 1", o)
+	}
+	audited = false
+	for _, e := range snap.Events {
+		audited = audited || (e.Kind == quarantine.EventPurged && e.By == "web" && e.Reason == "known bad" && len(e.IDs) == 2)
+	}
+	if !audited {
+		t.Errorf("no purged event by web: %+v", snap.Events)
+	}
 }
 
 // A payload over 64 KiB is cut, with a note; one that is not text is
