@@ -37,7 +37,7 @@ type Config struct {
 	// Security says where the consumers' shared signing key comes from.
 	Security Security `yaml:"security"`
 
-	// Run configures `dlxbridge run`, the sidecar (see run.go).
+	// Run configures `dlxbridge run`, the sidecar (docs/sidecar.md).
 	Run Run `yaml:"run"`
 }
 
@@ -141,7 +141,7 @@ type Queue struct {
 	Breaker Breaker `yaml:"breaker"`
 
 	// Forward is where `dlxbridge run` sends this queue's validated
-	// messages (see run.go).
+	// messages (docs/sidecar.md).
 	Forward Forward `yaml:"forward"`
 }
 

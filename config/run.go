@@ -41,8 +41,18 @@ type Forward struct {
 
 	// Timeout bounds one request, response body included; running out is a
 	// transient failure. At most consumer.handler_timeout. Defaults to
-	// consumer.handler_timeout.
+	// consumer.handler_timeout (0 here; see Queue.ForwardTimeout).
 	Timeout time.Duration `yaml:"timeout"`
+}
+
+// ForwardTimeout is the timeout of one forwarded request: forward.timeout,
+// else consumer.handler_timeout. It is computed, not stored, so a config
+// completed once and then given a shorter handler timeout stays valid.
+func (q *Queue) ForwardTimeout() time.Duration {
+	if q.Forward.Timeout > 0 {
+		return q.Forward.Timeout
+	}
+	return q.Consumer.HandlerTimeout
 }
 
 // DefaultListen is run.listen's default.
@@ -51,12 +61,6 @@ const DefaultListen = "127.0.0.1:9180"
 func (c *Config) applyRunDefaults() {
 	if c.Run.Listen == "" {
 		c.Run.Listen = DefaultListen
-	}
-	for i := range c.Queues {
-		q := &c.Queues[i]
-		if q.Forward.Timeout == 0 {
-			q.Forward.Timeout = q.Consumer.HandlerTimeout
-		}
 	}
 }
 

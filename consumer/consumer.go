@@ -30,6 +30,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -98,6 +99,22 @@ type Config struct {
 	// concurrent use (count, or hand off to a buffered channel without
 	// blocking). A panic in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
+	// QuarantineMetrics, if set (make it with quarantine.NewMetrics on
+	// Registerer), is refreshed from the quarantine streams of File's
+	// queues every QuarantineRefresh while the runtime is connected, over
+	// its consuming connection. Defaults to nil: the runtime does not read
+	// the quarantine.
+	QuarantineMetrics *quarantine.Metrics
+	// QuarantineRefresh is how often QuarantineMetrics is refreshed (each
+	// refresh reads every record; the oldest record's age grows at each
+	// scrape regardless). Defaults to 30s.
+	QuarantineRefresh time.Duration
+
+	// KeepQuarantineIntake, if true, leaves what arrives in each quarantine
+	// queue there instead of moving it into the quarantine's records stream
+	// (see docs/quarantine.md), for a tool that reads the quarantine queue
+	// itself. `dlxbridge quarantine` then sees none of it. Defaults to false.
+	KeepQuarantineIntake bool
 
 	// Test hooks, nil in production.
 	hooks *testHooks
@@ -123,6 +140,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReconnectMin < 0 || c.ReconnectMax < 0 || (c.ReconnectMax > 0 && c.ReconnectMin > c.ReconnectMax) {
 		errs = append(errs, errors.New("consumer.Config.ReconnectMin/Max must be >= 0 and Min <= Max"))
+	}
+	if c.QuarantineRefresh < 0 {
+		errs = append(errs, errors.New("consumer.Config.QuarantineRefresh must be >= 0"))
 	}
 	if c.PermanentFailureTimeout < -1 {
 		errs = append(errs, errors.New("consumer.Config.PermanentFailureTimeout must be >= 0, or -1 to retry forever"))
@@ -155,6 +175,9 @@ func (c *Config) withDefaults() *Config {
 	}
 	if out.ReconnectMax == 0 {
 		out.ReconnectMax = 30 * time.Second
+	}
+	if out.QuarantineRefresh == 0 {
+		out.QuarantineRefresh = 30 * time.Second
 	}
 	if out.PermanentFailureTimeout == 0 {
 		out.PermanentFailureTimeout = 10 * time.Second
@@ -319,8 +342,9 @@ func (c *Consumer) register(queue, msgType, version string, h Handler) error {
 // Run consumes every queue that has a handler until ctx ends, reconnecting
 // with backoff after connection or channel loss. When ctx ends it cancels
 // the consumers, handles what was already delivered within DrainTimeout and
-// returns nil: within DrainTimeout and about a second, even while a resource
-// alarm keeps the broker from answering. It returns an error if it can't
+// returns nil: within DrainTimeout and a few seconds (each close after it
+// waits at most a second for the broker), even while a resource alarm keeps
+// the broker from answering. It returns an error if it can't
 // start (no handlers), or when a failure that does not pass by itself (a
 // refused login or vhost, a missing queue) has lasted
 // PermanentFailureTimeout. No error or log line holds the URL's password.

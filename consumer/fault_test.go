@@ -221,7 +221,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 // faultLedger records what happened to each message id.
 type faultLedger struct {
 	mu          sync.Mutex
-	failed      int // handler calls that returned an error
+	failed      int // handler calls that returned an error (a deadline at the gate too)
 	calls       map[string]int
 	successes   map[string]int
 	quarantined map[string]int
@@ -256,6 +256,8 @@ func (l *faultLedger) handler(work time.Duration) HandlerFunc {
 			select {
 			case <-gate:
 			case <-ctx.Done():
+				// A failed call too: the runtime settles it like any other.
+				l.fail()
 				return ctx.Err()
 			}
 		}
@@ -271,10 +273,7 @@ func (l *faultLedger) handler(work time.Duration) HandlerFunc {
 			}
 		}
 		if herr != nil {
-			l.mu.Lock()
-			l.failed++
-			l.mu.Unlock()
-			l.notify()
+			l.fail()
 			return herr
 		}
 		l.succeeded(m.MessageID)
@@ -287,6 +286,14 @@ func (l *faultLedger) call(id string) {
 	l.calls[id]++
 	l.nCalls++
 	l.mu.Unlock()
+}
+
+// fail counts a handler call that returns an error.
+func (l *faultLedger) fail() {
+	l.mu.Lock()
+	l.failed++
+	l.mu.Unlock()
+	l.notify()
 }
 
 func (l *faultLedger) succeeded(id string) {

@@ -173,6 +173,21 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 		mu.Unlock()
 		b.settled <- s.Outcome
 	}
+	// A real crash loop, counted by the broker: a raw consumer takes
+	// "crash" and requeues it CrashLoopDeliveries times before the runtime
+	// starts. A producer's own x-delivery-count would not do: on a first
+	// delivery it is ignored (see
+	// TestForgedHeadersNeitherSkipTheHandlerNorSpendTheBudget).
+	b.publishJSON(map[string]any{"id": "5"}, amqp.Publishing{MessageId: "crash"})
+	raw := b.env.Channel("crashing-worker")
+	for i := 0; i < b.queue.Consumer.CrashLoopDeliveries; i++ {
+		d, ok, err := raw.Get(b.queue.Name, false)
+		must(t, err)
+		if !ok {
+			t.Fatalf("crash: not in the work queue for delivery %d", i+1)
+		}
+		must(t, d.Reject(true))
+	}
 	stop := b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 			switch m.MessageID {
@@ -190,7 +205,6 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 	b.publishJSON(map[string]any{"id": "2"}, amqp.Publishing{MessageId: "perm"})
 	b.publishJSON(map[string]any{"id": "3"}, amqp.Publishing{MessageId: "flaky"})
 	b.publish([]byte(`{"id": 4}`), amqp.Publishing{MessageId: "bad"})
-	b.publishJSON(map[string]any{"id": "5"}, amqp.Publishing{MessageId: "crash", Headers: amqp.Table{"x-delivery-count": int64(5)}})
 	for i := range 6 {
 		select {
 		case <-b.settled:

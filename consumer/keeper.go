@@ -18,7 +18,7 @@ import (
 // starts again with backoff; it never ends the session, since work queues
 // do not depend on it. The returned stop waits for every keeper.
 func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connection, sessions []*queueSession) (stop func()) {
-	if h := c.cfg.hooks; h != nil && !h.keeper {
+	if h := c.cfg.hooks; c.cfg.KeepQuarantineIntake || h != nil && !h.keeper {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -53,4 +53,34 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// startQuarantineMetrics refreshes cfg.QuarantineMetrics over conn at once
+// and then every cfg.QuarantineRefresh until the session ends. A failed
+// refresh is logged; the metrics keep the last snapshot. The returned stop
+// waits for the refresher.
+func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connection) (stop func()) {
+	m := c.cfg.QuarantineMetrics
+	if m == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		in := &quarantine.Inspector{Conn: conn, Config: c.cfg.File, Now: c.cfg.Now}
+		tick := time.NewTicker(c.cfg.QuarantineRefresh)
+		defer tick.Stop()
+		for {
+			if err := m.Refresh(ctx, in); err != nil && ctx.Err() == nil {
+				c.log.Warn("quarantine metrics: refresh failed; keeping the last values", "error", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }

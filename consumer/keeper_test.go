@@ -3,9 +3,12 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -104,7 +107,9 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
 	first := waitRecords(t, in, 1).Records[0]
 
-	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry}
+	signer, err := triage.NewSigner([]byte(testSigningKey)) // the consumers' key: the origin it keeps is trusted
+	must(t, err)
+	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
 	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "customer 99 created"})
 	if err != nil || len(res.Sent) != 1 {
 		t.Fatalf("replay: %+v %v", res, err)
@@ -147,5 +152,46 @@ func waitRecords(t *testing.T, in *quarantine.Inspector, n int) *quarantine.Snap
 			t.Fatalf("%d records, want %d", len(snap.Records), n)
 		}
 		time.Sleep(100 * time.Millisecond) // polling the broker: a stream has no event to wait on
+	}
+}
+
+// With QuarantineMetrics the runtime refreshes the quarantine's gauges
+// itself: a record it quarantined shows as open, with an age.
+func TestRuntimeRefreshesQuarantineMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.cfg.hooks.keeper = true
+	qm, err := quarantine.NewMetrics(b.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cfg.QuarantineMetrics, b.cfg.QuarantineRefresh = qm, 200*time.Millisecond
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("refused"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	open := fmt.Sprintf("dlxbridge_quarantine_records{class=\"permanent\",queue=%q,state=\"open\"} 1\n", b.queue.Name)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var text strings.Builder
+		mfs, err := b.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if strings.HasPrefix(mf.GetName(), "dlxbridge_quarantine_") {
+				_, _ = expfmt.MetricFamilyToText(&text, mf)
+			}
+		}
+		if strings.Contains(text.String(), open) && strings.Contains(text.String(), "dlxbridge_quarantine_oldest_open_age_seconds{queue=") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no open record in the quarantine metrics within 20s:\n%s", text.String())
+		}
+		time.Sleep(50 * time.Millisecond) // the refresh is on a timer: no event to wait on
 	}
 }

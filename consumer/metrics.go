@@ -12,7 +12,7 @@ const (
 	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
 	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
 	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
-	OutcomeAckFailed   = "ack_failed"  // the ack could not be sent (channel gone): the broker will redeliver
+	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
 	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
 	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
 )

@@ -79,6 +79,7 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	}
 	stopKeepers := c.startKeepers(ctx, conn, pubConn, runners)
 	defer stopKeepers()
+	defer c.startQuarantineMetrics(ctx, conn)()
 	c.log.Info("consuming", "queues", len(runners), "broker", version.String())
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()
@@ -279,12 +280,12 @@ func (qs *queueSession) beginStop() {
 }
 
 // settle writes an ack or reject. Between the start of a stop and the
-// cancel-ok it waits (until the drain deadline at most): an ack gives the
-// consumer credit for one more message, and a quorum queue can deliver it
-// after the cancel-ok (the queue and the channel settle the cancel
-// separately), where the client drops it as addressed to no consumer. It
-// would sit unacked until the channel closes and come back with a raised
-// delivery count.
+// cancel-ok it waits (until the drain deadline at most): an ack or a
+// reject, with or without requeue, gives the consumer credit for one more
+// message, and a quorum queue can deliver it after the cancel-ok (the queue
+// and the channel settle the cancel separately), where the client drops it
+// as addressed to no consumer. It would sit unacked until the channel closes
+// and come back with a raised delivery count.
 func (qs *queueSession) settle(write func() error) error {
 	qs.settleMu.RLock()
 	select {

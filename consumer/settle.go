@@ -40,7 +40,7 @@ type confirmer interface {
 }
 
 // sessionDelivery is a delivery settled through its session: acks and
-// requeues wait out the start of a stop (see queueSession.settle).
+// rejects wait out the start of a stop (see queueSession.settle).
 type sessionDelivery struct {
 	s *queueSession
 	d *amqp.Delivery
@@ -50,7 +50,9 @@ func (sd sessionDelivery) Ack() error { return sd.s.settle(func() error { return
 func (sd sessionDelivery) Requeue() error {
 	return sd.s.settle(func() error { return sd.d.Reject(true) })
 }
-func (sd sessionDelivery) Reject() error { return sd.d.Reject(false) }
+func (sd sessionDelivery) Reject() error {
+	return sd.s.settle(func() error { return sd.d.Reject(false) })
+}
 
 // settleFailure carries out a retry, re-admission or quarantine verdict:
 // build the publishing, publish it with confirm + mandatory, and only then
@@ -71,12 +73,15 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 	if f.err != nil {
 		span.RecordError(f.err)
 	}
-	w.settled.failed(f)
 	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
 	if st := panicStack(f.err); st != "" {
 		log = log.With("stack", st)
 	}
 	err := w.send(ctx, span, d, f)
+	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
+		return false // w.settled untouched: the handler decides the outcome
+	}
+	w.settled.failed(f)
 	if v.Action == triage.ActionRetry && errors.Is(err, quarantine.ErrNoFit) {
 		// A retry may not drop the producer's headers (see fitRank):
 		// park it instead, where they may give way.
@@ -85,9 +90,6 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		v = f.verdict
 		w.settled.failed(f)
 		err = w.send(ctx, span, d, f)
-	}
-	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
-		return false
 	}
 	var outcome, kind string
 	switch v.Action {
@@ -106,6 +108,8 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
 		if rerr := a.Reject(); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
+			w.settled.SettleErr = rerr
+			w.record(OutcomeAckFailed)
 			return true
 		}
 		w.record(OutcomeQuarantined)

@@ -30,6 +30,7 @@ type fakeAcker struct {
 	mu                 sync.Mutex
 	calls              []string
 	ackErr, requeueErr error
+	rejectErr          error
 	onAck              func()
 }
 
@@ -42,7 +43,7 @@ func (a *fakeAcker) Ack() error {
 	return a.ackErr
 }
 func (a *fakeAcker) Requeue() error { a.note("requeue"); return a.requeueErr }
-func (a *fakeAcker) Reject() error  { a.note("reject"); return nil }
+func (a *fakeAcker) Reject() error  { a.note("reject"); return a.rejectErr }
 func (a *fakeAcker) log() string    { a.mu.Lock(); defer a.mu.Unlock(); return strings.Join(a.calls, ",") }
 
 type published struct {
@@ -401,6 +402,18 @@ func TestSettleReportsAFailedAck(t *testing.T) {
 	}
 }
 
+// A reject that fails (the channel is gone) is reported once, like a failed
+// ack: OnSettled hears of every delivery the runtime took up.
+func TestSettleReportsAFailedReject(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, 600) // not even the bare envelope fits
+	a := &fakeAcker{rejectErr: amqp.ErrClosed}
+	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
+		t.Fatalf("calls %q, settled %+v", a.log(), b.settled)
+	}
+}
+
 // A re-admission that cannot fit is not settled at all: the caller hands the
 // message to its handler instead (rejecting it would quarantine a message
 // whose handler never ran).
@@ -416,5 +429,61 @@ func TestSettleLeavesAnUnfittableReadmissionToTheHandler(t *testing.T) {
 	}
 	if a.log() != "" || len(b.out.sent) != 0 || len(b.settled) != 0 {
 		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
+	}
+	// What OnSettled later reports is the handler's outcome, not the
+	// re-admission's class and reason.
+	if s := b.w.settled; s.Class != "" || s.Reason != "" {
+		t.Errorf("the re-admission was noted for the handler's outcome: %+v", s)
+	}
+}
+
+// recordingAcknowledger is an amqp.Acknowledger that reports each call.
+type recordingAcknowledger struct{ calls chan string }
+
+func (r recordingAcknowledger) Ack(uint64, bool) error { r.calls <- "ack"; return nil }
+func (r recordingAcknowledger) Nack(uint64, bool, bool) error {
+	r.calls <- "nack"
+	return nil
+}
+func (r recordingAcknowledger) Reject(_ uint64, requeue bool) error {
+	if requeue {
+		r.calls <- "requeue"
+	} else {
+		r.calls <- "reject"
+	}
+	return nil
+}
+
+// Every settlement, the "can't fit" reject without requeue too, waits
+// between a stop's basic.cancel and its cancel-ok: each gives the consumer
+// credit for a message the client would drop after the cancel-ok.
+func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
+	t.Parallel()
+	for name, settle := range map[string]func(acker) error{
+		"ack": acker.Ack, "requeue": acker.Requeue, "reject": acker.Reject,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := newSettleBundle(t, quarantine.DefaultFrameSize)
+			qs := b.w.s
+			calls := make(chan string, 1)
+			d := delivery()
+			d.Acknowledger = recordingAcknowledger{calls}
+			close(qs.stopping) // basic.cancel sent, no cancel-ok yet
+			done := make(chan error, 1)
+			go func() { done <- settle(sessionDelivery{s: qs, d: d}) }()
+			select {
+			case c := <-calls:
+				t.Fatalf("%s written before the cancel-ok", c)
+			case <-time.After(50 * time.Millisecond):
+			}
+			close(qs.cancelled)
+			if c := <-calls; c != name {
+				t.Errorf("wrote %s", c)
+			}
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }

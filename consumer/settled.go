@@ -40,7 +40,8 @@ type Settled struct {
 	// (see Reason).
 	Err error
 	// SettleErr is why the runtime could not settle as decided: the failed
-	// retry or quarantine publish (OutcomeRequeued) or ack (OutcomeAckFailed).
+	// retry or quarantine publish (OutcomeRequeued) or ack, or the reject of
+	// what could not be parked (OutcomeAckFailed).
 	SettleErr error
 	// GateError is the schema gate's objection to a message that was
 	// delivered anyway because the queue's gate is in report mode; nil

@@ -13,19 +13,9 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// signedHeaders are the bridge's retry state: the headers a retry or a
-// re-admission carries back into the work queue, and that decide something
-// there. They are trusted only under a valid wire.HeaderSignature, which
-// binds them to the work queue, the message id and the body.
-var signedHeaders = []string{
-	wire.HeaderAttempts,
-	wire.HeaderFirstFailureAt,
-	wire.HeaderOriginalExchange,
-	wire.HeaderOriginalRoutingKey,
-	wire.HeaderOriginalQueue,
-	wire.HeaderNotes,
-	wire.HeaderReadmitted,
-}
+// signedHeaders are the headers the runtime signs and trusts only under a
+// valid signature (see triage.SignedHeaders).
+var signedHeaders = triage.SignedHeaders()
 
 // newSigner loads the signing key: Config.SigningKey, else the environment
 // variable the config file names, else a random key for this process only.

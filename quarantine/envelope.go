@@ -59,9 +59,9 @@ const (
 	// HeaderValidationErrors is a JSON array of {pointer, keyword, message},
 	// at most MaxValidationBytes long.
 	HeaderValidationErrors = wire.HeaderValidationErrors
-	// HeaderIdempotencyKey is the message's idempotency key (its
+	// HeaderIdempotencyKeyCopy is the message's idempotency key (its
 	// idempotency-key header, else its message id).
-	HeaderIdempotencyKey = wire.HeaderIdempotencyKeyCopy
+	HeaderIdempotencyKeyCopy = wire.HeaderIdempotencyKeyCopy
 	// HeaderTraceID is the W3C trace id; the traceparent header itself is
 	// also kept.
 	HeaderTraceID = wire.HeaderTraceID
@@ -180,7 +180,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(HeaderOriginalExchange, e.OriginalExchange)
 	set(HeaderOriginalRoutingKey, e.OriginalRouting)
 	set(HeaderOriginalQueue, e.OriginalQueue)
-	set(HeaderIdempotencyKey, Truncate(e.IdempotencyKey, MaxKeyBytes))
+	set(HeaderIdempotencyKeyCopy, Truncate(e.IdempotencyKey, MaxKeyBytes))
 	set(HeaderMessageType, e.MessageType)
 	set(HeaderSchemaVersion, e.SchemaVersion)
 	set(HeaderValidationErrors, encodeViolations(e.Validation))
@@ -306,7 +306,7 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 		env.OriginalExchange = wire.Str(h, HeaderOriginalExchange)
 		env.OriginalRouting = wire.Str(h, HeaderOriginalRoutingKey)
 		env.OriginalQueue = wire.Str(h, HeaderOriginalQueue)
-		env.IdempotencyKey = wire.Str(h, HeaderIdempotencyKey)
+		env.IdempotencyKey = wire.Str(h, HeaderIdempotencyKeyCopy)
 		env.MessageType = wire.Str(h, HeaderMessageType)
 		env.SchemaVersion = wire.Str(h, HeaderSchemaVersion)
 		_ = json.Unmarshal([]byte(wire.Str(h, HeaderValidationErrors)), &env.Validation)

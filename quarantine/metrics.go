@@ -2,6 +2,8 @@ package quarantine
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -12,7 +14,7 @@ import (
 // replays and purges. A nil *Metrics does nothing.
 type Metrics struct {
 	records *prometheus.GaugeVec
-	oldest  *prometheus.GaugeVec
+	oldest  *oldestOpen
 	intake  *prometheus.GaugeVec
 	replays *prometheus.CounterVec
 	purges  *prometheus.CounterVec
@@ -21,15 +23,15 @@ type Metrics struct {
 // NewMetrics makes the collectors and registers them on reg (if not nil):
 //
 //	dlxbridge_quarantine_records{queue,class,state}  records kept, by state (open, replayed, purged, expired): arrivals, and expiries never silent
-//	dlxbridge_quarantine_oldest_open_age_seconds{queue}
+//	dlxbridge_quarantine_oldest_open_age_seconds{queue}  computed at each scrape from the last snapshot, so it grows between refreshes
 //	dlxbridge_quarantine_intake_waiting{intake}  messages not yet stored by the runtime's keeper
 //	dlxbridge_quarantine_replays_total{queue,class}, dlxbridge_quarantine_purges_total{queue,class}
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dlxbridge_quarantine_records",
 			Help: "Quarantine records by queue, failure class and state (open, replayed, purged, expired)."}, []string{"queue", "class", "state"}),
-		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dlxbridge_quarantine_oldest_open_age_seconds",
-			Help: "Age of the oldest open quarantine record."}, []string{"queue"}),
+		oldest: &oldestOpen{now: time.Now, desc: prometheus.NewDesc("dlxbridge_quarantine_oldest_open_age_seconds",
+			"Age of the oldest open quarantine record (0 when none is open), by work queue.", []string{"queue"}, nil)},
 		intake: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dlxbridge_quarantine_intake_waiting",
 			Help: "Messages in a quarantine intake not yet stored as records."}, []string{"intake"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlxbridge_quarantine_replays_total",
@@ -53,15 +55,18 @@ func (m *Metrics) Observe(s *Snapshot) {
 		return
 	}
 	m.records.Reset()
-	m.oldest.Reset()
-	queues := map[string]bool{}
+	seen := map[string]time.Time{} // every queue with records; zero: none open
 	for _, r := range s.Records {
 		m.records.WithLabelValues(r.Queue, string(r.Envelope.Class), string(r.State)).Inc()
-		queues[r.Queue] = true
+		t, ok := seen[r.Queue]
+		if r.State == StateOpen && (t.IsZero() || r.Seen().Before(t)) {
+			t = r.Seen()
+		}
+		if !ok || !t.IsZero() {
+			seen[r.Queue] = t
+		}
 	}
-	for q := range queues {
-		m.oldest.WithLabelValues(q).Set(s.OldestOpenAge(q).Seconds())
-	}
+	m.oldest.set(seen)
 	for intake, n := range s.Intake {
 		m.intake.WithLabelValues(intake).Set(float64(n))
 	}
@@ -80,7 +85,8 @@ func (m *Metrics) purged(queue, class string) {
 }
 
 // Refresh takes a snapshot with in and observes it: call it on a timer
-// (every scrape would read every record).
+// (every scrape would read every record). The oldest open record's age
+// keeps growing between refreshes: it is computed at each scrape.
 func (m *Metrics) Refresh(ctx context.Context, in *Inspector) error {
 	s, err := in.Snapshot(ctx)
 	if err != nil {
@@ -88,4 +94,37 @@ func (m *Metrics) Refresh(ctx context.Context, in *Inspector) error {
 	}
 	m.Observe(s)
 	return nil
+}
+
+// oldestOpen exports, at each scrape, the age of each queue's oldest open
+// record as of the last snapshot.
+type oldestOpen struct {
+	desc *prometheus.Desc
+	now  func() time.Time
+
+	mu   sync.Mutex
+	seen map[string]time.Time // zero: the queue has records, none open
+}
+
+func (o *oldestOpen) set(seen map[string]time.Time) {
+	o.mu.Lock()
+	o.seen = seen
+	o.mu.Unlock()
+}
+
+// Describe implements prometheus.Collector.
+func (o *oldestOpen) Describe(ch chan<- *prometheus.Desc) { ch <- o.desc }
+
+// Collect implements prometheus.Collector.
+func (o *oldestOpen) Collect(ch chan<- prometheus.Metric) {
+	now := o.now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for queue, t := range o.seen {
+		age := 0.0
+		if !t.IsZero() {
+			age = max(now.Sub(t).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(o.desc, prometheus.GaugeValue, age, queue)
+	}
 }

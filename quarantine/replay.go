@@ -23,6 +23,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -122,6 +123,12 @@ type Replayer struct {
 	Metrics *Metrics
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// Signer, with the consumers' signing key, signs the origin headers a
+	// replayed message keeps (the exchange and routing key it was first
+	// published with), so the runtime trusts them if it fails again. Without
+	// it the runtime ignores them (and notes it): the message's origin is
+	// then where the replay sent it. Defaults to nil.
+	Signer *triage.Signer
 }
 
 func (rp *Replayer) now() time.Time {
@@ -210,7 +217,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		res.Plan = append(res.Plan, p)
 		if p.Refused == "" {
 			send = append(send, r)
-			msgs = append(msgs, rp.message(r, body, opts.Reason))
+			msgs = append(msgs, rp.message(r, body, opts.Reason, to))
 			dests = append(dests, to)
 		}
 	}
@@ -354,7 +361,7 @@ var keptOnReplay = map[string]bool{
 // and a stale count would trip the crash-loop guard); the redrive count,
 // time and reason set. The idempotency key comes back from the envelope if
 // the header was dropped to fit a frame.
-func (rp *Replayer) message(r *Record, body []byte, reason string) amqp.Publishing {
+func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.Publishing {
 	h := amqp.Table{}
 	for k, v := range r.Headers() {
 		switch {
@@ -376,6 +383,9 @@ func (rp *Replayer) message(r *Record, body []byte, reason string) amqp.Publishi
 	}
 	if p.UserID != "" {
 		h[wire.HeaderOriginalUserID] = p.UserID
+	}
+	if rp.Signer != nil {
+		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageID, Body: body}, h, triage.SignedHeaders())
 	}
 	return amqp.Publishing{
 		Headers: h, ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, DeliveryMode: amqp.Persistent,

@@ -3,7 +3,6 @@ package schemas
 import (
 	"encoding/json"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -156,14 +155,7 @@ func TestFastPathFallsBack(t *testing.T) {
 		`{"$comment":"c","title":"t","description":"d","examples":[1],"default":2}`:                   true,
 		`{"$schema":"http://json-schema.org/draft-04/schema#","minimum":1,"exclusiveMinimum":true}`:   true,
 	} {
-		dir := t.TempDir()
-		if err := os.MkdirAll(filepath.Join(dir, "t"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "t", "v1.json"), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		r, err := Load(LoadOptions{Dir: dir, NoEmbedded: true})
+		r, err := loadOne(t, body)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}

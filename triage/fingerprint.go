@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 )
 
-// Normalization limits: input beyond maxNormalizeInput bytes is not read,
+// Normalization limits: input beyond its first 1024 bytes is not read,
 // output is capped at MaxNormalizedLen bytes.
 const (
 	maxNormalizeInput = 1024

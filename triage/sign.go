@@ -19,6 +19,23 @@ import (
 // headers are the publisher's, and nothing trusts them.
 const HeaderSignature = wire.HeaderSignature
 
+// SignedHeaders are the bridge's retry state: the headers a retry, a
+// re-admission or a replay carries back into a work queue, and that decide
+// something there. The runtime trusts them only under a valid
+// HeaderSignature, which binds them to the work queue, the message id and
+// the body. The returned slice is a copy.
+func SignedHeaders() []string {
+	return []string{
+		wire.HeaderAttempts,
+		wire.HeaderFirstFailureAt,
+		wire.HeaderOriginalExchange,
+		wire.HeaderOriginalRoutingKey,
+		wire.HeaderOriginalQueue,
+		wire.HeaderNotes,
+		wire.HeaderReadmitted,
+	}
+}
+
 // HeaderReadmitted marks a message the bridge re-admitted into its work queue
 // (ActionReadmit). Its value is XDeathDigest of the message's x-death at that
 // moment; signed, it tells Precheck that the broker's delivery count on this

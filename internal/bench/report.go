@@ -82,7 +82,9 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 	}
 	left := make([]int, s.Count)
 	for _, n := range q.Names() {
-		if n.Kind != config.KindQueue || n.Role == config.RoleQuarantine {
+		switch {
+		case n.Kind != config.KindQueue, n.Role == config.RoleQuarantine,
+			n.Role == config.RoleRecordsStream, n.Role == config.RoleEventsStream: // streams: the runtime keeps the intake (KeepQuarantineIntake)
 			continue
 		}
 		err := Drain(conn, n.Name, func(d *amqp.Delivery) {

@@ -274,6 +274,8 @@ func drainBridge(ctx context.Context, s *sideSpec, l *ledger, wantHandled, wantQ
 		// in a storm would be thousands of lines.
 		Logger:       slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		DrainTimeout: 10 * time.Second,
+		// The reconciliation reads the quarantine queue itself.
+		KeepQuarantineIntake: true,
 	})
 	if err != nil {
 		return err

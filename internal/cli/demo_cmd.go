@@ -26,12 +26,8 @@ import (
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
-
-// DemoQuarantineTail, when set, runs after the demo's final table with the
-// demo's config and URL: the place for `quarantine stats` and the replay of
-// one group once the quarantine store (issue 9) exists. nil today.
-var DemoQuarantineTail func(ctx context.Context, w io.Writer, url string, cfg *config.Config) error
 
 // Kinds of demo message, by what their handler does.
 const (
@@ -73,8 +69,10 @@ type demoTracker struct {
 	byID   map[string]*demoMessage
 	order  []*demoMessage
 	events chan string
-	tiers  []time.Duration
-	max    int
+	// redriven receives the id of a replayed message its handler accepted.
+	redriven chan string
+	tiers    []time.Duration
+	max      int
 }
 
 func (t *demoTracker) add(m *demoMessage) {
@@ -149,6 +147,13 @@ func (t *demoTracker) handler() consumer.Handler {
 			}
 			return nil
 		case demoPermanent:
+			if _, replayed := m.Headers[wire.HeaderRedriveCount]; replayed {
+				select {
+				case t.redriven <- dm.id:
+				default: // a redelivery of it: already reported
+				}
+				return nil
+			}
 			return triage.Permanent(errors.New("customer account is closed"))
 		default: // crash
 			var prices map[string]float64
@@ -171,9 +176,11 @@ func (t *demoTracker) failed(id string, attempt int, permanent bool) {
 
 // runDemo: dlxbridge demo. It declares a demo topology under its own
 // prefix, publishes a mix of messages, handles them in-process and shows
-// where each one is until all have settled, then prints the final table and
-// deletes what it declared (unless --keep). Exit 0 when every message ended
-// where it should; 1 otherwise or on a broker error; 2 bad usage.
+// where each one is until all have settled, then prints the final table,
+// `quarantine stats`, the replay of the permanent group and the stats after
+// it, and deletes what it declared, streams included (unless --keep). Exit
+// 0 when every message ended where it should and the replayed message was
+// handled; 1 otherwise or on a broker error; 2 bad usage.
 func runDemo(ctx context.Context, env *Env, args []string) int {
 	fs := newFlagSet(env, "demo", "demo [--url amqp://...] [--keep] [--prefix P]")
 	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
@@ -254,7 +261,7 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 		}()
 	}
 
-	tr := &demoTracker{byID: map[string]*demoMessage{}, events: make(chan string, 256), tiers: q.Retry.Tiers, max: q.Retry.MaxAttempts}
+	tr := &demoTracker{byID: map[string]*demoMessage{}, events: make(chan string, 256), redriven: make(chan string, 1), tiers: q.Retry.Tiers, max: q.Retry.MaxAttempts}
 	for i := 1; i <= 6; i++ {
 		tr.add(&demoMessage{id: fmt.Sprintf("demo-valid-%d", i), kind: demoValid})
 	}
@@ -277,25 +284,13 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 		return err
 	}
 
-	// The quarantine, watched without acking: what arrives stays there.
-	qch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer qch.Close()
-	if err := qch.Qos(100, 0, false); err != nil {
-		return err
-	}
-	arrivals, err := qch.Consume(q.Quarantine.Queue, prefix+"-demo-watch", false, false, false, false, nil)
-	if err != nil {
-		return err
-	}
-	go func() {
-		for d := range arrivals {
-			class, _ := d.Headers[quarantine.HeaderClass].(string)
-			tr.set(d.MessageId, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
-		}
-	}()
+	// The quarantine, read as `dlxbridge quarantine` reads it: the
+	// runtime's keeper stores what arrives in the records stream.
+	in := &quarantine.Inspector{Conn: conn, Config: cfg}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); demoWatchQuarantine(watchCtx, in, tr) }()
+	defer func() { stopWatch(); <-watched }()
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	ran := make(chan error, 1)
@@ -347,17 +342,74 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	fmt.Fprintf(out, "\nfinal, after %.1fs:\n", time.Since(start).Seconds())
 	demoTable(out, tr)
 	wrong := demoSummary(out, tr, reg)
-	if DemoQuarantineTail != nil {
-		if err := DemoQuarantineTail(ctx, out, url, cfg); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintln(out, "\n(quarantine stats and the replay of one group: to come with `dlxbridge quarantine`, issue 9)")
-	}
 	if wrong > 0 {
 		return fmt.Errorf("%d message(s) did not end where they should", wrong)
 	}
-	return nil
+	stopWatch()
+	<-watched
+	return demoQuarantineTail(ctx, out, in, registry, q, tr)
+}
+
+// demoWatchQuarantine marks each message whose quarantine record it reads
+// until ctx ends. A snapshot reads the streams to their end (at least
+// about 1.5s on an empty stream); there is no event to wait for instead.
+func demoWatchQuarantine(ctx context.Context, in *quarantine.Inspector, tr *demoTracker) {
+	for ctx.Err() == nil {
+		if snap, err := in.Snapshot(ctx); err == nil {
+			for _, r := range snap.Records {
+				class := string(r.Envelope.Class)
+				tr.set(r.Properties.MessageID, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// demoReplayReason is the replay's reason in the audit trail.
+const demoReplayReason = "demo: the customer account was reopened"
+
+// demoQuarantineTail shows the quarantine as `dlxbridge quarantine stats`
+// does, replays the permanent group as `dlxbridge quarantine replay` does
+// (its handler accepts a replayed message: the account was reopened),
+// waits for the handler to take it and shows the stats again.
+func demoQuarantineTail(ctx context.Context, out io.Writer, in *quarantine.Inspector, registry *schemas.Registry, q *config.Queue, tr *demoTracker) error {
+	stats := func() error {
+		snap, err := in.Snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "\n$ dlxbridge quarantine stats")
+		return writeStats(out, snap.Stats(quarantine.Filter{}), snap)
+	}
+	if err := stats(); err != nil {
+		return err
+	}
+	filter := quarantine.Filter{Queue: q.Name, Class: string(triage.ClassPermanent)}
+	fmt.Fprintf(out, "\n$ dlxbridge quarantine replay --queue %s --class %s --reason %q\n", filter.Queue, filter.Class, demoReplayReason)
+	rp := &quarantine.Replayer{Conn: in.Conn, Config: in.Config, Registry: registry, By: "dlxbridge demo"}
+	res, err := rp.Replay(ctx, quarantine.ReplayOptions{Filter: filter, Reason: demoReplayReason})
+	if res != nil {
+		if werr := writeReplay(out, res); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	for range res.Sent {
+		select {
+		case id := <-tr.redriven:
+			fmt.Fprintf(out, "%s: handled after the replay\n", id)
+		case <-time.After(15 * time.Second):
+			return errors.New("the replayed message was not handled within 15s")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return stats()
 }
 
 // demoPublish sends the mix: valid and failing orders through the

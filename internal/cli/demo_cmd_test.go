@@ -1,6 +1,9 @@
 package cli_test
 
 import (
+	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +22,7 @@ func TestDemoEndsWhereItPublished(t *testing.T) {
 	out, errOut := b.mustRunAll(t, cli.ExitOK, "demo", "--prefix", env.Prefix)
 	took := time.Since(start)
 	final := out[strings.LastIndex(out, "final, after"):]
+	final, tail, _ := strings.Cut(final, "\n$ dlxbridge quarantine stats")
 	want := map[string]string{
 		"demo-valid-1": "handled", "demo-valid-6": "handled",
 		"demo-flaky-1": "handled", "demo-flaky-2": "handled",
@@ -53,8 +57,52 @@ func TestDemoEndsWhereItPublished(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s\n%s", s, out, errOut)
 		}
 	}
+	// The stats view lists the quarantined groups; the replay moves the
+	// permanent group (one record) and nothing else, and its handler takes
+	// it; the stats view after it says so.
+	before, after, ok := strings.Cut(tail, "\n$ dlxbridge quarantine stats")
+	if !ok {
+		t.Fatalf("the demo does not end with two quarantine stats views:\n%s", out)
+	}
+	if got, want := demoStats(before), "panic=1/0 permanent=1/0 schema=2/0"; got != want {
+		t.Errorf("stats before the replay: %s, want %s (class=open/replayed)", got, want)
+	}
+	if got, want := demoStats(after), "panic=1/0 permanent=0/1 schema=2/0"; got != want {
+		t.Errorf("stats after the replay: %s, want %s (class=open/replayed)", got, want)
+	}
+	for _, s := range []string{"total: 4 open, 0 replayed", "--class permanent", "replayed 1 of 1 selected",
+		"demo-permanent-1: handled after the replay", "total: 3 open, 1 replayed"} {
+		if !strings.Contains(tail, s) {
+			t.Errorf("the quarantine part lacks %q:\n%s", s, tail)
+		}
+	}
+	if n := strings.Count(tail, "\nsend "); n != 1 {
+		t.Errorf("the replay sent %d records, want 1:\n%s", n, tail)
+	}
 	if took > time.Minute {
 		t.Errorf("the demo took %s, want under a minute", took)
 	}
 	t.Logf("demo took %s:\n%s", took.Round(time.Millisecond), out)
+}
+
+// demoStats sums a `quarantine stats` table's OPEN and REPLAYED columns by
+// class: "class=open/replayed ...", classes sorted.
+func demoStats(view string) string {
+	open, replayed := map[string]int{}, map[string]int{}
+	for _, line := range strings.Split(view, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[0] == "QUEUE" || !strings.HasSuffix(f[0], ".orders") {
+			continue
+		}
+		o, _ := strconv.Atoi(f[3])
+		r, _ := strconv.Atoi(f[4])
+		open[f[1]] += o
+		replayed[f[1]] += r
+	}
+	var parts []string
+	for c := range open {
+		parts = append(parts, fmt.Sprintf("%s=%d/%d", c, open[c], replayed[c]))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // runQuarantine: dlxbridge quarantine list|show|stats|replay|purge|audit.
@@ -273,6 +274,18 @@ func (r *replayFlags) register(fs *flag.FlagSet, sub string) {
 func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replayFlags, cfg *config.Config,
 	filter quarantine.Filter, conn *amqp.Connection, fail func(string, ...any) int) int {
 	rp := &quarantine.Replayer{Conn: conn, Config: cfg, LockWait: ro.lockWait}
+	// With the consumers' key (security.signing_key_env) a replayed message
+	// keeps an origin the runtime trusts; without it the origin is where
+	// the replay sends it.
+	if env := cfg.Security.SigningKeyEnv; env != "" {
+		if key := os.Getenv(env); key != "" {
+			signer, err := triage.NewSigner([]byte(key))
+			if err != nil {
+				return fail("$%s: %v", env, err)
+			}
+			rp.Signer = signer
+		}
+	}
 	if sub == "purge" {
 		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
 		if err != nil {

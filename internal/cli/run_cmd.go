@@ -6,18 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"time"
 
-	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
-
-// RunQuarantineSource, when set, gives `dlxbridge run` the quarantine
-// inspector that feeds dlxbridge_quarantine_open_records and
-// dlxbridge_quarantine_oldest_open_age_seconds: the seam for issue 9's
-// quarantine.Inspector. nil today: run exports no quarantine gauges.
-var RunQuarantineSource func(ctx context.Context, url string, cfg *config.Config) (sidecar.QuarantineSource, error)
 
 // runRun: dlxbridge run, the sidecar. It verifies the topology (refusing to
 // start on drift unless --apply or --allow-drift), serves /metrics,
@@ -27,12 +21,13 @@ var RunQuarantineSource func(ctx context.Context, url string, cfg *config.Config
 // included); 1: the broker refused, the topology drifted, or the runtime
 // gave up.
 func runRun(ctx context.Context, env *Env, args []string) int {
-	fs := newFlagSet(env, "run", "run [--config config.yaml] [--url amqp://...] [--apply | --allow-drift] [--listen host:port]")
+	fs := newFlagSet(env, "run", "run [--config config.yaml] [--url amqp://...] [--apply | --allow-drift] [--listen host:port] [--quarantine-refresh 30s]")
 	var c common
 	c.register(fs, env)
 	apply := fs.Bool("apply", false, "declare missing topology before verifying it (refuses on a conflicting object)")
 	allowDrift := fs.Bool("allow-drift", false, "start even if the topology differs from the config (logs the drift)")
 	listen := fs.String("listen", "", "address for /metrics, /healthz, /readyz (default run.listen)")
+	qrefresh := fs.Duration("quarantine-refresh", 30*time.Second, "how often the quarantine metrics read the records (each read takes every record)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK
@@ -88,18 +83,16 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	defer stopTracing()
-	var qsrc sidecar.QuarantineSource
-	if RunQuarantineSource != nil {
-		if qsrc, err = RunQuarantineSource(ctx, url, cfg); err != nil {
-			fmt.Fprintf(env.Stderr, "dlxbridge run: quarantine inspector: %v\n", err)
-			return ExitFail
-		}
+	if *qrefresh <= 0 {
+		fmt.Fprintln(env.Stderr, "dlxbridge run: --quarantine-refresh must be positive")
+		return ExitUsage
 	}
 	page, ok := runPage(env, url, cfg, reg, logger)
 	if !ok {
 		return ExitUsage
 	}
-	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp, Quarantine: qsrc, Page: page})
+	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp,
+		QuarantineRefresh: *qrefresh, Page: page})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail

@@ -138,6 +138,8 @@ func newConsumer(url string, cfg *config.Config, name string, reg prometheus.Reg
 		ReconnectMax: time.Second,
 		// A fault may make the broker refuse or lose a queue for a while.
 		PermanentFailureTimeout: -1,
+		// The ledger reads the quarantine queue itself.
+		KeepQuarantineIntake: true,
 	})
 	if err != nil {
 		return nil, err

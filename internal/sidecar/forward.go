@@ -80,7 +80,7 @@ func NewForwarder(cfg *config.Config, q *config.Queue, m *Metrics) (*Forwarder, 
 		queue:   q.Name,
 		url:     q.Forward.URL,
 		target:  (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String(),
-		timeout: q.Forward.Timeout,
+		timeout: q.ForwardTimeout(),
 		client: &http.Client{
 			Transport: transport,
 			// A redirect could lead off the allowed hosts: the answer is

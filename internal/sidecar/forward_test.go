@@ -312,7 +312,7 @@ queues:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Run.Listen != config.DefaultListen || cfg.Queues[0].Forward.Timeout != 7*time.Second {
-		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].Forward.Timeout)
+	if cfg.Run.Listen != config.DefaultListen || cfg.Queues[0].ForwardTimeout() != 7*time.Second {
+		t.Errorf("defaults: listen %q, forward.timeout %s", cfg.Run.Listen, cfg.Queues[0].ForwardTimeout())
 	}
 }

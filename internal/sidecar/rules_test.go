@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/dlxbridge/dlxbridge/consumer"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -48,10 +49,6 @@ func (d *descRecorder) MustRegister(cs ...prometheus.Collector) {
 
 func (d *descRecorder) Unregister(prometheus.Collector) bool { return true }
 
-type noQuarantine struct{}
-
-func (noQuarantine) OpenRecords(context.Context) ([]OpenRecords, error) { return nil, nil }
-
 // registeredNames builds the consumer's and the sidecar's collectors, as
 // `dlxbridge run` does, and returns every metric name they describe
 // (histograms with their _bucket, _sum and _count series).
@@ -73,7 +70,10 @@ func registeredNames(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.MustRegister(NewBrokerCollector(mgmt, cfg), NewQuarantineCollector(noQuarantine{}, nil))
+	rec.MustRegister(NewBrokerCollector(mgmt, cfg))
+	if _, err := quarantine.NewMetrics(rec); err != nil {
+		t.Fatal(err)
+	}
 	rec.names["dlxbridge_ready"] = true // a GaugeFunc that Run registers
 	for n := range rec.names {
 		for _, s := range []string{"_bucket", "_sum", "_count"} {
@@ -189,7 +189,7 @@ func TestAlertRulesUseRegisteredMetrics(t *testing.T) {
 	if alerts < 5 {
 		t.Errorf("%d alerts, want at least 5", alerts)
 	}
-	for _, want := range []string{"dlxbridge_quarantine_open_records", "dlxbridge_quarantine_oldest_open_age_seconds", "dlxbridge_queue_info"} {
+	for _, want := range []string{"dlxbridge_quarantine_records", "dlxbridge_quarantine_oldest_open_age_seconds", "dlxbridge_queue_info"} {
 		if !known[want] {
 			t.Errorf("%s is not registered", want)
 		}

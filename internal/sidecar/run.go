@@ -19,6 +19,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/consumer"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -53,9 +54,12 @@ type Options struct {
 	// Listener, if set, is used instead of listening on run.listen (tests
 	// pass one bound to port 0).
 	Listener net.Listener
-	// Quarantine, if set, feeds the quarantine gauges (the issue-9
-	// inspector). Defaults to none: no quarantine gauges.
-	Quarantine QuarantineSource
+	// QuarantineRefresh is how often the runtime reads the quarantine
+	// streams for the quarantine's metrics (quarantine.NewMetrics, on
+	// run's registry; see consumer.Config.QuarantineMetrics). Each read
+	// takes every record; the oldest record's age is computed at each
+	// scrape regardless. Defaults to 30s.
+	QuarantineRefresh time.Duration
 	// Page, if set, serves the quarantine page under /quarantine (see
 	// Page). Defaults to none.
 	Page *Page
@@ -94,8 +98,9 @@ func Run(ctx context.Context, o Options) error {
 		mgmt = m
 		reg.MustRegister(NewBrokerCollector(mgmt, cfg))
 	}
-	if o.Quarantine != nil {
-		reg.MustRegister(NewQuarantineCollector(o.Quarantine, nil))
+	qmetrics, err := quarantine.NewMetrics(reg)
+	if err != nil {
+		return err
 	}
 	metrics, err := NewMetrics(reg, cfg)
 	if err != nil {
@@ -111,6 +116,7 @@ func Run(ctx context.Context, o Options) error {
 		ConnectionName: cfg.Broker.ConnectionName + "/run",
 		Logger:         o.Logger, Registerer: reg,
 		DrainTimeout: drain + 5*time.Second, TracerProvider: o.TracerProvider,
+		QuarantineMetrics: qmetrics, QuarantineRefresh: o.QuarantineRefresh,
 	})
 	if err != nil {
 		return err

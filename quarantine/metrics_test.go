@@ -1,0 +1,57 @@
+package quarantine
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// The oldest open record's age grows at every scrape, not only at every
+// refresh; a queue whose records are all resolved reports 0; arrivals of
+// every state are counted by class.
+func TestMetricsOldestOpenAgeGrowsBetweenRefreshes(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	now := t0
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.oldest.now = func() time.Time { return now }
+	rec := func(queue, class string, state State, at time.Time) *Record {
+		return &Record{Queue: queue, State: state, Envelope: Envelope{Class: triage.Class(class), QuarantinedAt: at}}
+	}
+	m.Observe(&Snapshot{At: t0, Records: []*Record{
+		rec("orders", "schema", StateOpen, t0.Add(-30*time.Second)),
+		rec("orders", "schema", StateOpen, t0.Add(-90*time.Second)),
+		rec("orders", "permanent", StateReplayed, t0.Add(-300*time.Second)),
+		rec("mail", "transient", StatePurged, t0.Add(-60*time.Second)),
+	}})
+	head := "# HELP dlxbridge_quarantine_oldest_open_age_seconds Age of the oldest open quarantine record (0 when none is open), by work queue.\n" +
+		"# TYPE dlxbridge_quarantine_oldest_open_age_seconds gauge\n" +
+		"dlxbridge_quarantine_oldest_open_age_seconds{queue=\"mail\"} 0\n"
+	want := func(age string) {
+		t.Helper()
+		exp := head + "dlxbridge_quarantine_oldest_open_age_seconds{queue=\"orders\"} " + age + "\n"
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(exp), "dlxbridge_quarantine_oldest_open_age_seconds"); err != nil {
+			t.Error(err)
+		}
+	}
+	want("90")
+	now = now.Add(time.Minute) // a scrape a minute later, no refresh between
+	want("150")
+	for _, c := range []struct {
+		class, state string
+		n            float64
+	}{{"schema", "open", 2}, {"permanent", "replayed", 1}} {
+		if got := testutil.ToFloat64(m.records.WithLabelValues("orders", c.class, c.state)); got != c.n {
+			t.Errorf("records{orders,%s,%s} = %v, want %v", c.class, c.state, got, c.n)
+		}
+	}
+}
