@@ -24,6 +24,12 @@ type Run struct {
 	// as written, without DNS. Defaults to none (loopback only: 127.0.0.0/8,
 	// ::1 and "localhost").
 	ForwardHosts []string `yaml:"forward_hosts"`
+
+	// OperatorTokenEnv names the environment variable holding the token
+	// that lets the quarantine page (/quarantine) replay and purge. The
+	// token itself never goes in this file. Defaults to "" (the page is
+	// read-only).
+	OperatorTokenEnv string `yaml:"operator_token_env"`
 }
 
 // Forward is where `dlxbridge run` POSTs one queue's validated messages.

@@ -87,8 +87,12 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		fmt.Fprintln(env.Stderr, "dlxbridge run: --quarantine-refresh must be positive")
 		return ExitUsage
 	}
+	page, ok := runPage(env, url, cfg, reg, logger)
+	if !ok {
+		return ExitUsage
+	}
 	err = sidecar.Run(ctx, sidecar.Options{URL: url, Config: cfg, Registry: reg, Logger: logger, Topology: mode, TracerProvider: tp,
-		QuarantineRefresh: *qrefresh})
+		QuarantineRefresh: *qrefresh, Page: page})
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
 		return ExitFail

@@ -60,6 +60,9 @@ type Options struct {
 	// takes every record; the oldest record's age is computed at each
 	// scrape regardless. Defaults to 30s.
 	QuarantineRefresh time.Duration
+	// Page, if set, serves the quarantine page under /quarantine (see
+	// Page). Defaults to none.
+	Page *Page
 	// Started, if set, is called with the server's address once it serves.
 	Started func(addr string)
 	// TracerProvider makes the runtime's spans. Defaults to the global one.
@@ -155,7 +158,11 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("run.listen: %w", err)
 		}
 	}
-	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 10 * time.Second}
+	mux := h.mux(reg)
+	if o.Page != nil {
+		o.Page.Mount(mux)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	stopServer := func() error {

@@ -1,0 +1,33 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/sidecar"
+	"github.com/dlxbridge/dlxbridge/schemas"
+)
+
+// runPage is `dlxbridge run`'s quarantine page: read-only, unless
+// run.operator_token_env names a variable holding the operator token. A
+// variable named but empty or unset is a config error (ok false), not a
+// silently read-only page.
+func runPage(env *Env, url string, cfg *config.Config, reg *schemas.Registry, logger *slog.Logger) (*sidecar.Page, bool) {
+	p := &sidecar.Page{Config: cfg, Registry: reg, Logger: logger,
+		Dial: func() (*amqp.Connection, error) {
+			return amqpx.Dial(url, cfg.Broker.ConnectionName+"/run-quarantine-page")
+		}}
+	if name := cfg.Run.OperatorTokenEnv; name != "" {
+		p.Token = strings.TrimSpace(env.Getenv(name))
+		if p.Token == "" {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: run.operator_token_env names %s, which is unset or empty\n", name)
+			return nil, false
+		}
+	}
+	return p, true
+}

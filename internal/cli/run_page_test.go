@@ -1,0 +1,33 @@
+package cli_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/cli"
+)
+
+// run.operator_token_env naming an unset variable is a config error, not
+// a page that is silently read-only; run declares nothing.
+func TestRunRefusesAnEmptyOperatorToken(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	b := writeRunConfig(t, env, "    forward: {url: \"http://127.0.0.1:1/x\"}\n")
+	doc, err := os.ReadFile(b.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = []byte(strings.Replace(string(doc), "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  operator_token_env: DLXBRIDGE_TEST_UNSET_TOKEN\n", 1))
+	if err := os.WriteFile(b.config, doc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut := b.mustRunAll(t, cli.ExitUsage, "run", "--config", b.config, "--apply")
+	if !strings.Contains(errOut, "run.operator_token_env names DLXBRIDGE_TEST_UNSET_TOKEN, which is unset or empty") {
+		t.Errorf("stderr:\n%s", errOut)
+	}
+	if code, _, _ := b.run(t, "topology", "verify", "--config", b.config); code == cli.ExitOK {
+		t.Error("run declared the topology")
+	}
+}
