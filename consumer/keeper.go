@@ -36,23 +36,44 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			backoff := c.cfg.ReconnectMin
-			for {
+			superviseKeeper(ctx, func(ctx context.Context) (bool, error) {
+				before := k.Moved()
 				err := k.Run(ctx)
-				if ctx.Err() != nil {
-					return
-				}
-				c.log.Warn("quarantine keeper stopped; starting again", "intake", k.Intake, "error", err, "in", backoff)
+				return k.Moved() > before, err
+			}, c.cfg.ReconnectMin, c.cfg.ReconnectMax, func(ctx context.Context, d time.Duration, err error) bool {
+				c.log.Warn("quarantine keeper stopped; starting again", "intake", k.Intake, "error", err, "in", d)
 				select {
 				case <-ctx.Done():
-					return
-				case <-time.After(backoff):
+					return false
+				case <-time.After(d):
+					return true
 				}
-				backoff = min(backoff*2, c.cfg.ReconnectMax)
-			}
+			})
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// superviseKeeper calls run until ctx ends, and wait (which reports false
+// when ctx ended) between runs. The wait doubles from lo up to hi while runs
+// fail without moving a record, and starts again from lo after a run that
+// moved some: a keeper that stored records for a day and then lost its
+// connection comes back as fast as a new one.
+func superviseKeeper(ctx context.Context, run func(context.Context) (moved bool, err error), lo, hi time.Duration, wait func(context.Context, time.Duration, error) bool) {
+	backoff := lo
+	for {
+		moved, err := run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if moved {
+			backoff = lo
+		}
+		if !wait(ctx, backoff, err) {
+			return
+		}
+		backoff = min(backoff*2, hi)
+	}
 }
 
 // startQuarantineMetrics refreshes cfg.QuarantineMetrics over conn at once

@@ -195,3 +195,35 @@ func TestRuntimeRefreshesQuarantineMetrics(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the refresh is on a timer: no event to wait on
 	}
 }
+
+// The keeper's backoff doubles while runs fail without moving anything and
+// starts again from the minimum after a run that moved records, rather than
+// stay at the maximum for the rest of the session.
+func TestKeeperBackoffResetsAfterARunThatMovedRecords(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	moved := []bool{false, false, true, false, false, false}
+	runs := 0
+	run := func(context.Context) (bool, error) {
+		m := moved[runs]
+		runs++
+		if runs == len(moved) {
+			cancel()
+		}
+		return m, errors.New("channel closed")
+	}
+	var waits []time.Duration
+	wait := func(_ context.Context, d time.Duration, err error) bool {
+		if err == nil {
+			t.Error("wait without the run's error")
+		}
+		waits = append(waits, d)
+		return true
+	}
+	superviseKeeper(ctx, run, time.Second, 8*time.Second, wait)
+	want := []time.Duration{time.Second, 2 * time.Second, time.Second, 2 * time.Second, 4 * time.Second}
+	if fmt.Sprint(waits) != fmt.Sprint(want) {
+		t.Fatalf("waits %v, want %v", waits, want)
+	}
+}

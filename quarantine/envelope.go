@@ -146,6 +146,18 @@ type Envelope struct {
 	Notes            []string     `json:"notes,omitempty"`
 	Dropped          []string     `json:"dropped,omitempty"`
 	Stack            string       `json:"stack,omitempty"`
+	// PayloadOmitted is set only by the keeper, in a record's meta (never
+	// read from headers): the record keeps the message without its payload.
+	PayloadOmitted *PayloadOmitted `json:"payload_omitted,omitempty"`
+}
+
+// PayloadOmitted says why a record holds no payload: the message with its
+// record meta was over the broker's max message size, so the keeper stored
+// the rest of it (listed, counted, purgeable; never replayable).
+type PayloadOmitted struct {
+	Reason string `json:"reason"`
+	// Bytes is the size of the payload as received.
+	Bytes int `json:"bytes"`
 }
 
 // Apply writes the envelope into headers (which must be non-nil), over any

@@ -194,6 +194,8 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			qc, ok = tq, true
 		}
 		switch {
+		case r.Envelope.PayloadOmitted != nil:
+			p.Refused = fmt.Sprintf("its payload (%d bytes) was not kept: %s; nothing to replay", r.Envelope.PayloadOmitted.Bytes, r.Envelope.PayloadOmitted.Reason)
 		case !ok:
 			p.Refused = fmt.Sprintf("queue %q is not in the config", r.Queue)
 		case r.Redrives >= qc.Quarantine.MaxRedrivesValue():

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -145,6 +147,20 @@ func storable(h amqp.Table) amqp.Table {
 // encodeRecord turns an intake delivery into the stream message that keeps
 // it.
 func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishing, string, error) {
+	return encodeRecordOmitting(d, intake, now, nil)
+}
+
+// encodeStub is the record of a message whose full record the broker
+// refused as too large: everything but the payload, and why (refusal is the
+// broker's answer). Its id is the full record's.
+func encodeStub(d *amqp.Delivery, intake string, now time.Time, refusal error) (amqp.Publishing, string, error) {
+	return encodeRecordOmitting(d, intake, now, &PayloadOmitted{
+		Reason: "the message with its record was over the broker's max message size (" + refusal.Error() + ")",
+		Bytes:  len(d.Body),
+	})
+}
+
+func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
 	id, err := RecordID(d)
 	if err != nil {
 		return amqp.Publishing{}, "", err
@@ -154,6 +170,11 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 		return amqp.Publishing{}, "", err
 	}
 	env, _ := Read(d)
+	env.PayloadOmitted = omitted
+	payload := d.Body
+	if omitted != nil {
+		payload = nil
+	}
 	meta, err := json.Marshal(recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Headers: headers, Envelope: &env,
@@ -162,11 +183,11 @@ func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishi
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
-	body := make([]byte, 0, len(recordMagic)+4+len(meta)+len(d.Body))
+	body := make([]byte, 0, len(recordMagic)+4+len(meta)+len(payload))
 	body = append(body, recordMagic...)
 	body = binary.BigEndian.AppendUint32(body, uint32(len(meta)))
 	body = append(body, meta...)
-	body = append(body, d.Body...)
+	body = append(body, payload...)
 	return amqp.Publishing{
 		Headers:      amqp.Table{HeaderRecordID: id, HeaderRecordIntake: intake},
 		ContentType:  "application/vnd.dlxbridge.record",
@@ -218,12 +239,16 @@ type Keeper struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// kept, when set, is called after each record is acked (tests).
-	kept func(id string)
+	kept  func(id string)
+	moved atomic.Int64
 }
 
 // Run keeps records until ctx ends (then returns nil) or a channel fails (an
 // error; the caller restarts it with backoff). A message whose record
-// cannot be written is rejected with requeue, never acked.
+// cannot be written is rejected with requeue, never acked; one whose
+// record the broker refuses as over its max message size is stored as a
+// stub without its payload (see encodeStub), and acked once that is
+// confirmed.
 func (k *Keeper) Run(ctx context.Context) error {
 	now, log, prefetch := k.Now, k.Logger, k.Prefetch
 	if now == nil {
@@ -239,7 +264,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer func() { _ = pub.Close() }() // pub is replaced after a refusal
 	ch, err := k.Consume.Channel()
 	if err != nil {
 		return fmt.Errorf("keeper %s: open channel: %w", k.Intake, err)
@@ -285,7 +310,15 @@ func (k *Keeper) Run(ctx context.Context) error {
 		// when the alarm clears, and the runtime's stop waits for the
 		// keeper. A record written but not acked is written again with the
 		// same id, and readers keep one.
-		if err := pub.Publish(ctx, "", k.Records, msg); err != nil {
+		err = pub.Publish(ctx, "", k.Records, msg)
+		if err != nil && tooLarge(err) && ctx.Err() == nil {
+			// Its payload can never be stored: keep the rest of it, or it
+			// stays in the intake for ever and stops every record behind it.
+			log.Warn("quarantine keeper: record over the broker's max message size; storing it without its payload",
+				"intake", k.Intake, "id", id, "payload_bytes", len(d.Body), "error", err)
+			err = k.publishStub(ctx, &pub, &d, now(), err)
+		}
+		if err != nil {
 			_ = d.Nack(false, true)
 			if ctx.Err() != nil {
 				return nil
@@ -295,10 +328,39 @@ func (k *Keeper) Run(ctx context.Context) error {
 		if err := d.Ack(false); err != nil {
 			return fmt.Errorf("keeper %s: ack: %w", k.Intake, err)
 		}
+		k.moved.Add(1)
 		if k.kept != nil {
 			k.kept(id)
 		}
 	}
+}
+
+// Moved is how many records this Keeper has stored and acked, over all its
+// runs: a supervisor resets its backoff after a run that moved some.
+func (k *Keeper) Moved() int64 { return k.moved.Load() }
+
+// publishStub stores d's stub record after the broker refused its full
+// record (refusal), on a new publisher, since the refusal closed the old
+// one's channel. Only a confirmed stub lets the caller ack d.
+func (k *Keeper) publishStub(ctx context.Context, pub **amqpx.Publisher, d *amqp.Delivery, now time.Time, refusal error) error {
+	stub, _, err := encodeStub(d, k.Intake, now, refusal)
+	if err != nil {
+		return err
+	}
+	_ = (*pub).Close()
+	p, err := amqpx.NewPublisher(k.Publish)
+	if err != nil {
+		return err
+	}
+	*pub = p
+	return p.Publish(ctx, "", k.Records, stub)
+}
+
+// tooLarge: the broker refused a publish for its size. It closes the
+// channel (406 PRECONDITION_FAILED, "message size N is larger than
+// configured max size M"; seen on 4.0.5).
+func tooLarge(err error) bool {
+	return errors.Is(err, amqpx.ErrPublisherClosed) && strings.Contains(err.Error(), "larger than configured max size")
 }
 
 // redrives reads the redrive count a message carries: 0 when absent,

@@ -1,8 +1,11 @@
 package quarantine
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,4 +118,70 @@ func (b *storeBundle) depth(queue string) int {
 		b.t.Fatal(err)
 	}
 	return q.Messages
+}
+
+// A message near the broker's max message size (16 MiB on 4.x) fits the
+// intake but not with its record meta: the broker refuses the record. The
+// keeper then stores it without its payload, saying why and how large it
+// was, so it is listed and can be purged, the messages behind it move on,
+// and replay refuses it (the payload is gone).
+func TestKeeperStoresARecordOverTheMaxMessageSizeWithoutItsPayload(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	var overview struct {
+		Version string `json:"rabbitmq_version"`
+	}
+	if err := json.Unmarshal(b.env.ManagementGet("/api/overview"), &overview); err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(overview.Version, "3.") {
+		t.Skipf("RabbitMQ %s: the max message size is 128 MiB; this test sends 16 MiB", overview.Version)
+	}
+	const size = 16<<20 - 100
+	now := time.Now().UTC()
+	intake := b.q.Quarantine.Queue
+	b.publish(intake, amqp.Publishing{MessageId: "small-1", Type: "test.job", Headers: envelopeHeaders(b.q.Name, "fp-small", "bad", now), Body: []byte(`{"n":1}`)})
+	b.publish(intake, amqp.Publishing{MessageId: "huge", Type: "test.job", Headers: envelopeHeaders(b.q.Name, "fp-huge", "too big", now), Body: bytes.Repeat([]byte("x"), size)})
+	b.publish(intake, amqp.Publishing{MessageId: "small-2", Type: "test.job", Headers: envelopeHeaders(b.q.Name, "fp-small", "bad", now), Body: []byte(`{"n":2}`)})
+	b.keep(3)
+	if n := b.depth(intake); n != 0 {
+		t.Fatalf("intake holds %d after the keeper", n)
+	}
+
+	s := b.snapshot(b.inspector())
+	if len(s.Records) != 3 {
+		t.Fatalf("%d records, want 3", len(s.Records))
+	}
+	var huge *Record
+	for _, r := range s.Records {
+		switch {
+		case r.Properties.MessageID == "huge":
+			huge = r
+		case r.Envelope.PayloadOmitted != nil || len(r.Body) == 0:
+			t.Fatalf("record %s lost its payload: %+v", r.Properties.MessageID, r.Envelope.PayloadOmitted)
+		}
+	}
+	if huge == nil || huge.Envelope.PayloadOmitted == nil {
+		t.Fatalf("the large message's record does not say its payload was left out: %+v", huge)
+	}
+	if om := huge.Envelope.PayloadOmitted; om.Bytes != size || !strings.Contains(om.Reason, "max message size") || len(huge.Body) != 0 {
+		t.Fatalf("stub: %+v, body %d bytes", om, len(huge.Body))
+	}
+	if huge.Envelope.Fingerprint != "fp-huge" || huge.State != StateOpen || huge.Queue != b.q.Name {
+		t.Fatalf("stub record %+v", huge)
+	}
+
+	rp := b.replayer()
+	ctx := context.Background()
+	res, err := rp.Replay(ctx, ReplayOptions{Filter: Filter{IDs: []string{huge.ID}}, Reason: "test"})
+	if err != nil || len(res.Sent) != 0 || len(res.Plan) != 1 || !strings.Contains(res.Plan[0].Refused, "was not kept") {
+		t.Fatalf("replay of a stub: %+v %v", res, err)
+	}
+	if n := b.depth(b.q.Name); n != 0 {
+		t.Fatalf("replay sent %d", n)
+	}
+	pr, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{IDs: []string{huge.ID}}, Reason: "too large to keep"})
+	if err != nil || len(pr.Purged) != 1 {
+		t.Fatalf("purge of a stub: %+v %v", pr, err)
+	}
 }
