@@ -101,6 +101,18 @@ func (c *common) register(fs *flag.FlagSet, env *Env) {
 	fs.StringVar(&c.output, "output", "text", "output format: text or json")
 }
 
+// checkedURL is brokerURL, checked the way amqp091-go will read it. A URL
+// that does not parse is reported on stderr under cmd (its error quotes
+// nothing of the URL) and ok is false: the command exits ExitUsage.
+func (c *common) checkedURL(env *Env, cmd string) (url string, ok bool) {
+	url, from := c.brokerURL(env)
+	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge %s: %s: %v\n", cmd, from, err)
+		return "", false
+	}
+	return url, true
+}
+
 // brokerURL resolves --url, then RABBITMQ_URL, then the default, and says
 // which it took.
 func (c *common) brokerURL(env *Env) (url, from string) {

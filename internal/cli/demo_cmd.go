@@ -195,9 +195,8 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	c := common{url: *urlFlag}
-	url, from := c.brokerURL(env)
-	if _, err := amqpx.ParseAMQPURL(url); err != nil {
-		fmt.Fprintf(env.Stderr, "dlxbridge demo: %s: %v\n", from, err)
+	url, ok := c.checkedURL(env, "demo")
+	if !ok {
 		return ExitUsage
 	}
 	if *prefix == "" {

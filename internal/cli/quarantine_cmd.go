@@ -115,11 +115,8 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine purge: %v (--reason)\n", quarantine.ErrNoReason)
 		return ExitUsage
 	}
-	// Errors never quote a URL: they are built from its parsed parts (see
-	// amqpx), so they are printed as they are.
-	url, from := c.brokerURL(env)
-	if _, err := amqpx.ParseAMQPURL(url); err != nil {
-		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %s: %v\n", sub, from, err)
+	url, ok := c.checkedURL(env, "quarantine "+sub)
+	if !ok {
 		return ExitUsage
 	}
 	conn, err := amqpx.Dial(url, cfg.Broker.ConnectionName+"/quarantine-"+sub)

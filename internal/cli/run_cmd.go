@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
@@ -59,9 +58,8 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 	if missing {
 		return ExitUsage
 	}
-	url, from := c.brokerURL(env)
-	if _, err := amqpx.ParseAMQPURL(url); err != nil {
-		fmt.Fprintf(env.Stderr, "dlxbridge run: %s: %v\n", from, err)
+	url, ok := c.checkedURL(env, "run")
+	if !ok {
 		return ExitUsage
 	}
 	reg, err := schemas.Load(schemas.LoadOptions{Dir: cfg.Schemas.Dir})

@@ -49,11 +49,8 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	// Errors never quote a URL: they are built from its parsed parts (see
-	// amqpx), so they are printed as they are.
-	url, from := c.brokerURL(env)
-	if _, err := amqpx.ParseAMQPURL(url); err != nil {
-		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: %s: %v\n", sub, from, err)
+	url, ok := c.checkedURL(env, "topology "+sub)
+	if !ok {
 		return ExitUsage
 	}
 	fail := func(format string, a ...any) int {
