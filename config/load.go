@@ -69,6 +69,15 @@ func Parse(data []byte) (*Config, error) {
 		}
 		return nil, Errors{{Msg: "not valid YAML: " + yamlError(data, err)}}
 	}
+	// A second document would be read by nobody: a config split by a stray
+	// "---" loses its second half silently otherwise.
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, Errors{{Msg: "not valid YAML: " + yamlError(data, err)}}
+		}
+		return nil, Errors{{Msg: fmt.Sprintf("yaml: line %d: a second YAML document (after \"---\"); a config is one document", extra.Line)}}
+	}
 	var errs Errors
 	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs, map[aliased]bool{})
 	if len(errs) > 0 {

@@ -266,6 +266,8 @@ func TestBadDocuments(t *testing.T) {
 		"":          "config is empty",
 		"queues: [": "not valid YAML",
 		"queues:\n  - name: q\n    delivery_limit: lots\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n": "wrong type",
+		queueDoc("") + "---\nqueues: []\n": "line 6: a second YAML document",
+		queueDoc("") + "---\nqueues: [\n":  "not valid YAML",
 	} {
 		_, err := config.Parse([]byte(doc))
 		if err == nil {
