@@ -271,9 +271,26 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	tr.add(&demoMessage{id: "demo-invalid-1", kind: demoInvalid})
 	tr.add(&demoMessage{id: "demo-invalid-2", kind: demoInvalid})
 
+	// One signing key for the runtime and the replay, as in production
+	// (security.signing_key_env): the replayed message's origin is then
+	// one the runtime trusts. Without the variable set, a key for this run.
+	signer, err := envSigner(cfg)
+	if err != nil {
+		return err
+	}
+	var key []byte
+	if signer == nil {
+		key = make([]byte, 32)
+		_, _ = rand.Read(key)
+		if signer, err = triage.NewSigner(key); err != nil {
+			return err
+		}
+	} else {
+		key = []byte(os.Getenv(cfg.Security.SigningKeyEnv))
+	}
 	reg := prometheus.NewRegistry()
 	c, err := consumer.New(&consumer.Config{
-		URL: url, File: cfg, Registry: registry, Registerer: reg,
+		URL: url, File: cfg, Registry: registry, Registerer: reg, SigningKey: key,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DrainTimeout: 5 * time.Second,
 	})
 	if err != nil {
@@ -346,7 +363,7 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	}
 	stopWatch()
 	<-watched
-	return demoQuarantineTail(ctx, out, in, registry, q, tr)
+	return demoQuarantineTail(ctx, out, in, signer, registry, q, tr)
 }
 
 // demoWatchQuarantine marks each message whose quarantine record it reads
@@ -374,7 +391,7 @@ const demoReplayReason = "demo: the customer account was reopened"
 // does, replays the permanent group as `dlxbridge quarantine replay` does
 // (its handler accepts a replayed message: the account was reopened),
 // waits for the handler to take it and shows the stats again.
-func demoQuarantineTail(ctx context.Context, out io.Writer, in *quarantine.Inspector, registry *schemas.Registry, q *config.Queue, tr *demoTracker) error {
+func demoQuarantineTail(ctx context.Context, out io.Writer, in *quarantine.Inspector, signer *triage.Signer, registry *schemas.Registry, q *config.Queue, tr *demoTracker) error {
 	stats := func() error {
 		snap, err := in.Snapshot(ctx)
 		if err != nil {
@@ -388,7 +405,7 @@ func demoQuarantineTail(ctx context.Context, out io.Writer, in *quarantine.Inspe
 	}
 	filter := quarantine.Filter{Queue: q.Name, Class: string(triage.ClassPermanent)}
 	fmt.Fprintf(out, "\n$ dlxbridge quarantine replay --queue %s --class %s --reason %q\n", filter.Queue, filter.Class, demoReplayReason)
-	rp := &quarantine.Replayer{Conn: in.Conn, Config: in.Config, Registry: registry, By: "dlxbridge demo"}
+	rp := &quarantine.Replayer{Conn: in.Conn, Config: in.Config, Registry: registry, By: "dlxbridge demo", Signer: signer}
 	res, err := rp.Replay(ctx, quarantine.ReplayOptions{Filter: filter, Reason: demoReplayReason})
 	if res != nil {
 		if werr := writeReplay(out, res); werr != nil {

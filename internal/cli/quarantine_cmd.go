@@ -284,15 +284,11 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	// With the consumers' key (security.signing_key_env) a replayed message
 	// keeps an origin the runtime trusts; without it the origin is where
 	// the replay sends it.
-	if env := cfg.Security.SigningKeyEnv; env != "" {
-		if key := os.Getenv(env); key != "" {
-			signer, err := triage.NewSigner([]byte(key))
-			if err != nil {
-				return fail("$%s: %v", env, err)
-			}
-			rp.Signer = signer
-		}
+	signer, err := envSigner(cfg)
+	if err != nil {
+		return fail("%v", err)
 	}
+	rp.Signer = signer
 	if sub == "purge" {
 		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
 		if err != nil {
@@ -544,4 +540,19 @@ func printable(s, keep string) string {
 		i += size
 	}
 	return b.String()
+}
+
+// envSigner is the Signer for the consumers' key, read from the variable
+// security.signing_key_env names, or nil when it is unset or empty.
+func envSigner(cfg *config.Config) (*triage.Signer, error) {
+	env := cfg.Security.SigningKeyEnv
+	key := os.Getenv(env)
+	if env == "" || key == "" {
+		return nil, nil
+	}
+	signer, err := triage.NewSigner([]byte(key))
+	if err != nil {
+		return nil, fmt.Errorf("$%s: %w", env, err)
+	}
+	return signer, nil
 }
