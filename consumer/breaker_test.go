@@ -1,0 +1,212 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// outage is a handler's dependency that fails every call for a while from
+// the first call on, then recovers, and what the runtime did meanwhile.
+type outage struct {
+	length time.Duration
+	fail   func() error // the handler's error during the outage
+
+	mu        sync.Mutex
+	start     time.Time
+	failed    int            // handler calls that failed (the outage's wasted calls)
+	handled   map[string]int // successful handler calls by message id
+	acked     map[string]int // OutcomeAcked by message id
+	maxTry    int            // the highest attempt a handler saw
+	outcomes  map[string]int
+	done      chan struct{} // closed once every message was acked
+	want      int
+	doneOnce  sync.Once
+	lastFail  time.Time
+	firstGood time.Time
+}
+
+func newOutage(length time.Duration, want int, fail func() error) *outage {
+	return &outage{length: length, fail: fail, want: want, handled: map[string]int{}, acked: map[string]int{},
+		outcomes: map[string]int{}, done: make(chan struct{})}
+}
+
+func (o *outage) handle(_ context.Context, m *Message) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	if o.start.IsZero() {
+		o.start = now
+	}
+	o.maxTry = max(o.maxTry, m.Attempt)
+	if now.Sub(o.start) < o.length {
+		o.failed++
+		o.lastFail = now
+		return o.fail()
+	}
+	if o.firstGood.IsZero() {
+		o.firstGood = now
+	}
+	o.handled[m.MessageID]++
+	return nil
+}
+
+func (o *outage) settled(s Settled) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.outcomes[s.Outcome]++
+	if s.Outcome == OutcomeAcked {
+		o.acked[s.MessageID]++
+	}
+	// Every message ends acked or (breaker off) quarantined.
+	if len(o.acked)+o.outcomes[OutcomeQuarantined] >= o.want {
+		o.doneOnce.Do(func() { close(o.done) })
+	}
+}
+
+// runOutage publishes n messages to a queue configured by mutate, consumes
+// them with a handler behind o, and waits until every message is settled
+// for good.
+func runOutage(t *testing.T, n int, o *outage, mutate func(q *config.Queue)) *testBundle {
+	t.Helper()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.MaxAttempts = 5
+		q.Breaker.MinOpen = time.Second
+		q.Breaker.MaxOpen = 3 * time.Second
+		if mutate != nil {
+			mutate(q)
+		}
+	})
+	b.cfg.OnSettled = o.settled
+	b.cfg.hooks.breaker = func(queue string, tr triage.Transition) { t.Logf("%s: %s", queue, tr) }
+	for i := range n {
+		b.publishJSON(map[string]any{"id": fmt.Sprint(i)}, amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i)})
+	}
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(o.handle)))
+	})
+	select {
+	case <-o.done:
+	case <-time.After(o.length + 90*time.Second):
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		t.Fatalf("not every message was settled: %d of %d acked, outcomes %v", len(o.acked), n, o.outcomes)
+	}
+	return b
+}
+
+// The outage: a handler fails every call for 10s, then recovers,
+// with hundreds of messages queued. The breaker pauses the queue: the
+// handler is called a handful of times during the outage, no message
+// spends more than a couple of attempts or reaches the quarantine, and
+// after the recovery every message is handled exactly once.
+func TestBreakerPausesQueueThroughOutage(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	cases := []struct {
+		name   string
+		fail   func() error
+		mutate func(q *config.Queue)
+	}{
+		{"dependency-signal", func() error { return triage.DependencyDown(0, errors.New("payments API: 503")) }, nil},
+		{"consecutive-transient", func() error { return errors.New("payments API: connection refused") },
+			func(q *config.Queue) { q.Breaker.ConsecutiveFailures = 3 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := newOutage(10*time.Second, n, tc.fail)
+			b := runOutage(t, n, o, tc.mutate)
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			var retries float64
+			for tier := range b.queue.Retry.Tiers {
+				retries += testutil.ToFloat64(b.consumer.metrics.retries.WithLabelValues(b.queue.Name, tierLabel(tier)))
+			}
+			opens := 0.0
+			for _, st := range []triage.BreakerState{triage.BreakerClosed, triage.BreakerHalfOpen} {
+				for _, cause := range []triage.BreakerCause{triage.CauseSignal, triage.CauseConsecutive, triage.CauseProbeFailed} {
+					opens += testutil.ToFloat64(b.consumer.metrics.breakerTransitions.WithLabelValues(b.queue.Name, string(st), "open", string(cause)))
+				}
+			}
+			t.Logf("outage %s: %d failed handler calls for %d messages, %v lane publishes, %v opens, highest attempt %d, outcomes %v; last failure %s after the start, first success %s",
+				o.length, o.failed, n, retries, opens, o.maxTry, o.outcomes, o.lastFail.Sub(o.start).Round(time.Millisecond), o.firstGood.Sub(o.start).Round(time.Millisecond))
+
+			// (a) Bounded: what was in hand when it opened (Concurrency
+			// handlers, plus a trip's run of failures), then about one
+			// probe per open period (1s doubling to 3s: about 5 in 10s).
+			// Without the breaker every message fails (see
+			// TestBreakerOffVsOn).
+			if bound := 30; o.failed > bound {
+				t.Errorf("%d handler calls failed during the outage, want at most %d (the queue holds %d)", o.failed, bound, n)
+			}
+			if opens < 1 {
+				t.Errorf("the breaker never opened")
+			}
+			// (b) Nothing quarantined, few attempts spent.
+			if q := o.outcomes[OutcomeQuarantined]; q != 0 {
+				t.Errorf("%d messages quarantined because of the outage", q)
+			}
+			if d := b.queueDepth(b.wq.Quarantine); d != 0 {
+				t.Errorf("quarantine holds %d messages", d)
+			}
+			if o.maxTry > 3 {
+				t.Errorf("a message reached attempt %d", o.maxTry)
+			}
+			// (c) Every message handled exactly once, and acked.
+			for i := range n {
+				id := fmt.Sprintf("m-%d", i)
+				if o.handled[id] != 1 || o.acked[id] != 1 {
+					t.Errorf("%s: handled %d times, acked %d times; want 1 and 1", id, o.handled[id], o.acked[id])
+				}
+			}
+			if d := b.queueDepth(b.queue.Name); d != 0 {
+				t.Errorf("work queue holds %d messages", d)
+			}
+			if s := b.consumer.Breakers(); len(s) != 1 || s[0].State != triage.BreakerClosed {
+				t.Errorf("breakers %+v, want one, closed", s)
+			}
+			if g := testutil.ToFloat64(b.consumer.metrics.breakerState.WithLabelValues(b.queue.Name)); g != 0 {
+				t.Errorf("dlxbridge_breaker_state = %v, want 0 (closed)", g)
+			}
+		})
+	}
+}
+
+// The same outage with the breaker off: every message queued spends its
+// attempts on it, through the retry lanes, and the quarantine takes what
+// ran out. This is what TestBreakerPausesQueueThroughOutage's bounds rule
+// out, and the numbers docs/breaker.md compares.
+func TestBreakerOffSpendsTheOutageOnEveryMessage(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	off := false
+	o := newOutage(10*time.Second, n, func() error { return triage.DependencyDown(0, errors.New("payments API: 503")) })
+	b := runOutage(t, n, o, func(q *config.Queue) { q.Breaker.Enabled = &off })
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var retries float64
+	for tier := range b.queue.Retry.Tiers {
+		retries += testutil.ToFloat64(b.consumer.metrics.retries.WithLabelValues(b.queue.Name, tierLabel(tier)))
+	}
+	t.Logf("breaker off, outage %s: %d failed handler calls for %d messages, %v lane publishes, highest attempt %d, outcomes %v",
+		o.length, o.failed, n, retries, o.maxTry, o.outcomes)
+	if o.failed < n {
+		t.Errorf("%d handler calls failed, want at least one per message (%d)", o.failed, n)
+	}
+	if len(o.acked)+o.outcomes[OutcomeQuarantined] != n {
+		t.Errorf("%d acked + %d quarantined, want %d", len(o.acked), o.outcomes[OutcomeQuarantined], n)
+	}
+	if b.consumer.Breakers() != nil {
+		t.Errorf("Breakers() = %+v with the breaker off, want none", b.consumer.Breakers())
+	}
+}
