@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -87,6 +88,9 @@ func runOutage(t *testing.T, n int, o *outage, mutate func(q *config.Queue)) *te
 		}
 	})
 	b.cfg.OnSettled = o.settled
+	if !b.queue.Breaker.EnabledValue() { // a warning per quarantined message
+		b.cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
+	}
 	b.cfg.hooks.breaker = func(queue string, tr triage.Transition) { t.Logf("%s: %s", queue, tr) }
 	for i := range n {
 		b.publishJSON(map[string]any{"id": fmt.Sprint(i)}, amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i)})
