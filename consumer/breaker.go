@@ -101,6 +101,10 @@ func (qb *queueBreaker) note(t triage.Transition) {
 	qb.wake()
 }
 
+// probePrefetch is the prefetch while half-open: Probes, at most the
+// queue's.
+func (qb *queueBreaker) probePrefetch(normal int) int { return min(qb.probes, normal) }
+
 func (qb *queueBreaker) wake() {
 	select {
 	case qb.kick <- struct{}{}:
@@ -354,7 +358,7 @@ func (qs *queueSession) conform() bool {
 	switch qb.b.Status().State {
 	case triage.BreakerOpen:
 	case triage.BreakerHalfOpen:
-		if prefetch <= qb.probes {
+		if prefetch <= qb.probePrefetch(normal) {
 			return false
 		}
 	default:
@@ -378,7 +382,7 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 			if st.State == triage.BreakerClosed {
 				break
 			}
-			prefetch = qb.probes
+			prefetch = qb.probePrefetch(prefetch)
 			wait := st.Until.Sub(qs.deps.cfg.Now())
 			if st.State != triage.BreakerOpen || wait <= 0 {
 				break
