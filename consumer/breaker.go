@@ -417,7 +417,7 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 		return sent
 	}
 	for {
-		if qs.isStopping() || !pausedAt.IsZero() && time.Since(*pausedAt) > maxHold {
+		if qs.isStopping() || !pausedAt.IsZero() && time.Since(*pausedAt) > qs.maxHold() {
 			sent, _ := send(fedDelivery{d: d}, nil)
 			return sent
 		}
@@ -439,9 +439,9 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 			if pausedAt.IsZero() {
 				*pausedAt = time.Now()
 			}
-			wait := maxHold
+			wait := qs.maxHold() - time.Since(*pausedAt)
 			if a.Verdict == triage.AdmitPause {
-				wait = min(a.Until.Sub(qs.deps.cfg.Now()), maxHold)
+				wait = min(a.Until.Sub(qs.deps.cfg.Now()), wait)
 			}
 			if !qs.sleep(wait, qb.kick) {
 				return qs.handOver(d)
@@ -449,6 +449,14 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 		}
 		qs.conform()
 	}
+}
+
+// maxHold is the constant maxHold, or the tests' replacement.
+func (qs *queueSession) maxHold() time.Duration {
+	if h := qs.deps.cfg.hooks; h != nil && h.maxHold > 0 {
+		return h.maxHold
+	}
+	return maxHold
 }
 
 // handOver hands d to a worker without admission (at a stop).

@@ -326,3 +326,35 @@ func TestStopWhileBreakerOpenDrainsHeldDeliveries(t *testing.T) {
 		t.Fatalf("work queue holds %d after the stop, want 0 (all parked in the retry lanes)", d)
 	}
 }
+
+// A delivery is held at most maxHold (below the broker's consumer_timeout,
+// which would close the channel and requeue it with a raised count): then
+// it goes to its handler though the breaker is still open.
+func TestBreakerHoldsPrefetchedDeliveriesAtMostMaxHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Consumer.Concurrency = 1
+		q.Retry.MaxAttempts = 5
+	})
+	b.cfg.hooks.maxHold = 300 * time.Millisecond
+	const n = 5
+	for i := range n {
+		b.publishJSON(map[string]any{"id": fmt.Sprint(i)}, amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i)})
+	}
+	var calls atomic.Int32
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			calls.Add(1)
+			return triage.DependencyDown(time.Minute, errors.New("down"))
+		})))
+	})
+	for range n { // the breaker stays open for a minute
+		b.waitOutcome(OutcomeRetried, 15*time.Second)
+	}
+	if s := b.consumer.Breakers(); s[0].State != triage.BreakerOpen {
+		t.Fatalf("breaker %+v, want open", s[0])
+	}
+	if c := calls.Load(); c != n {
+		t.Fatalf("handler called %d times, want %d", c, n)
+	}
+}

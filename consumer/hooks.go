@@ -1,6 +1,10 @@
 package consumer
 
-import "github.com/dlxbridge/dlxbridge/triage"
+import (
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
 
 // testHooks are signals compiled into the runtime so tests wait on events
 // instead of sleeping. They are set only by this package's tests, which
@@ -18,4 +22,6 @@ type testHooks struct {
 	keeper bool
 	// breaker is told every breaker transition, by queue.
 	breaker func(queue string, t triage.Transition)
+	// maxHold, if set, replaces maxHold.
+	maxHold time.Duration
 }
