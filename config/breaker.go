@@ -17,8 +17,8 @@ import (
 type Breaker struct {
 	// Enabled turns the breaker on. With the other keys at their defaults
 	// it opens only on an explicit dependency signal: a handler returning
-	// triage.DependencyDown (and, once it exists, the sidecar on HTTP
-	// 429/503). Defaults to true.
+	// triage.DependencyDown, or the sidecar's endpoint answering HTTP 429
+	// or 503. Defaults to true.
 	Enabled *bool `yaml:"enabled"`
 	// ConsecutiveFailures opens the breaker after this many transient or
 	// timeout failures in a row. 0 disables the trigger. Must be >= 0.

@@ -1,5 +1,11 @@
 package consumer
 
+import (
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
 // testHooks are signals compiled into the runtime so tests wait on events
 // instead of sleeping. They are set only by this package's tests, which
 // learn outcomes through Config.OnSettled, as users do.
@@ -14,4 +20,8 @@ type testHooks struct {
 	// keeper runs the quarantine keepers under test hooks. Without it the
 	// intake keeps what arrives, for the tests that read it directly.
 	keeper bool
+	// breaker is told every breaker transition, by queue.
+	breaker func(queue string, t triage.Transition)
+	// maxHold, if set, replaces maxHold.
+	maxHold time.Duration
 }

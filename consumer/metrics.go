@@ -30,6 +30,9 @@ type metrics struct {
 	publishFailures  *prometheus.CounterVec
 	reconnects       prometheus.Counter
 	abandonedHandler *prometheus.CounterVec
+	// breakerState and breakerTransitions: docs/breaker.md.
+	breakerState       *prometheus.GaugeVec
+	breakerTransitions *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -72,12 +75,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_handlers_abandoned_total",
 			Help: "Handlers that ignored their deadline and were left running.",
 		}, []string{"queue"}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dlxbridge_breaker_state",
+			Help: "Each queue's circuit breaker: 0 closed (consuming), 1 half-open (probing), 2 open (paused).",
+		}, []string{"queue"}),
+		breakerTransitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_breaker_transitions_total",
+			Help: "Circuit breaker transitions, by queue, states and cause (consecutive, ratio, signal, timer, probe-failed, probes-succeeded).",
+		}, []string{"queue", "from", "to", "cause"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.quarantined,
-		m.validation, m.attemptsSuccess, m.publishFailures, m.reconnects, m.abandonedHandler} {
+		m.validation, m.attemptsSuccess, m.publishFailures, m.reconnects, m.abandonedHandler,
+		m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

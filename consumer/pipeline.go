@@ -27,6 +27,8 @@ type worker struct {
 	// settled is what process has learned of the delivery in hand; record
 	// reports it to Config.OnSettled.
 	settled Settled
+	// admission is the delivery's breaker ticket (breaker.go).
+	admission admission
 }
 
 func (w *worker) close() {
@@ -117,6 +119,7 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// 3. The handler.
 	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	w.breakerOutcome(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
 		// Shutdown passed its deadline (or the connection is gone): don't
 		// start a retry or quarantine publish; leave the message unsettled

@@ -29,6 +29,9 @@ type queueRuntime struct {
 
 	// reportLog samples the gate's report-mode logs.
 	reportLog logSampler
+	// breaker pauses the queue while its dependency is down; nil when
+	// queues[].breaker is off (breaker.go).
+	breaker *queueBreaker
 }
 
 func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
@@ -49,7 +52,14 @@ func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
 	}
+	var breaker *queueBreaker
+	if q.Breaker.EnabledValue() {
+		if breaker, err = newQueueBreaker(d, q.Name, q.Breaker.Policy()); err != nil {
+			return nil, err
+		}
+	}
 	return &queueRuntime{
+		breaker: breaker,
 		deps:    d,
 		cfg:     q,
 		gate:    gate,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // session runs one connection pair's lifetime: it returns when ctx ends
@@ -200,6 +201,13 @@ type queueSession struct {
 	// settleMu is held (read) while an ack or reject is written, so that
 	// none is written between the start of the stop and the cancel-ok.
 	settleMu sync.RWMutex
+	// pausing is closed at the cancel-ok of the breaker's latest pause
+	// (under settleMu's write lock when set; see subscription.pause).
+	pausing chan struct{}
+	// sub is the basic.consume that the breaker cancels and renews; fed
+	// carries its deliveries from the feeder to the workers (breaker.go).
+	sub *subscription
+	fed chan fedDelivery
 }
 
 func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
@@ -207,18 +215,21 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
 	}
-	if err := ch.Qos(qr.cfg.Consumer.Prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("queue %q: set prefetch: %w", qr.cfg.Name, err)
-	}
 	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.deps.host, qr.cfg.Name, time.Now().UnixNano())
-	deliveries, err := ch.ConsumeWithContext(context.WithoutCancel(ctx), qr.cfg.Name, tag, false, false, false, false, nil)
-	if err != nil {
-		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qr.cfg.Name, err)
-	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
-		stopping: make(chan struct{}), cancelled: make(chan struct{})}
+		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
+	qs.sub = &subscription{qs: qs}
+	// A session that starts while the queue's breaker is open consumes
+	// once it allows (see feed).
+	var deliveries <-chan amqp.Delivery
+	if qr.breaker == nil || qr.breaker.b.Status().State == triage.BreakerClosed {
+		if deliveries, err = qs.sub.start(ctx, qr.cfg.Consumer.Prefetch); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	for _, t := range wq.Tiers {
 		for _, l := range t.Lanes {
 			qs.isRetry[l.Queue] = true
@@ -234,6 +245,11 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 			report(lost, fmt.Errorf("queue %q: %w", qr.cfg.Name, err))
 		}
 	}()
+	qs.workers.Add(1)
+	go func() {
+		defer qs.workers.Done()
+		qs.feed(ctx, deliveries, lost)
+	}()
 	for i := 0; i < qr.cfg.Consumer.Concurrency; i++ {
 		qs.workers.Add(1)
 		go func() {
@@ -245,14 +261,17 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 			// of it is handled, not returned to the queue.
 			for {
 				select {
-				case d, ok := <-deliveries:
+				case f, ok := <-qs.fed:
 					if !ok {
 						return
 					}
+					w.admission.take(qr.breaker, f)
 					if qs.handlerCtx.Err() != nil {
+						w.admission.release()
 						return // past the drain deadline: left for the channel close to requeue
 					}
-					w.process(d)
+					w.process(f.d)
+					w.admission.release() // if it never reached the handler
 				case <-qs.handlerCtx.Done():
 					return
 				}
@@ -275,7 +294,7 @@ func (qs *queueSession) beginStop() {
 	// drain deadline hostage. The channel close ends it either way.
 	go func() {
 		defer close(qs.cancelled)
-		_ = qs.ch.Cancel(qs.tag, false)
+		qs.sub.stop()
 	}()
 }
 
@@ -286,8 +305,20 @@ func (qs *queueSession) beginStop() {
 // and the channel settle the cancel separately), where the client drops it
 // as addressed to no consumer. It would sit unacked until the channel closes
 // and come back with a raised delivery count.
+//
+// A breaker's pause holds settlements the same way, until its cancel-ok.
 func (qs *queueSession) settle(write func() error) error {
 	qs.settleMu.RLock()
+	for qs.pausing != nil && !closed(qs.pausing) {
+		gate := qs.pausing
+		qs.settleMu.RUnlock()
+		select {
+		case <-gate:
+		case <-qs.handlerCtx.Done():
+			return write()
+		}
+		qs.settleMu.RLock()
+	}
 	select {
 	case <-qs.stopping:
 		qs.settleMu.RUnlock()
@@ -300,6 +331,15 @@ func (qs *queueSession) settle(write func() error) error {
 	}
 	defer qs.settleMu.RUnlock()
 	return write()
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // report hands a session-ending error to the session without blocking: the

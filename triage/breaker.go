@@ -180,7 +180,7 @@ func (p BreakerPolicy) WithDefaults() BreakerPolicy { return p.withDefaults() }
 // delay given). For the message it is RetryAfter(d, err): Classify returns
 // ClassTransient (or ClassTimeout) with the hint d. For a Breaker it trips
 // the breaker at once (CauseSignal) and sets the open period to d. The
-// sidecar (not built yet) is to return it for HTTP 429 and 503.
+// sidecar returns it for HTTP 429 and 503.
 // DependencyDown(d, nil) is a non-nil error.
 func DependencyDown(d time.Duration, err error) error {
 	return &dependencyDownError{err: &retryAfterError{err: orDefault(err, "dependency down"), after: d}}

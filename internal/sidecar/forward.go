@@ -96,10 +96,12 @@ func (f *Forwarder) Close() { f.client.CloseIdleConnections() }
 
 // Handle forwards m and maps the answer to a verdict:
 //   - 2xx: nil (ack);
-//   - 429 or 503 with a Retry-After (seconds or an HTTP date):
-//     triage.RetryAfter, a delayed retry at least that long;
-//   - 429 or 503 without one, any other 5xx, a timeout, a refused or reset
-//     connection: a plain (transient) error, retried with backoff;
+//   - 429 or 503: triage.DependencyDown with the Retry-After (seconds or an
+//     HTTP date) if given: the queue's circuit breaker pauses consumption
+//     for that long (without one, for its own backoff), and the message is
+//     retried after it (docs/breaker.md);
+//   - any other 5xx, a timeout, a refused or reset connection: a plain
+//     (transient) error, retried with backoff;
 //   - any other 4xx, and 3xx (redirects are not followed): triage.Permanent,
 //     quarantined now.
 //
@@ -170,10 +172,12 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 	answer := fmt.Errorf("forward to %s: %s%s", f.target, resp.Status, quote(text))
 	switch {
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
-		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-			return code, triage.RetryAfter(d, answer)
-		}
-		return code, answer
+		// The endpoint says it is overloaded or down, not that this
+		// message is bad: a dependency signal, which opens the queue's
+		// breaker for the Retry-After (without one, for the breaker's own
+		// backoff) and retries the message after it.
+		d, _ := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		return code, triage.DependencyDown(d, answer)
 	case code >= 500:
 		return code, answer
 	default: // 1xx, 3xx, 4xx

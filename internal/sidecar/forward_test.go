@@ -68,13 +68,14 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 		class      triage.Class
 		delay      time.Duration
 		permanent  bool
+		down       bool // a dependency signal for the queue's breaker
 	}{
 		{name: "200", status: 200},
 		{name: "204", status: 204},
-		{name: "429 with Retry-After", status: 429, retryAfter: "2", class: triage.ClassTransient, delay: 2 * time.Second},
-		{name: "503 with Retry-After", status: 503, retryAfter: "7", class: triage.ClassTransient, delay: 7 * time.Second},
-		{name: "429 without Retry-After", status: 429, class: triage.ClassTransient},
-		{name: "503 with a bad Retry-After", status: 503, retryAfter: "soon", class: triage.ClassTransient},
+		{name: "429 with Retry-After", status: 429, retryAfter: "2", class: triage.ClassTransient, delay: 2 * time.Second, down: true},
+		{name: "503 with Retry-After", status: 503, retryAfter: "7", class: triage.ClassTransient, delay: 7 * time.Second, down: true},
+		{name: "429 without Retry-After", status: 429, class: triage.ClassTransient, down: true},
+		{name: "503 with a bad Retry-After", status: 503, retryAfter: "soon", class: triage.ClassTransient, down: true},
 		{name: "400", status: 400, body: "missing field customer", class: triage.ClassPermanent},
 		{name: "404", status: 404, class: triage.ClassPermanent},
 		{name: "422", status: 422, class: triage.ClassPermanent},
@@ -109,6 +110,9 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 			class, delay := triage.Classify(err)
 			if class != tc.class || delay != tc.delay {
 				t.Errorf("classified %s after %s, want %s after %s (%v)", class, delay, tc.class, tc.delay, err)
+			}
+			if after, down := triage.IsDependencyDown(err); down != tc.down || after != tc.delay {
+				t.Errorf("dependency signal %v after %s, want %v after %s", down, after, tc.down, tc.delay)
 			}
 			if tc.body != "" && !strings.Contains(err.Error(), tc.body) {
 				t.Errorf("error %q lacks the endpoint's text %q", err, tc.body)

@@ -22,6 +22,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Topology modes: what Run does with the broker's topology before it
@@ -254,8 +255,23 @@ func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
+		// A queue whose breaker paused it is the bridge working as
+		// intended (its dependency is down): listed, still ready.
+		for _, b := range h.c.Breakers() {
+			if b.Paused() {
+				_, _ = fmt.Fprintf(w, "paused: %s (circuit breaker %s%s)\n", b.Queue, b.State, pausedUntil(b))
+			}
+		}
 	})
 	return mux
+}
+
+// pausedUntil says until when an open breaker pauses its queue.
+func pausedUntil(b consumer.BreakerStatus) string {
+	if b.State != triage.BreakerOpen || b.Until.IsZero() {
+		return ""
+	}
+	return ", until " + b.Until.UTC().Format(time.RFC3339)
 }
 
 func (h *health) notReady() string {
