@@ -426,7 +426,7 @@ func (b *Breaker) Record(now time.Time, t Ticket, o Outcome) Transition {
 		}
 		b.probesOut = max(b.probesOut-1, 0)
 		switch {
-		case o.Counted():
+		case o.Counted() && (o.DependencyDown || b.countsFailures()):
 			cause := CauseProbeFailed
 			if o.DependencyDown {
 				cause = CauseSignal
@@ -440,6 +440,16 @@ func (b *Breaker) Record(now time.Time, t Ticket, o Outcome) Transition {
 		}
 	}
 	return Transition{}
+}
+
+// countsFailures reports whether plain transient failures mean the
+// dependency: only when a counting trigger is on. With signals alone, a
+// probe that fails for a reason of its own (a transient failure that is
+// not a signal) says nothing about the dependency, as in the closed state,
+// and is neutral: otherwise a queue holding a few such messages would
+// reopen, for longer each time, on every probe that meets one.
+func (b *Breaker) countsFailures() bool {
+	return b.p.ConsecutiveFailures > 0 || b.p.FailureRatio > 0
 }
 
 func (b *Breaker) recordClosed(now time.Time, o Outcome) Transition {

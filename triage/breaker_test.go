@@ -211,6 +211,25 @@ func TestBreakerProbeSignal(t *testing.T) {
 	}
 }
 
+// With signals alone, a probe's plain transient failure is neutral: it
+// frees its slot, and only a signal reopens.
+func TestBreakerSignalOnlyProbeIgnoresPlainFailures(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(t, BreakerPolicy{MinOpen: time.Second, Jitter: -1, Probes: 1})
+	deliver(t, b, t0, AdmitDeliver, OutcomeOf(DependencyDown(0, nil)))
+	now := t0.Add(time.Second)
+	if tr := deliver(t, b, now, AdmitProbe, outFail); tr.Happened() {
+		t.Fatalf("a plain failure of a probe moved a signal-only breaker: %v", tr)
+	}
+	if tr := deliver(t, b, now, AdmitProbe, outOK); tr.To != BreakerClosed {
+		t.Fatalf("after a neutral probe and a success: %v, want closed", tr)
+	}
+	deliver(t, b, now, AdmitDeliver, OutcomeOf(DependencyDown(0, nil)))
+	now = now.Add(2 * time.Second)
+	tr := deliver(t, b, now, AdmitProbe, OutcomeOf(DependencyDown(0, nil)))
+	wantTransition(t, tr, BreakerHalfOpen, BreakerOpen, CauseSignal)
+}
+
 // The default policy trips on signals only.
 func TestBreakerDefaultsSignalOnly(t *testing.T) {
 	t.Parallel()

@@ -325,14 +325,10 @@ func TestRunMapsEveryAnswerClass(t *testing.T) {
 	}}
 	srv := httptest.NewServer(ep)
 	defer srv.Close()
-	// The breaker off: a 429 opens it, and a probe that then meets one of
-	// the "down" messages reopens it, for longer each time (a queue whose
-	// messages fail for reasons of their own beside a rate-limited
-	// dependency; docs/breaker.md). TestRunPausesQueueWhileEndpointAnswers503
-	// runs the sidecar with it.
-	cfgPath := writeSidecarConfig(t, env, srv.URL+"/jobs", 4)
-	appendQueueKey(t, cfgPath, "breaker: {enabled: false}")
-	p := startSidecarOn(t, env, cfgPath)
+	// With the default breaker: a 429 opens it (a signal), and probes that
+	// meet a "down" message (a plain 502, not a signal) are neutral, so the
+	// queue is not held back by messages failing for reasons of their own.
+	p := startSidecar(t, env, srv.URL+"/jobs", 4)
 
 	const each = 3
 	bodies := map[string]string{}
