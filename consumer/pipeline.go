@@ -21,6 +21,9 @@ type worker struct {
 	q    *queueRuntime
 	s    *queueSession
 	out  confirmer
+	// run is the handler goroutine, started on first use (see
+	// handlerRunner).
+	run *handlerRunner
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -30,6 +33,10 @@ type worker struct {
 }
 
 func (w *worker) close() {
+	if w.run != nil {
+		w.run.retire()
+		w.run = nil
+	}
 	if sp, ok := w.out.(*sessionPublisher); ok {
 		sp.close()
 	}
@@ -130,7 +137,7 @@ func (w *worker) process(d amqp.Delivery) {
 	if herr == nil {
 		if w.ack(a, d.MessageId) {
 			w.record(OutcomeAcked)
-			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
+			qr.metrics.attemptsSuccess.Observe(float64(attempts.Failed + 1))
 		}
 		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		return

@@ -27,6 +27,9 @@ type queueRuntime struct {
 	// refused publishes rather than leaving a bare "crash-loop".
 	publishFailures failureMemo
 
+	// metrics are the queue's children of the runtime's collectors.
+	metrics *queueMetrics
+
 	// reportLog samples the gate's report-mode logs.
 	reportLog logSampler
 }
@@ -57,5 +60,6 @@ func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
 		accepts: acceptSet,
 		slots:   make(chan struct{}, q.Consumer.Concurrency),
+		metrics: d.metrics.forQueue(q.Name),
 	}, nil
 }

@@ -236,7 +236,7 @@ func (w *worker) publishBackoff() time.Duration {
 
 // record counts a settled delivery and reports it to Config.OnSettled.
 func (w *worker) record(outcome string) {
-	w.deps.metrics.deliveries.WithLabelValues(w.q.cfg.Name, outcome).Inc()
+	w.q.metrics.settled(outcome)
 	w.settled.Outcome = outcome
 	w.deps.notifySettled(w.settled)
 }
