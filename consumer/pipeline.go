@@ -3,6 +3,9 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -30,9 +33,100 @@ type worker struct {
 	// settled is what process has learned of the delivery in hand; record
 	// reports it to Config.OnSettled.
 	settled Settled
+	// The settlements awaiting a confirm: awaiting holds a token for each
+	// (at most pipelineDepth), confirmed carries the rest of each one's
+	// settlement, once its confirm is in, to the worker's settler goroutine,
+	// and settling counts them until they are done.
+	awaiting    chan struct{}
+	confirmed   chan func()
+	settling    sync.WaitGroup
+	settlerDone chan struct{} // closed when the settler has ended
+	// pauseUntil (unix ns) holds the worker back after failed publishes
+	// (see finishFailure).
+	pauseUntil atomic.Int64
 }
 
+func newWorker(qs *queueSession, out confirmer) *worker {
+	w := &worker{deps: qs.deps, q: qs.q, s: qs, out: out,
+		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan func(), pipelineDepth), settlerDone: make(chan struct{})}
+	go w.settler()
+	return w
+}
+
+// settler finishes, one at a time and in the order their confirms came,
+// the settlements whose publishes were confirmed or failed.
+func (w *worker) settler() {
+	defer close(w.settlerDone)
+	for f := range w.confirmed {
+		f()
+		<-w.awaiting
+		w.settling.Done()
+		if len(w.confirmed) == 0 {
+			// About to wait: its acks must not wait for a worker that may
+			// itself be waiting for a delivery.
+			w.s.acks.flush(false)
+		}
+	}
+}
+
+// settleLater starts a settlement that waits for a confirm: publish gets
+// the func to call with the confirm's result, and finish then runs on the
+// settler. With pipelineDepth settlements awaiting, it waits for one to
+// finish first (until the drain deadline: false, nothing started).
+func (w *worker) settleLater(publish func(confirmed func(error)), finish func(error)) bool {
+	select {
+	case w.awaiting <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		return false
+	}
+	w.settling.Add(1)
+	publish(func(err error) { w.confirmed <- func() { finish(err) } })
+	return true
+}
+
+// next returns the next delivery to process; false when there is none to
+// take (the consumer was cancelled and its deliveries handed over, or the
+// drain deadline passed). Before it waits for a delivery it writes the
+// acks waiting in the session's ack window; after failed publishes it first
+// waits out their pause.
+func (w *worker) next(deliveries <-chan amqp.Delivery) (amqp.Delivery, bool) {
+	hctx := w.s.handlerCtx
+	if until := w.pauseUntil.Load(); until > 0 {
+		if d := time.Until(time.Unix(0, until)); d > 0 {
+			w.s.acks.flush(true)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-hctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	select {
+	case d, ok := <-deliveries:
+		return d, ok && hctx.Err() == nil
+	default:
+	}
+	w.s.acks.flush(true)
+	select {
+	case d, ok := <-deliveries:
+		// Past the drain deadline a delivery is left for the channel close
+		// to requeue.
+		return d, ok && hctx.Err() == nil
+	case <-hctx.Done():
+		return amqp.Delivery{}, false
+	}
+}
+
+// close finishes what the worker started: the settlements awaiting
+// confirms (the pipeline fails them at the drain deadline, see
+// watchConfirms), then the acks waiting in the window; then it ends its
+// settler, handler goroutine and publisher.
 func (w *worker) close() {
+	w.settling.Wait()
+	close(w.confirmed)
+	<-w.settlerDone
+	w.s.acks.flush(true)
 	if w.run != nil {
 		w.run.retire()
 		w.run = nil
@@ -76,7 +170,14 @@ func (w *worker) process(d amqp.Delivery) {
 			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
 			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
 		))
-	defer span.End()
+	// Once settleFailure has taken the delivery up, it ends the span when
+	// the settlement is done.
+	spanHandedOff := false
+	defer func() {
+		if !spanHandedOff {
+			span.End()
+		}
+	}()
 
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
@@ -104,7 +205,7 @@ func (w *worker) process(d amqp.Delivery) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		if w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}) {
+		if spanHandedOff = w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); spanHandedOff {
 			return
 		}
 		// A re-admission that cannot fit one frame was not sent: the
@@ -116,7 +217,7 @@ func (w *worker) process(d amqp.Delivery) {
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
+		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
 		return
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
@@ -135,14 +236,12 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		if w.ack(a, d.MessageId) {
-			w.record(OutcomeAcked)
-			qr.metrics.attemptsSuccess.Observe(float64(attempts.Failed + 1))
-		}
+		w.ack(a, w.settled, OutcomeAcked, nil)
+		qr.metrics.attemptsSuccess.Observe(float64(attempts.Failed + 1))
 		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		return
 	}
-	w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+	spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
 }
 
 // failed classifies a failed attempt with triage.Classify, the one path for

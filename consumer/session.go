@@ -200,6 +200,8 @@ type queueSession struct {
 	// settleMu is held (read) while an ack or reject is written, so that
 	// none is written between the start of the stop and the cancel-ok.
 	settleMu sync.RWMutex
+	// acks coalesces the channel's acks.
+	acks *ackWindow
 }
 
 func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
@@ -219,6 +221,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{})}
+	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch)
 	for _, t := range wq.Tiers {
 		for _, l := range t.Lanes {
 			qs.isRetry[l.Queue] = true
@@ -238,24 +241,17 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		qs.workers.Add(1)
 		go func() {
 			defer qs.workers.Done()
-			w := &worker{deps: qs.deps, q: qr, s: qs, out: &sessionPublisher{s: qs}}
+			w := newWorker(qs, &sessionPublisher{s: qs})
 			defer w.close()
 			// After a stop's basic.cancel the client closes deliveries
 			// once it has handed over what came before the cancel-ok: all
 			// of it is handled, not returned to the queue.
 			for {
-				select {
-				case d, ok := <-deliveries:
-					if !ok {
-						return
-					}
-					if qs.handlerCtx.Err() != nil {
-						return // past the drain deadline: left for the channel close to requeue
-					}
-					w.process(d)
-				case <-qs.handlerCtx.Done():
+				d, ok := w.next(deliveries)
+				if !ok {
 					return
 				}
+				w.process(d)
 			}
 		}()
 	}
