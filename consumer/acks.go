@@ -43,10 +43,13 @@ type ackState struct {
 }
 
 // ackBatch is how many acks may wait for one write, at most; ackDelay how
-// long the oldest may wait while the worker is busy.
+// long the oldest may wait while the worker is busy, and ackIdle how long a
+// worker with acks waiting waits for its next delivery before it writes
+// them.
 const (
 	ackBatch = 64
 	ackDelay = 5 * time.Millisecond
+	ackIdle  = time.Millisecond
 )
 
 func newAckWindow(settle func(func() error) error, prefetch int) *ackWindow {
@@ -68,6 +71,13 @@ func (w *ackWindow) ack(d *amqp.Delivery, report func(error)) {
 	if due {
 		w.flush(false)
 	}
+}
+
+// holds says whether acks wait to be written.
+func (w *ackWindow) holds() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting > 0
 }
 
 // rejected notes that d's reject was written (or could not be: its channel

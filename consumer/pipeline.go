@@ -44,6 +44,9 @@ type worker struct {
 	// pauseUntil (unix ns) holds the worker back after failed publishes
 	// (see finishFailure).
 	pauseUntil atomic.Int64
+	// idle times the wait for a next delivery before waiting acks are
+	// written.
+	idle *time.Timer
 }
 
 func newWorker(qs *queueSession, out confirmer) *worker {
@@ -106,6 +109,24 @@ func (w *worker) next(deliveries <-chan amqp.Delivery) (amqp.Delivery, bool) {
 	case d, ok := <-deliveries:
 		return d, ok && hctx.Err() == nil
 	default:
+	}
+	if w.s.acks.holds() {
+		// The next delivery is usually on its way: a short wait for it
+		// lets its ack join the ones waiting, rather than one write each.
+		if w.idle == nil {
+			w.idle = time.NewTimer(ackIdle)
+		} else {
+			w.idle.Reset(ackIdle)
+		}
+		select {
+		case d, ok := <-deliveries:
+			w.idle.Stop()
+			return d, ok && hctx.Err() == nil
+		case <-w.idle.C:
+		case <-hctx.Done():
+			w.idle.Stop()
+			return amqp.Delivery{}, false
+		}
 	}
 	w.s.acks.flush(true)
 	select {
