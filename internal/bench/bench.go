@@ -44,8 +44,9 @@ const (
 const SideEnv = "DLXBRIDGE_BENCH_SIDE"
 
 // ProfileEnv, when set to a directory, makes each side write a CPU profile
-// of its drain there (<side>-<scenario>-<pid>.pprof): where a side's time
-// goes, measured in the same run as its rate.
+// of its drain there (<side>-<scenario>-<pid>.pprof), and its heap profile
+// at the end (.heap.pprof): where a side's time and memory go, measured in
+// the same run as its rate.
 const ProfileEnv = "DLXBRIDGE_BENCH_CPUPROFILE"
 
 // RunSideFromEnv runs one side if SideEnv is set, and says so. A test
@@ -363,5 +364,12 @@ func startProfile(dir string, s *sideSpec) (stop func(), err error) {
 		f.Close()
 		return nil, err
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if h, err := os.Create(strings.TrimSuffix(f.Name(), ".pprof") + ".heap.pprof"); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(h, 0)
+			h.Close()
+		}
+	}, nil
 }
