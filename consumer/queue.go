@@ -29,6 +29,8 @@ type queueRuntime struct {
 
 	// metrics are the queue's children of the runtime's collectors.
 	metrics *queueMetrics
+	// processSpan names the span of a delivery's processing.
+	processSpan string
 
 	// reportLog samples the gate's report-mode logs.
 	reportLog logSampler
@@ -53,13 +55,14 @@ func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 		return nil, fmt.Errorf("queue %q: retry policy: %w", q.Name, err)
 	}
 	return &queueRuntime{
-		deps:    d,
-		cfg:     q,
-		gate:    gate,
-		policy:  policy,
-		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
-		accepts: acceptSet,
-		slots:   make(chan struct{}, q.Consumer.Concurrency),
-		metrics: d.metrics.forQueue(q.Name),
+		deps:        d,
+		cfg:         q,
+		gate:        gate,
+		policy:      policy,
+		redact:      quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
+		accepts:     acceptSet,
+		slots:       make(chan struct{}, q.Consumer.Concurrency),
+		metrics:     d.metrics.forQueue(q.Name),
+		processSpan: q.Name + " process",
 	}, nil
 }
