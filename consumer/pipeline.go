@@ -265,8 +265,8 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		w.ack(a, w.settled, OutcomeAcked, nil)
-		qr.metrics.attemptsSuccess.Observe(float64(attempts.Failed + 1))
+		attempt := float64(attempts.Failed + 1)
+		w.ack(a, w.settled, OutcomeAcked, func() { qr.metrics.attemptsSuccess.Observe(attempt) })
 		if recording {
 			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
