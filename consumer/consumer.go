@@ -6,8 +6,10 @@
 // each outcome.
 //
 // Nothing is acked before it is safe elsewhere: a retry or quarantine publish
-// waits for the publisher confirm (with mandatory set), and only then is the
-// original acked. If that publish fails the original is rejected with requeue,
+// is confirmed by the broker (with mandatory set) before the original is
+// acked. The confirm is not waited for in line: a worker goes on with its
+// next deliveries while up to 64 of its publishes await their confirms, and
+// acks are coalesced over the delivery tags already settled. If that publish fails the original is rejected with requeue,
 // so the broker redelivers it and the crash-loop guard (or the broker's
 // delivery limit, which dead-letters to the quarantine) bounds the loop.
 package consumer
@@ -94,10 +96,12 @@ type Config struct {
 	// once the runtime has settled it: after the ack, after the reject with
 	// requeue, or when shutdown left it to the broker (OutcomeAbandoned).
 	// Deliveries prefetched but never started at shutdown are not reported.
-	// It runs on the worker's goroutine before that worker takes its next
-	// delivery, and on several workers at once: keep it fast and safe for
-	// concurrent use (count, or hand off to a buffered channel without
-	// blocking). A panic in it is recovered and logged. Defaults to nil.
+	// Acks are coalesced and retry or quarantine publishes pipelined, so it
+	// runs once the ack is written (at the latest when a worker waits for
+	// its next delivery) or the confirm is in, on a goroutine of the
+	// runtime's, several at once: keep it fast and safe for concurrent use
+	// (count, or hand off to a buffered channel without blocking). A panic
+	// in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
 	// QuarantineMetrics, if set (make it with quarantine.NewMetrics on
 	// Registerer), is refreshed from the quarantine streams of File's

@@ -19,12 +19,13 @@ import (
 const abandonGrace = time.Second
 
 // runHandler routes, upcasts and calls the handler with a deadline. The
-// upcasters and the handler run on their own goroutine under recover, so a
-// panic in either is a classified failure, never a crashed process. A
-// handler that ignores its deadline is abandoned after abandonGrace: the
-// delivery is settled as a timeout while the goroutine keeps its slot (see
-// queueRuntime.slots) until it returns, so handlers never run more than
-// Concurrency at once.
+// upcasters and the handler run on the worker's handler goroutine (see
+// handlerRunner) under recover, so a panic in either is a classified
+// failure, never a crashed process. A handler that ignores its deadline is
+// abandoned after abandonGrace: the delivery is settled as a timeout while
+// the goroutine keeps its slot (see queueRuntime.slots) until it returns, so
+// handlers never run more than Concurrency at once; the worker goes on with
+// a new handler goroutine.
 func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) error {
 	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
@@ -58,44 +59,81 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
 	defer cancel()
 	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		defer func() { <-qr.slots }()
-		defer func() {
-			if r := recover(); r != nil {
-				done <- &triage.PanicError{Value: r, Stack: debug.Stack()}
-			}
-		}()
-		if err := qr.upcast(m, chain); err != nil {
-			done <- err
-			return
-		}
-		done <- h.Handle(hctx, m)
-	}()
+	if w.run == nil {
+		w.run = newHandlerRunner(qr)
+	}
+	run := w.run
+	run.jobs <- handlerJob{ctx: hctx, h: h, m: m, chain: chain}
 	var herr error
 	select {
-	case herr = <-done:
+	case herr = <-run.done:
 	case <-hctx.Done():
 		select {
-		case herr = <-done:
+		case herr = <-run.done:
 		case <-time.After(abandonGrace):
 			w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
 			w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
 				"queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
 			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+			run.retire()
+			w.run = nil
 		}
 	}
 	// A handler that returns some error after its deadline passed timed out.
 	if herr != nil && hctx.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
 		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 	}
-	result := "ok"
+	took := time.Since(start).Seconds()
 	if herr != nil {
-		result = "error"
+		qr.metrics.handlerError.Observe(took)
+	} else {
+		qr.metrics.handlerOK.Observe(took)
 	}
-	w.deps.metrics.handlerDuration.WithLabelValues(qr.cfg.Name, result).Observe(time.Since(start).Seconds())
 	return herr
 }
+
+// handlerRunner is a worker's long-lived handler goroutine: a goroutine per
+// message would grow a fresh stack for every handler. It runs one job at a
+// time and is replaced only when a handler is abandoned past its deadline.
+type handlerRunner struct {
+	jobs chan handlerJob
+	done chan error // buffered: an abandoned handler's result is dropped
+}
+
+type handlerJob struct {
+	ctx   context.Context
+	h     Handler
+	m     *Message
+	chain []upcaster
+}
+
+func newHandlerRunner(qr *queueRuntime) *handlerRunner {
+	r := &handlerRunner{jobs: make(chan handlerJob), done: make(chan error, 1)}
+	go func() {
+		for j := range r.jobs {
+			r.done <- r.call(qr, j)
+		}
+	}()
+	return r
+}
+
+// call runs one job under recover and frees its concurrency slot when the
+// handler returns.
+func (r *handlerRunner) call(qr *queueRuntime, j handlerJob) (err error) {
+	defer func() { <-qr.slots }()
+	defer func() {
+		if v := recover(); v != nil {
+			err = &triage.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	if err := qr.upcast(j.m, j.chain); err != nil {
+		return err
+	}
+	return j.h.Handle(j.ctx, j.m)
+}
+
+// retire ends the goroutine once its job (if any) returns.
+func (r *handlerRunner) retire() { close(r.jobs) }
 
 // upcast runs the upcaster chain on m.Data and validates the result against
 // the target version's schema. Its failures are permanent: the same input

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -98,3 +99,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 func tierLabel(i int) string { return strconv.Itoa(i) }
+
+// queueMetrics are the children a queue's happy path updates, resolved once
+// per queue (and outcome) rather than by label lookup per message.
+type queueMetrics struct {
+	handlerOK, handlerError prometheus.Observer
+	attemptsSuccess         prometheus.Observer
+	queue                   string
+	deliveries              *prometheus.CounterVec
+	outcomes                sync.Map // outcome → prometheus.Counter
+}
+
+func (m *metrics) forQueue(queue string) *queueMetrics {
+	return &queueMetrics{
+		handlerOK:       m.handlerDuration.WithLabelValues(queue, "ok"),
+		handlerError:    m.handlerDuration.WithLabelValues(queue, "error"),
+		attemptsSuccess: m.attemptsSuccess.WithLabelValues(queue),
+		queue:           queue,
+		deliveries:      m.deliveries,
+	}
+}
+
+// settled counts one delivery settled with outcome.
+func (qm *queueMetrics) settled(outcome string) {
+	if c, ok := qm.outcomes.Load(outcome); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := qm.deliveries.WithLabelValues(qm.queue, outcome)
+	qm.outcomes.Store(outcome, c)
+	c.Inc()
+}

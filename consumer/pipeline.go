@@ -3,6 +3,9 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -21,6 +24,9 @@ type worker struct {
 	q    *queueRuntime
 	s    *queueSession
 	out  confirmer
+	// run is the handler goroutine, started on first use (see
+	// handlerRunner).
+	run *handlerRunner
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -29,9 +35,125 @@ type worker struct {
 	settled Settled
 	// admission is the delivery's breaker ticket (breaker.go).
 	admission admission
+	// The settlements awaiting a confirm: awaiting holds a token for each
+	// (at most pipelineDepth), confirmed carries the rest of each one's
+	// settlement, once its confirm is in, to the worker's settler goroutine,
+	// and settling counts them until they are done.
+	awaiting    chan struct{}
+	confirmed   chan func()
+	settling    sync.WaitGroup
+	settlerDone chan struct{} // closed when the settler has ended
+	// pauseUntil (unix ns) holds the worker back after failed publishes
+	// (see finishFailure).
+	pauseUntil atomic.Int64
+	// idle times the wait for a next delivery before waiting acks are
+	// written.
+	idle *time.Timer
 }
 
+func newWorker(qs *queueSession, out confirmer) *worker {
+	w := &worker{deps: qs.deps, q: qs.q, s: qs, out: out,
+		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan func(), pipelineDepth), settlerDone: make(chan struct{})}
+	go w.settler()
+	return w
+}
+
+// settler finishes, one at a time and in the order their confirms came,
+// the settlements whose publishes were confirmed or failed.
+func (w *worker) settler() {
+	defer close(w.settlerDone)
+	for f := range w.confirmed {
+		f()
+		<-w.awaiting
+		w.settling.Done()
+		if len(w.confirmed) == 0 {
+			// About to wait: its acks must not wait for a worker that may
+			// itself be waiting for a delivery.
+			w.s.acks.flush(false)
+		}
+	}
+}
+
+// settleLater starts a settlement that waits for a confirm: publish gets
+// the func to call with the confirm's result, and finish then runs on the
+// settler. With pipelineDepth settlements awaiting, it waits for one to
+// finish first (until the drain deadline: false, nothing started).
+func (w *worker) settleLater(publish func(confirmed func(error)), finish func(error)) bool {
+	select {
+	case w.awaiting <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		return false
+	}
+	w.settling.Add(1)
+	publish(func(err error) { w.confirmed <- func() { finish(err) } })
+	return true
+}
+
+// next returns the next delivery to process; false when there is none to
+// take (the consumer was cancelled and its deliveries handed over, or the
+// drain deadline passed). Before it waits for a delivery it writes the
+// acks waiting in the session's ack window; after failed publishes it first
+// waits out their pause.
+func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
+	hctx := w.s.handlerCtx
+	if until := w.pauseUntil.Load(); until > 0 {
+		if d := time.Until(time.Unix(0, until)); d > 0 {
+			w.s.acks.flush(true)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-hctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	select {
+	case d, ok := <-deliveries:
+		return d, ok
+	default:
+	}
+	if w.s.acks.holds() {
+		// The next delivery is usually on its way: a short wait for it
+		// lets its ack join the ones waiting, rather than one write each.
+		if w.idle == nil {
+			w.idle = time.NewTimer(ackIdle)
+		} else {
+			w.idle.Reset(ackIdle)
+		}
+		select {
+		case d, ok := <-deliveries:
+			w.idle.Stop()
+			return d, ok
+		case <-w.idle.C:
+		case <-hctx.Done():
+			w.idle.Stop()
+			return fedDelivery{}, false
+		}
+	}
+	w.s.acks.flush(true)
+	select {
+	case d, ok := <-deliveries:
+		// Past the drain deadline a delivery is left for the channel close
+		// to requeue.
+		return d, ok
+	case <-hctx.Done():
+		return fedDelivery{}, false
+	}
+}
+
+// close finishes what the worker started: the settlements awaiting
+// confirms (the pipeline fails them at the drain deadline, see
+// watchConfirms), then the acks waiting in the window; then it ends its
+// settler, handler goroutine and publisher.
 func (w *worker) close() {
+	w.settling.Wait()
+	close(w.confirmed)
+	<-w.settlerDone
+	w.s.acks.flush(true)
+	if w.run != nil {
+		w.run.retire()
+		w.run = nil
+	}
 	if sp, ok := w.out.(*sessionPublisher); ok {
 		sp.close()
 	}
@@ -60,9 +182,12 @@ func (w *worker) process(d amqp.Delivery) {
 	a := sessionDelivery{s: w.s, d: &d}
 
 	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
-	ctx, span := c.tracer.Start(ctx, qr.cfg.Name+" process",
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
+	// The attributes are set only on a span that records: building them
+	// for the no-op tracer was a third of a message's allocations.
+	ctx, span := c.tracer.Start(ctx, qr.processSpan, trace.WithSpanKind(trace.SpanKindConsumer))
+	recording := span.IsRecording()
+	if recording {
+		span.SetAttributes(
 			telemetry.AttrSystemRabbitMQ,
 			telemetry.AttrOperationProcess,
 			attribute.String(telemetry.AttrDestination, qr.cfg.Name),
@@ -70,8 +195,16 @@ func (w *worker) process(d amqp.Delivery) {
 			attribute.String(telemetry.AttrMessageID, d.MessageId),
 			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
 			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
-		))
-	defer span.End()
+		)
+	}
+	// Once settleFailure has taken the delivery up, it ends the span when
+	// the settlement is done.
+	spanHandedOff := false
+	defer func() {
+		if !spanHandedOff {
+			span.End()
+		}
+	}()
 
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
@@ -83,7 +216,9 @@ func (w *worker) process(d amqp.Delivery) {
 		IsRetryQueue: isRetry,
 		Now:          now,
 	})
-	span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	if recording {
+		span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	}
 	w.settled = Settled{Queue: qr.cfg.Name, MessageID: d.MessageId, Attempt: attempts.Failed + 1}
 
 	// 1. Crash-loop guard: a message this queue delivered too often never
@@ -99,7 +234,7 @@ func (w *worker) process(d amqp.Delivery) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		if w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}) {
+		if spanHandedOff = w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); spanHandedOff {
 			return
 		}
 		// A re-admission that cannot fit one frame was not sent: the
@@ -111,11 +246,13 @@ func (w *worker) process(d amqp.Delivery) {
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
+		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
 		return
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
-	span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+	if recording {
+		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+	}
 
 	// 3. The handler.
 	herr := w.runHandler(ctx, &d, msg, attempts, now)
@@ -131,14 +268,14 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		if w.ack(a, d.MessageId) {
-			w.record(OutcomeAcked)
-			c.metrics.attemptsSuccess.WithLabelValues(qr.cfg.Name).Observe(float64(attempts.Failed + 1))
+		attempt := float64(attempts.Failed + 1)
+		w.ack(a, w.settled, OutcomeAcked, func() { qr.metrics.attemptsSuccess.Observe(attempt) })
+		if recording {
+			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
-		span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		return
 	}
-	w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+	spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
 }
 
 // failed classifies a failed attempt with triage.Classify, the one path for

@@ -27,6 +27,11 @@ type queueRuntime struct {
 	// refused publishes rather than leaving a bare "crash-loop".
 	publishFailures failureMemo
 
+	// metrics are the queue's children of the runtime's collectors.
+	metrics *queueMetrics
+	// processSpan names the span of a delivery's processing.
+	processSpan string
+
 	// reportLog samples the gate's report-mode logs.
 	reportLog logSampler
 	// breaker pauses the queue while its dependency is down; nil when
@@ -59,13 +64,15 @@ func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 		}
 	}
 	return &queueRuntime{
-		breaker: breaker,
-		deps:    d,
-		cfg:     q,
-		gate:    gate,
-		policy:  policy,
-		redact:  quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
-		accepts: acceptSet,
-		slots:   make(chan struct{}, q.Consumer.Concurrency),
+		breaker:     breaker,
+		deps:        d,
+		cfg:         q,
+		gate:        gate,
+		policy:      policy,
+		redact:      quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
+		accepts:     acceptSet,
+		slots:       make(chan struct{}, q.Consumer.Concurrency),
+		metrics:     d.metrics.forQueue(q.Name),
+		processSpan: q.Name + " process",
 	}, nil
 }

@@ -208,6 +208,8 @@ type queueSession struct {
 	// carries its deliveries from the feeder to the workers (breaker.go).
 	sub *subscription
 	fed chan fedDelivery
+	// acks coalesces the channel's acks.
+	acks *ackWindow
 }
 
 func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
@@ -220,6 +222,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
+	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch)
 	qs.sub = &subscription{qs: qs}
 	// A session that starts while the queue's breaker is open consumes
 	// once it allows (see feed).
@@ -254,27 +257,23 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		qs.workers.Add(1)
 		go func() {
 			defer qs.workers.Done()
-			w := &worker{deps: qs.deps, q: qr, s: qs, out: &sessionPublisher{s: qs}}
+			w := newWorker(qs, &sessionPublisher{s: qs})
 			defer w.close()
 			// After a stop's basic.cancel the client closes deliveries
 			// once it has handed over what came before the cancel-ok: all
 			// of it is handled, not returned to the queue.
 			for {
-				select {
-				case f, ok := <-qs.fed:
-					if !ok {
-						return
-					}
-					w.admission.take(qr.breaker, f)
-					if qs.handlerCtx.Err() != nil {
-						w.admission.release()
-						return // past the drain deadline: left for the channel close to requeue
-					}
-					w.process(f.d)
-					w.admission.release() // if it never reached the handler
-				case <-qs.handlerCtx.Done():
+				f, ok := w.next(qs.fed)
+				if !ok {
 					return
 				}
+				w.admission.take(qr.breaker, f)
+				if qs.handlerCtx.Err() != nil {
+					w.admission.release()
+					return // past the drain deadline: left for the channel close to requeue
+				}
+				w.process(f.d)
+				w.admission.release() // if it never reached the handler
 			}
 		}()
 	}

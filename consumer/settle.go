@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -19,12 +20,16 @@ import (
 )
 
 // The settlement seam: what settling needs of the broker. A worker's
-// acker is the delivery in hand behind its session's settle gate, and its
-// confirmer the confirm publisher on the session's publishing connection;
-// tests give fakes, so the decisions below are tested without a broker.
+// acker is the delivery in hand behind its session's settle gate and ack
+// window, and its confirmer the confirm pipeline on the session's publishing
+// connection; tests give fakes, so the decisions below are tested without a
+// broker.
 type acker interface {
-	// Ack settles the delivery as done.
-	Ack() error
+	// Ack settles the delivery as done. Acks are coalesced (see
+	// ackWindow): report is called once the ack was written (nil) or could
+	// not be (the channel is gone), possibly later and on another worker's
+	// goroutine.
+	Ack(report func(error))
 	// Requeue rejects it with requeue: the broker delivers it again (and
 	// counts the delivery toward the queue's delivery limit).
 	Requeue() error
@@ -33,35 +38,48 @@ type acker interface {
 }
 
 type confirmer interface {
-	// Publish sends p with mandatory set and returns nil only once the
-	// broker confirmed it: a return, a nack, a lost channel or ctx's end
-	// are errors.
-	Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error
+	// Publish sends p with mandatory set without waiting for its confirm:
+	// confirmed is called exactly once, possibly before Publish returns and
+	// possibly on another goroutine, with nil only once the broker
+	// confirmed it; a return, a nack, a lost channel or ctx's end are
+	// errors. confirmed must not block.
+	Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error))
 }
 
 // sessionDelivery is a delivery settled through its session: acks and
-// rejects wait out the start of a stop (see queueSession.settle).
+// rejects wait out the start of a stop (see queueSession.settle), and acks
+// are coalesced in the session's ack window.
 type sessionDelivery struct {
 	s *queueSession
 	d *amqp.Delivery
 }
 
-func (sd sessionDelivery) Ack() error { return sd.s.settle(func() error { return sd.d.Ack(false) }) }
+func (sd sessionDelivery) Ack(report func(error)) { sd.s.acks.ack(sd.d, report) }
 func (sd sessionDelivery) Requeue() error {
+	defer sd.s.acks.rejected(sd.d)
 	return sd.s.settle(func() error { return sd.d.Reject(true) })
 }
 func (sd sessionDelivery) Reject() error {
+	defer sd.s.acks.rejected(sd.d)
 	return sd.s.settle(func() error { return sd.d.Reject(false) })
 }
 
+// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
+// their confirms: past it the worker waits for one before it takes the next
+// delivery.
+const pipelineDepth = 64
+
 // settleFailure carries out a retry, re-admission or quarantine verdict:
-// build the publishing, publish it with confirm + mandatory, and only then
-// ack the original. A failed publish rejects the original with requeue: the
-// broker keeps it and the crash-loop guard bounds the loop. What cannot be
-// parked is never acked. It reports false, having done nothing, for a
-// re-admission that cannot fit one frame: the caller delivers the message
-// instead, since rejecting it would quarantine a message whose handler
-// never ran.
+// build the publishing, publish it with confirm + mandatory, and only once
+// the confirm is in ack the original (finishFailure). The confirm is not
+// waited for here: the worker goes on with its next deliveries and finishes
+// this one when the confirm arrives (see worker.next). A failed publish
+// rejects the original with requeue: the broker keeps it and the
+// crash-loop guard bounds the loop. What cannot be parked is never acked.
+// It reports false, having done nothing, for a re-admission that cannot fit
+// one frame: the caller delivers the message instead, since rejecting it
+// would quarantine a message whose handler never ran. Once it reports true
+// the span is its to end.
 func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
 	qr := w.q
 	c := w.deps
@@ -77,7 +95,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 	if st := panicStack(f.err); st != "" {
 		log = log.With("stack", st)
 	}
-	err := w.send(ctx, span, d, f)
+	out, err := w.prepare(ctx, span, d, f)
 	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
 		return false // w.settled untouched: the handler decides the outcome
 	}
@@ -89,22 +107,14 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 		v = f.verdict
 		w.settled.failed(f)
-		err = w.send(ctx, span, d, f)
-	}
-	var outcome, kind string
-	switch v.Action {
-	case triage.ActionRetry:
-		outcome, kind = OutcomeRetried, "retry"
-	case triage.ActionReadmit:
-		outcome, kind = OutcomeReadmitted, "readmit"
-	default:
-		outcome, kind = OutcomeQuarantined, "quarantine"
+		out, err = w.prepare(ctx, span, d, f)
 	}
 	if errors.Is(err, quarantine.ErrNoFit) {
 		// Not even the bare envelope fits (a frame_max far below the
 		// default): nothing was sent. Reject without requeue: the broker
 		// dead-letters the message as received into the quarantine, with
 		// x-death as its record.
+		defer span.End()
 		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
 		if rerr := a.Reject(); rerr != nil {
 			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
@@ -116,15 +126,55 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
 		return true
 	}
+	publish := func(confirmed func(error)) {
+		if err != nil { // not built: settled as a failed publish
+			confirmed(err)
+			return
+		}
+		w.out.Publish(out.ctx, out.b.exchange, out.b.key, out.b.p, confirmed)
+	}
+	st := w.settled
+	if !w.settleLater(publish, func(err error) { w.finishFailure(span, out.span, a, d, f, st, log, err) }) {
+		// The drain deadline passed while the pipeline was full: left
+		// unsettled for the channel close to requeue.
+		out.span.End()
+		span.End()
+		w.record(OutcomeAbandoned)
+	}
+	return true
+}
+
+// finishFailure settles a failed delivery once its retry or quarantine
+// publish is confirmed (err nil) or failed. It runs on the worker's
+// settler goroutine.
+func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delivery, f failure, st Settled, log *slog.Logger, err error) {
+	defer span.End()
+	if err != nil {
+		pubSpan.RecordError(err)
+		pubSpan.SetStatus(codes.Error, err.Error())
+	}
+	pubSpan.End()
+	qr := w.q
+	c := w.deps
+	v := f.verdict
+	var outcome, kind string
+	switch v.Action {
+	case triage.ActionRetry:
+		outcome, kind = OutcomeRetried, "retry"
+	case triage.ActionReadmit:
+		outcome, kind = OutcomeReadmitted, "readmit"
+	default:
+		outcome, kind = OutcomeQuarantined, "quarantine"
+	}
 	if err != nil && w.s.handlerCtx.Err() != nil {
 		// The drain deadline passed while the publish waited (typically on
 		// a connection blocked by a resource alarm). Whether the broker has
 		// the copy is unknown: the original is left unsettled, and the
 		// channel close requeues it. Not a failure of the message's.
-		w.record(OutcomeAbandoned)
+		qr.record(st, OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
 		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
-		return true
+		return
 	}
 	if err != nil {
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
@@ -133,46 +183,63 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause.String())
 		span.SetStatus(codes.Error, kind+" publish failed")
 		// Requeued messages keep their place and come straight back: pause
-		// (this worker only) so a broker that can't take publishes right
-		// now doesn't burn the message's deliveries in a hot loop.
+		// (this worker only: it takes no delivery until then) so a broker
+		// that can't take publishes right now doesn't burn the message's
+		// deliveries in a hot loop. Failures that come together pause
+		// together.
+		until := time.Now().Add(pause)
+		if until.UnixNano() > w.pauseUntil.Load() {
+			w.pauseUntil.Store(until.UnixNano())
+		}
+		t := time.NewTimer(time.Until(until))
 		select {
-		case <-time.After(pause):
+		case <-t.C:
 		case <-w.s.handlerCtx.Done():
 		}
+		t.Stop()
 		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
 		// raises the delivery count the crash-loop guard relies on.
 		if rerr := a.Requeue(); rerr != nil {
 			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		}
-		w.settled.SettleErr = err
-		w.record(OutcomeRequeued)
-		return true
+		st.SettleErr = err
+		qr.record(st, OutcomeRequeued)
+		return
 	}
 	w.pubFailures = 0
-	if !w.ack(a, d.MessageId) {
-		return true
-	}
-	w.record(outcome)
 	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
 	switch outcome {
-	case OutcomeRetried:
-		c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
-		log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
-	case OutcomeReadmitted:
-		log.Debug("re-admitted", "reason", v.Reason)
-	default:
-		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+	case OutcomeQuarantined:
 		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
-		log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
 	}
-	return true
+	w.ack(a, st, outcome, func() {
+		switch outcome {
+		case OutcomeRetried:
+			c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+			log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
+		case OutcomeReadmitted:
+			log.Debug("re-admitted", "reason", v.Reason)
+		default:
+			c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+			log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
+		}
+	})
 }
 
-// send builds the verdict's publishing (see build) and publishes it with
-// confirm inside a producer span, whose context the publishing carries so
-// that the next consumer span continues the trace. A publishing that cannot
-// fit one frame is not sent: the error wraps quarantine.ErrNoFit.
-func (w *worker) send(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) error {
+var noopSpan = trace.SpanFromContext(context.Background())
+
+// outgoing is a built retry or quarantine publishing with its producer span.
+type outgoing struct {
+	b    built
+	ctx  context.Context
+	span trace.Span
+}
+
+// prepare builds the verdict's publishing (see build) inside a producer
+// span, whose context the publishing carries so that the next consumer
+// span continues the trace. A publishing that cannot fit one frame is not
+// sent: the error wraps quarantine.ErrNoFit, and the span is ended.
+func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
 	in := w.buildInput(d, f, consumeSpan)
 	exchange, key, attrs := destination(in)
 	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
@@ -185,24 +252,20 @@ func (w *worker) send(ctx context.Context, consumeSpan trace.Span, d *amqp.Deliv
 			attribute.String(telemetry.AttrMessageID, d.MessageId),
 		),
 		trace.WithAttributes(attrs...))
-	defer span.End()
 	in.trace = amqp.Table{}
 	telemetry.Inject(pctx, in.trace)
 	b, err := build(in)
 	switch {
 	case err != nil:
 		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
+		return outgoing{span: noopSpan}, err
 	case len(b.changed) > 0:
 		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", in.queue, "message_id", d.MessageId, "changed", b.changed)
 	}
-	if err == nil {
-		err = w.out.Publish(pctx, b.exchange, b.key, b.p)
-	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return err
+	return outgoing{b: b, ctx: pctx, span: span}, nil
 }
 
 // buildInput gathers what the builders read for d's failure f.
@@ -235,84 +298,96 @@ func (w *worker) publishBackoff() time.Duration {
 }
 
 // record counts a settled delivery and reports it to Config.OnSettled.
-func (w *worker) record(outcome string) {
-	w.deps.metrics.deliveries.WithLabelValues(w.q.cfg.Name, outcome).Inc()
-	w.settled.Outcome = outcome
-	w.deps.notifySettled(w.settled)
+func (w *worker) record(outcome string) { w.q.record(w.settled, outcome) }
+
+// record counts a settled delivery and reports it to Config.OnSettled. Safe
+// for concurrent use.
+func (qr *queueRuntime) record(st Settled, outcome string) {
+	qr.metrics.settled(outcome)
+	st.Outcome = outcome
+	qr.deps.notifySettled(st)
 }
 
-// ack acks the delivery and reports whether the ack was written. An ack on
-// a dead channel fails: the broker will redeliver the message (a duplicate,
-// which idempotency keys are for), so it is not counted as acked.
-func (w *worker) ack(a acker, messageID string) bool {
-	if err := a.Ack(); err != nil {
-		w.settled.SettleErr = err
-		w.record(OutcomeAckFailed)
-		w.deps.log.Warn("ack failed; the broker will redeliver", "queue", w.q.cfg.Name, "message_id", messageID, "error", err)
-		return false
-	}
-	return true
+// ack acks the delivery; once the ack is written (acks are coalesced, see
+// ackWindow) the outcome is recorded and then, if set, runs. An ack on a
+// dead channel fails: the broker will redeliver the message (a duplicate,
+// which idempotency keys are for), so it is recorded as OutcomeAckFailed.
+func (w *worker) ack(a acker, st Settled, outcome string, then func()) {
+	qr := w.q
+	a.Ack(func(err error) {
+		if err != nil {
+			st.SettleErr = err
+			qr.record(st, OutcomeAckFailed)
+			qr.deps.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", st.MessageID, "error", err)
+			return
+		}
+		qr.record(st, outcome)
+		if then != nil {
+			then()
+		}
+	})
 }
 
-// sessionPublisher is a worker's confirmer: a confirm publisher on the
+// sessionPublisher is a worker's confirmer: a confirm pipeline on the
 // session's publishing connection, opened on first use. Not safe for
 // concurrent use: each worker has its own.
 type sessionPublisher struct {
-	s   *queueSession
-	pub *amqpx.Publisher
+	s    *queueSession
+	pipe *amqpx.Pipeline
 }
 
-// close closes the publisher's channel, unless a resource alarm blocks the
-// connection: no close-ok comes before the alarm clears, and the channel
-// closes with the publishing connection, which the session closes next.
+// close fails what still awaits a confirm and closes the pipeline's
+// channel (without waiting for the close-ok: during a resource alarm none
+// comes, and the channel closes with the publishing connection, which the
+// session closes next).
 func (sp *sessionPublisher) close() {
-	if sp.pub == nil {
-		return
+	if sp.pipe != nil {
+		sp.pipe.Close()
+		sp.pipe = nil
 	}
-	if blocked, _ := sp.s.blocking.Blocked(); blocked {
-		return
-	}
-	_ = sp.pub.Close()
 }
 
-// publisher returns the confirm publisher, opening one if needed.
-func (sp *sessionPublisher) publisher() (*amqpx.Publisher, error) {
-	if sp.pub != nil {
-		return sp.pub, nil
+// pipeline returns the confirm pipeline, opening one if needed: one whose
+// channel died is replaced.
+func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
+	if sp.pipe != nil {
+		select {
+		case <-sp.pipe.Done():
+			sp.pipe = nil
+		default:
+			return sp.pipe, nil
+		}
 	}
-	p, err := amqpx.NewPublisherContext(sp.s.handlerCtx, sp.s.pubConn)
+	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
 	if err != nil {
 		return nil, err
 	}
-	sp.pub = p
+	sp.pipe = p
+	go sp.s.watchConfirms(p)
 	return p, nil
 }
 
-// Publish sends with confirm + mandatory; a publisher whose channel died is
-// dropped so the next publish opens a fresh one.
+// Publish sends with confirm + mandatory on the pipeline.
 //
 // While the broker blocks the publishing connection (a resource alarm) it
 // reads nothing from it: a publish, or opening a channel for one, would only
 // wait, and a timeout would requeue the message and run its handler again
 // for nothing. So publish first waits for the unblock, holding the delivery,
 // until the drain deadline.
-func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
 	if err := sp.s.blocking.Wait(sp.s.handlerCtx); err != nil {
 		_, reason := sp.s.blocking.Blocked()
-		return fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err)
+		confirmed(fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err))
+		return
 	}
-	pub, err := sp.publisher()
+	pipe, err := sp.pipeline()
+	if err == nil {
+		err = pipe.Publish(context.WithoutCancel(ctx), exchange, key, p, confirmed)
+	}
 	if err != nil {
-		return err
+		sp.close()
+		confirmed(err)
 	}
-	pctx, cancel := sp.s.confirmContext(ctx)
-	defer cancel()
-	err = pub.Publish(pctx, exchange, key, p)
-	if err != nil && !errors.Is(err, amqpx.ErrUnroutable) && !errors.Is(err, amqpx.ErrNacked) {
-		_ = pub.Close()
-		sp.pub = nil
-	}
-	return err
 }
 
 // publishTimeout bounds the wait for a publisher confirm while the
@@ -322,34 +397,41 @@ const publishTimeout = 30 * time.Second
 // errConfirmTimeout ends a confirm wait that took publishTimeout.
 var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTimeout)
 
-// confirmContext is ctx without its cancellation (a handler's deadline must
-// not cut a publish short) that ends at the drain deadline, or after
-// publishTimeout unless the broker then blocks the publishing connection:
-// a confirm comes only after the unblock, so the wait goes on until it, and
-// publishTimeout more.
-func (qs *queueSession) confirmContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(qs.handlerCtx, func() { cancel(qs.handlerCtx.Err()) })
-	go func() {
-		timer := time.NewTimer(publishTimeout)
-		defer timer.Stop()
-		for {
-			select {
-			case <-pctx.Done():
-				return
-			case <-timer.C:
-				if blocked, _ := qs.blocking.Blocked(); !blocked {
-					cancel(errConfirmTimeout)
-					return
-				}
-				if qs.blocking.Wait(pctx) != nil {
-					return
-				}
-				timer.Reset(publishTimeout)
-			}
+// watchConfirms bounds p's confirm waits: at the drain deadline, and when
+// the oldest unconfirmed publish has waited publishTimeout while the
+// publishing connection is not blocked, p fails what it holds (whether the
+// broker has those copies is unknown). While the broker blocks the
+// connection a confirm comes only after the unblock, so the wait goes on
+// until it, and publishTimeout more.
+func (qs *queueSession) watchConfirms(p *amqpx.Pipeline) {
+	tick := time.NewTicker(min(publishTimeout/4, time.Second))
+	defer tick.Stop()
+	var blockedUntil time.Time
+	for {
+		select {
+		case <-p.Done():
+			return
+		case <-qs.handlerCtx.Done():
+			p.Fail(context.Cause(qs.handlerCtx))
+			return
+		case <-tick.C:
 		}
-	}()
-	return pctx, func() { stop(); cancel(nil) }
+		if blocked, _ := qs.blocking.Blocked(); blocked {
+			blockedUntil = time.Now()
+			continue
+		}
+		if sent, ok := p.Oldest(); ok && time.Since(later(sent, blockedUntil)) >= publishTimeout {
+			p.Fail(errConfirmTimeout)
+			return
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func errString(err error) string {

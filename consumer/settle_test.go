@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -35,12 +37,12 @@ type fakeAcker struct {
 }
 
 func (a *fakeAcker) note(s string) { a.mu.Lock(); a.calls = append(a.calls, s); a.mu.Unlock() }
-func (a *fakeAcker) Ack() error {
+func (a *fakeAcker) Ack(report func(error)) {
 	a.note("ack")
 	if a.onAck != nil {
 		a.onAck()
 	}
-	return a.ackErr
+	report(a.ackErr)
 }
 func (a *fakeAcker) Requeue() error { a.note("requeue"); return a.requeueErr }
 func (a *fakeAcker) Reject() error  { a.note("reject"); return a.rejectErr }
@@ -60,20 +62,23 @@ type fakeConfirmer struct {
 	block bool
 }
 
-func (f *fakeConfirmer) Publish(ctx context.Context, exchange, key string, p amqp.Publishing) error {
+func (f *fakeConfirmer) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
 	pub := published{exchange, key, p}
 	f.mu.Lock()
 	f.sent = append(f.sent, pub)
 	fail, block := f.fail, f.block
 	f.mu.Unlock()
-	if block {
-		<-ctx.Done()
-		return context.Cause(ctx)
+	switch {
+	case block:
+		go func() {
+			<-ctx.Done()
+			confirmed(context.Cause(ctx))
+		}()
+	case fail != nil:
+		confirmed(fail(pub))
+	default:
+		confirmed(nil)
 	}
-	if fail != nil {
-		return fail(pub)
-	}
-	return nil
 }
 
 type settleBundle struct {
@@ -125,8 +130,18 @@ func newSettleBundle(t *testing.T, frameMax int) *settleBundle {
 	qr := c.queues[settleQueue]
 	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{}, frameMax: frameMax,
 		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
-	b.w = &worker{deps: c.deps, q: qr, s: qs, out: b.out}
+	qs.acks = newAckWindow(qs.settle, 200)
+	b.w = newWorker(qs, b.out)
+	t.Cleanup(b.w.close)
 	return b
+}
+
+// settle is settleFailure through to its end: the confirm's arrival, the
+// ack's write.
+func (b *settleBundle) settle(ctx context.Context, a acker, d *amqp.Delivery, f failure) {
+	b.w.settleFailure(ctx, noop.Span{}, a, d, f)
+	b.w.settling.Wait()
+	b.w.s.acks.flush(true)
 }
 
 func (b *settleBundle) outcomes() []string {
@@ -310,7 +325,7 @@ func TestSettleAcksOnlyAfterConfirm(t *testing.T) {
 			t.Error("acked before the copy was published")
 		}
 	}
-	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), retryFailure())
+	b.settle(context.Background(), a, delivery(), retryFailure())
 	if a.log() != "ack" || strings.Join(b.outcomes(), ",") != OutcomeRetried {
 		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
 	}
@@ -330,7 +345,7 @@ func TestSettleRequeuesWhenThePublishFails(t *testing.T) {
 		b := newSettleBundle(t, quarantine.DefaultFrameSize)
 		b.out.fail = func(published) error { return cause }
 		a := &fakeAcker{}
-		b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+		b.settle(context.Background(), a, delivery(), quarantineFailure())
 		if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != OutcomeRequeued || !errors.Is(b.settled[0].SettleErr, cause) {
 			t.Errorf("%v: calls %q, settled %+v", cause, a.log(), b.settled)
 		}
@@ -349,7 +364,7 @@ func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
 	d := delivery()
 	d.Headers["x-big"] = strings.Repeat("b", 8000)
 	a := &fakeAcker{}
-	b.w.settleFailure(context.Background(), noop.Span{}, a, d, retryFailure())
+	b.settle(context.Background(), a, d, retryFailure())
 	if a.log() != "ack" || len(b.out.sent) != 1 || b.out.sent[0].exchange != "orders.dead" || b.settled[0].Outcome != OutcomeQuarantined ||
 		!strings.Contains(b.settled[0].Reason, "not retried") {
 		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
@@ -357,7 +372,7 @@ func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
 
 	b = newSettleBundle(t, 600) // not even the bare envelope fits
 	a = &fakeAcker{}
-	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+	b.settle(context.Background(), a, delivery(), quarantineFailure())
 	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeQuarantined {
 		t.Fatalf("calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
 	}
@@ -384,7 +399,7 @@ func TestSettleLeavesItUnsettledOnShutdownMidPublish(t *testing.T) {
 		}
 	}()
 	a := &fakeAcker{}
-	b.w.settleFailure(ctx, noop.Span{}, a, delivery(), quarantineFailure())
+	b.settle(ctx, a, delivery(), quarantineFailure())
 	if a.log() != "" || strings.Join(b.outcomes(), ",") != OutcomeAbandoned {
 		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
 	}
@@ -396,7 +411,7 @@ func TestSettleReportsAFailedAck(t *testing.T) {
 	t.Parallel()
 	b := newSettleBundle(t, quarantine.DefaultFrameSize)
 	a := &fakeAcker{ackErr: amqp.ErrClosed}
-	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), retryFailure())
+	b.settle(context.Background(), a, delivery(), retryFailure())
 	if strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
 		t.Fatalf("outcomes %v, settled %+v", b.outcomes(), b.settled)
 	}
@@ -408,7 +423,7 @@ func TestSettleReportsAFailedReject(t *testing.T) {
 	t.Parallel()
 	b := newSettleBundle(t, 600) // not even the bare envelope fits
 	a := &fakeAcker{rejectErr: amqp.ErrClosed}
-	b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), quarantineFailure())
+	b.settle(context.Background(), a, delivery(), quarantineFailure())
 	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
 		t.Fatalf("calls %q, settled %+v", a.log(), b.settled)
 	}
@@ -459,8 +474,14 @@ func (r recordingAcknowledger) Reject(_ uint64, requeue bool) error {
 // credit for a message the client would drop after the cancel-ok.
 func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
 	t.Parallel()
-	for name, settle := range map[string]func(acker) error{
-		"ack": acker.Ack, "requeue": acker.Requeue, "reject": acker.Reject,
+	ack := func(sd sessionDelivery) error {
+		written := make(chan error, 1)
+		sd.Ack(func(err error) { written <- err })
+		sd.s.acks.flush(true)
+		return <-written
+	}
+	for name, settle := range map[string]func(sessionDelivery) error{
+		"ack": ack, "requeue": sessionDelivery.Requeue, "reject": sessionDelivery.Reject,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -469,6 +490,7 @@ func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
 			calls := make(chan string, 1)
 			d := delivery()
 			d.Acknowledger = recordingAcknowledger{calls}
+			d.DeliveryTag = 1
 			close(qs.stopping) // basic.cancel sent, no cancel-ok yet
 			done := make(chan error, 1)
 			go func() { done <- settle(sessionDelivery{s: qs, d: d}) }()
@@ -485,5 +507,242 @@ func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// heldConfirmer keeps each publish's confirm for the test to release, in
+// any order.
+type heldConfirmer struct {
+	mu   sync.Mutex
+	held map[string]func(error) // by message id
+}
+
+func (h *heldConfirmer) Publish(_ context.Context, _, _ string, p amqp.Publishing, confirmed func(error)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.held == nil {
+		h.held = map[string]func(error){}
+	}
+	h.held[p.MessageId] = confirmed
+}
+
+func (h *heldConfirmer) release(id string, err error) {
+	h.mu.Lock()
+	confirmed := h.held[id]
+	delete(h.held, id)
+	h.mu.Unlock()
+	confirmed(err)
+}
+
+// Publishes are pipelined: the worker goes on while confirms are awaited,
+// and each original is acked when its own confirm arrives, in whatever
+// order they come, or requeued when its publish was returned, nacked or
+// lost with its channel.
+func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	held := &heldConfirmer{}
+	b.w.out = held
+	ids := []string{"m-1", "m-2", "m-3", "m-4", "m-5"}
+	ackers := map[string]*fakeAcker{}
+	for _, id := range ids {
+		d := delivery()
+		d.MessageId = id
+		ackers[id] = &fakeAcker{}
+		b.w.settled = Settled{Queue: settleQueue, MessageID: id}
+		if !b.w.settleFailure(context.Background(), noop.Span{}, ackers[id], d, retryFailure()) {
+			t.Fatal("not taken up")
+		}
+	}
+	if n := len(b.w.awaiting); n != len(ids) {
+		t.Fatalf("%d publishes awaited, want %d", n, len(ids))
+	}
+	for _, id := range ids {
+		if ackers[id].log() != "" {
+			t.Fatalf("%s settled before its confirm: %q", id, ackers[id].log())
+		}
+	}
+	confirms := []struct {
+		id   string
+		err  error
+		want string
+	}{
+		{"m-3", nil, "ack"},
+		{"m-5", &amqpx.ReturnedError{Exchange: "orders.retry"}, "requeue"},
+		{"m-1", nil, "ack"},
+		{"m-4", amqpx.ErrNacked, "requeue"},
+		{"m-2", amqpx.ErrPublisherClosed, "requeue"},
+	}
+	for i, c := range confirms {
+		held.release(c.id, c.err)
+		for deadline := time.Now().Add(5 * time.Second); ackers[c.id].log() == "" && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		if got := ackers[c.id].log(); got != c.want {
+			t.Errorf("%s: %q after its confirm (%v), want %q", c.id, got, c.err, c.want)
+		}
+		for _, later := range confirms[i+1:] {
+			if got := ackers[later.id].log(); got != "" {
+				t.Errorf("%s settled (%q) before its confirm", later.id, got)
+			}
+		}
+	}
+	b.w.settling.Wait()
+	got := map[string]string{}
+	for _, s := range b.settled {
+		got[s.MessageID] = s.Outcome
+	}
+	want := map[string]string{"m-1": OutcomeRetried, "m-2": OutcomeRequeued, "m-3": OutcomeRetried, "m-4": OutcomeRequeued, "m-5": OutcomeRequeued}
+	for id, o := range want {
+		if got[id] != o {
+			t.Errorf("%s: outcome %q, want %q (all: %v)", id, got[id], o, got)
+		}
+	}
+}
+
+// A channel lost with several confirms outstanding requeues every one of
+// their originals; none is acked.
+func TestSettlePipelinedChannelLossRequeuesAllOutstanding(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	held := &heldConfirmer{}
+	b.w.out = held
+	var ackers []*fakeAcker
+	for i := range 3 {
+		d := delivery()
+		d.MessageId = fmt.Sprint("m-", i)
+		a := &fakeAcker{}
+		ackers = append(ackers, a)
+		b.w.settleFailure(context.Background(), noop.Span{}, a, d, quarantineFailure())
+	}
+	// What the pipeline does when its channel closes: fail them all.
+	for i := range 3 {
+		held.release(fmt.Sprint("m-", i), amqpx.ErrPublisherClosed)
+	}
+	b.w.settling.Wait()
+	for i, a := range ackers {
+		if a.log() != "requeue" {
+			t.Errorf("m-%d: %q, want requeue", i, a.log())
+		}
+	}
+	if strings.Join(b.outcomes(), ",") != "requeued,requeued,requeued" {
+		t.Errorf("outcomes %v", b.outcomes())
+	}
+}
+
+// tagAcknowledger records the acks written, as (tag, multiple).
+type tagAcknowledger struct {
+	mu   sync.Mutex
+	acks []string
+}
+
+func (r *tagAcknowledger) Ack(tag uint64, multiple bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acks = append(r.acks, fmt.Sprintf("%d%s", tag, map[bool]string{true: "+", false: ""}[multiple]))
+	return nil
+}
+func (r *tagAcknowledger) Nack(uint64, bool, bool) error { return nil }
+func (r *tagAcknowledger) Reject(uint64, bool) error     { return nil }
+func (r *tagAcknowledger) take() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := strings.Join(r.acks, " ")
+	r.acks = nil
+	return s
+}
+
+// Coalesced acks cover only a settled prefix of the delivery tags: never a
+// tag still in a handler, never one the broker no longer holds (rejected or
+// acked on its own).
+func TestAckWindowCoversOnlyTheSettledPrefix(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	reported := map[uint64]int{}
+	var mu sync.Mutex
+	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: rec} }
+	ack := func(tag uint64) {
+		w.ack(del(tag), func(err error) {
+			if err != nil {
+				t.Errorf("ack %d: %v", tag, err)
+			}
+			mu.Lock()
+			reported[tag]++
+			mu.Unlock()
+		})
+	}
+	ack(1)
+	ack(2)
+	w.rejected(del(3))
+	ack(5) // 4 is still in a handler
+	w.flush(false)
+	if got := rec.take(); got != "2+" {
+		t.Fatalf("wrote %q, want one multiple ack of 2", got)
+	}
+	ack(4)
+	w.flush(false)
+	if got := rec.take(); got != "5+" {
+		t.Fatalf("wrote %q, want 5+", got)
+	}
+	// A prefix that ends with a rejected tag is acked up to the last acked
+	// one.
+	ack(6)
+	w.rejected(del(7))
+	w.flush(false)
+	if got := rec.take(); got != "6+" {
+		t.Fatalf("wrote %q, want 6+", got)
+	}
+	// A forced flush acks what waits beyond a gap on its own; the later
+	// multiple ack names a tag still outstanding.
+	ack(9) // 8 is in a handler
+	w.flush(true)
+	if got := rec.take(); got != "9" {
+		t.Fatalf("wrote %q, want 9 alone", got)
+	}
+	ack(8)
+	w.flush(false)
+	if got := rec.take(); got != "8+" {
+		t.Fatalf("wrote %q, want 8+", got)
+	}
+	w.flush(true)
+	if got := rec.take(); got != "" {
+		t.Fatalf("wrote %q with nothing waiting", got)
+	}
+	for _, tag := range []uint64{1, 2, 4, 5, 6, 8, 9} {
+		if reported[tag] != 1 {
+			t.Errorf("tag %d reported %d times", tag, reported[tag])
+		}
+	}
+	if len(w.tags) != 0 || w.prefix != 9 {
+		t.Errorf("window holds %d tags, prefix %d", len(w.tags), w.prefix)
+	}
+}
+
+// Acks wait for a batch, or for ackDelay, while the worker is busy; a
+// prefix stuck behind a slow handler does not hold more than a batch.
+func TestAckWindowBatches(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	w := newAckWindow(func(write func() error) error { return write() }, 16) // batch 4
+	w.maxDelay = time.Hour
+	for tag := uint64(1); tag <= 3; tag++ {
+		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
+	}
+	if got := rec.take(); got != "" {
+		t.Fatalf("wrote %q before a batch", got)
+	}
+	w.ack(&amqp.Delivery{DeliveryTag: 4, Acknowledger: rec}, func(error) {})
+	if got := rec.take(); got != "4+" {
+		t.Fatalf("wrote %q, want 4+", got)
+	}
+	// 5 is in a handler: a batch behind it is acked one by one.
+	for tag := uint64(6); tag <= 9; tag++ {
+		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
+	}
+	got := strings.Fields(rec.take())
+	sort.Strings(got)
+	if strings.Join(got, " ") != "6 7 8 9" {
+		t.Fatalf("wrote %q, want 6 7 8 9 one by one", got)
 	}
 }

@@ -94,28 +94,36 @@ func NewPublisher(conn *amqp.Connection) (*Publisher, error) {
 // blocked (a resource alarm) until the alarm clears. If ctx ends first, the
 // open is abandoned and its channel closed whenever it completes.
 func NewPublisherContext(ctx context.Context, conn *amqp.Connection) (*Publisher, error) {
+	return openWithin(ctx, func() (*Publisher, error) { return NewPublisher(conn) }, func(p *Publisher) {
+		p.mu.Lock()
+		_ = p.breakWith(nil)
+		p.mu.Unlock()
+	})
+}
+
+// openWithin runs open, waiting for it until ctx ends; an open that
+// completes after that is discarded.
+func openWithin[T any](ctx context.Context, open func() (T, error), discard func(T)) (T, error) {
 	type opened struct {
-		p   *Publisher
+		v   T
 		err error
 	}
 	res := make(chan opened, 1)
 	go func() {
-		p, err := NewPublisher(conn)
-		res <- opened{p, err}
+		v, err := open()
+		res <- opened{v, err}
 	}()
 	select {
 	case r := <-res:
-		return r.p, r.err
+		return r.v, r.err
 	case <-ctx.Done():
 		go func() {
-			if r := <-res; r.p != nil {
-				p := r.p
-				p.mu.Lock()
-				_ = p.breakWith(nil)
-				p.mu.Unlock()
+			if r := <-res; r.err == nil {
+				discard(r.v)
 			}
 		}()
-		return nil, fmt.Errorf("open publisher channel: %w", context.Cause(ctx))
+		var zero T
+		return zero, fmt.Errorf("open publisher channel: %w", context.Cause(ctx))
 	}
 }
 

@@ -12,11 +12,12 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 )
 
-func TestPublisherConfirmsRoutedAndRefusesUnroutable(t *testing.T) {
-	t.Parallel()
-	env := brokertest.Require(t)
-	ch := env.Channel("setup")
-	ex, q := env.Name("ex"), env.Name("q")
+// declareBound declares a direct exchange and a quorum queue bound to it
+// with routing key "bound".
+func declareBound(t *testing.T, env *brokertest.Env) (ch *amqp.Channel, ex, q string) {
+	t.Helper()
+	ch = env.Channel("setup")
+	ex, q = env.Name("ex"), env.Name("q")
 	if err := ch.ExchangeDeclare(ex, "direct", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -26,6 +27,13 @@ func TestPublisherConfirmsRoutedAndRefusesUnroutable(t *testing.T) {
 	if err := ch.QueueBind(q, "bound", ex, false, nil); err != nil {
 		t.Fatal(err)
 	}
+	return ch, ex, q
+}
+
+func TestPublisherConfirmsRoutedAndRefusesUnroutable(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	ch, ex, q := declareBound(t, env)
 	pub, err := amqpx.NewPublisher(env.Dial("publisher"))
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -41,6 +43,12 @@ const (
 // bench run: it holds the side's JSON spec.
 const SideEnv = "DLXBRIDGE_BENCH_SIDE"
 
+// ProfileEnv, when set to a directory, makes each side write a CPU profile
+// of its drain there (<side>-<scenario>-<pid>.pprof), and its heap profile
+// at the end (.heap.pprof): where a side's time and memory go, measured in
+// the same run as its rate.
+const ProfileEnv = "DLXBRIDGE_BENCH_CPUPROFILE"
+
 // RunSideFromEnv runs one side if SideEnv is set, and says so. A test
 // binary that runs the bench calls it first thing in TestMain, because the
 // bench starts its sides by running its own executable again.
@@ -57,6 +65,14 @@ func side(ctx context.Context, spec string, stdout, stderr io.Writer) int {
 	if err := json.Unmarshal([]byte(spec), &s); err != nil {
 		fmt.Fprintf(stderr, "dlxbridge bench: bad %s: %v\n", SideEnv, err)
 		return exitUsage
+	}
+	if dir := os.Getenv(ProfileEnv); dir != "" {
+		stop, err := startProfile(dir, &s)
+		if err != nil {
+			fmt.Fprintf(stderr, "dlxbridge bench: %s side: %v\n", s.Side, err)
+			return exitFail
+		}
+		defer stop()
 	}
 	if err := runSide(ctx, &s, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "dlxbridge bench: %s side: %v\n", s.Side, err)
@@ -337,3 +353,23 @@ func loadAverage() float64 {
 }
 
 var numCPU = runtime.NumCPU
+
+// startProfile starts a CPU profile of this side in dir; stop writes it.
+func startProfile(dir string, s *sideSpec) (stop func(), err error) {
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%s-%d.pprof", s.Side, s.Scenario, os.Getpid())))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if h, err := os.Create(strings.TrimSuffix(f.Name(), ".pprof") + ".heap.pprof"); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(h, 0)
+			h.Close()
+		}
+	}, nil
+}

@@ -1,0 +1,208 @@
+package amqpx
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Pipeline publishes with confirm + mandatory without waiting for each
+// confirm: Publish returns once the message is written, and its done func
+// is called once, from the pipeline's own goroutine, with nil when the
+// broker confirmed it (a queue has it) or with an error: a basic.return
+// (*ReturnedError), a nack (ErrNacked), the channel's loss
+// (ErrPublisherClosed), or Fail's cause. A done func must not block.
+//
+// Confirms come in publish order (the client resequences them); a
+// basic.return reaches the client before its message's confirm, and
+// returns come in publish order too. So when a confirm arrives, the oldest
+// return not yet matched is either its message's or a later one's, and it
+// is its message's only if exchange, routing key, message id and body
+// agree. A later message identical in all four can make an earlier one
+// count as returned: a copy that then exists twice, never one that does
+// not exist.
+//
+// Safe for concurrent use.
+type Pipeline struct {
+	ch       *amqp.Channel
+	confirms chan amqp.Confirmation
+	returns  chan amqp.Return
+	closed   chan *amqp.Error
+
+	mu       sync.Mutex
+	inFlight []*inFlight // by sequence number
+	returned []amqp.Return
+	broken   error
+
+	failOnce sync.Once
+	fail     chan error // Fail's cause
+	exited   chan struct{}
+}
+
+type inFlight struct {
+	seq           uint64
+	exchange, key string
+	msg           *amqp.Publishing
+	sent          time.Time
+	done          func(error)
+}
+
+// NewPipeline opens a confirm-mode channel on conn for up to max
+// unconfirmed publishes, bounded by ctx like NewPublisherContext.
+func NewPipeline(ctx context.Context, conn *amqp.Connection, max int) (*Pipeline, error) {
+	return openWithin(ctx, func() (*Pipeline, error) { return newPipeline(conn, max) }, (*Pipeline).Close)
+}
+
+func newPipeline(conn *amqp.Connection, max int) (*Pipeline, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open publisher channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = CloseChannel(ch, 0)
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	// The client's reader blocks on a full notify channel: room for every
+	// confirm and return that can be pending, read at once below.
+	p := &Pipeline{
+		ch:       ch,
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, max+8)),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, max+8)),
+		closed:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+		fail:     make(chan error, 1),
+		exited:   make(chan struct{}),
+	}
+	go p.run()
+	return p, nil
+}
+
+// Publish writes msg to exchange with routing key and mandatory set; done
+// follows (see Pipeline). An error means nothing was sent and done will
+// not be called; the pipeline is then broken: make a new one.
+func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken != nil {
+		return p.broken
+	}
+	f := &inFlight{seq: p.ch.GetNextPublishSeqNo(), exchange: exchange, key: key, msg: &msg, sent: time.Now(), done: done}
+	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		err = fmt.Errorf("publish: %w", err)
+		p.breakLocked(err)
+		return err
+	}
+	p.inFlight = append(p.inFlight, f)
+	return nil
+}
+
+// Oldest is when the oldest unconfirmed publish was written; ok is false
+// when none is.
+func (p *Pipeline) Oldest() (sent time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.inFlight) == 0 {
+		return time.Time{}, false
+	}
+	return p.inFlight[0].sent, true
+}
+
+// Fail retires the pipeline: every unconfirmed publish's done gets err
+// (treat those messages as not sent), later publishes fail, and the channel
+// is closed without waiting for the broker's close-ok. It returns once the
+// done funcs have been called.
+func (p *Pipeline) Fail(err error) {
+	p.failOnce.Do(func() { p.fail <- err })
+	<-p.exited
+}
+
+// Close is Fail with ErrPublisherClosed.
+func (p *Pipeline) Close() { p.Fail(ErrPublisherClosed) }
+
+func (p *Pipeline) run() {
+	defer close(p.exited)
+	for {
+		select {
+		case r := <-p.returns:
+			p.mu.Lock()
+			p.returned = append(p.returned, r)
+			p.mu.Unlock()
+		case c, ok := <-p.confirms:
+			if !ok {
+				p.failAll(ErrPublisherClosed)
+				return
+			}
+			p.confirm(c)
+		case e := <-p.closed:
+			if e != nil {
+				p.failAll(fmt.Errorf("%w: %v", ErrPublisherClosed, e))
+			} else {
+				p.failAll(ErrPublisherClosed)
+			}
+			return
+		case err := <-p.fail:
+			p.failAll(err)
+			return
+		}
+	}
+}
+
+// confirm settles the publish c confirms.
+func (p *Pipeline) confirm(c amqp.Confirmation) {
+	p.mu.Lock()
+	// A return precedes its message's confirm: take what came with it.
+	for more := true; more; {
+		select {
+		case r := <-p.returns:
+			p.returned = append(p.returned, r)
+		default:
+			more = false
+		}
+	}
+	var f *inFlight
+	if len(p.inFlight) > 0 && p.inFlight[0].seq == c.DeliveryTag {
+		f, p.inFlight[0] = p.inFlight[0], nil
+		p.inFlight = p.inFlight[1:]
+	}
+	var err error
+	if f != nil && len(p.returned) > 0 && returnOf(&p.returned[0], f) {
+		r := p.returned[0]
+		p.returned = p.returned[1:]
+		err = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+	} else if !c.Ack {
+		err = ErrNacked
+	}
+	p.mu.Unlock()
+	if f != nil {
+		f.done(err)
+	}
+}
+
+func returnOf(r *amqp.Return, f *inFlight) bool {
+	return r.Exchange == f.exchange && r.RoutingKey == f.key && r.MessageId == f.msg.MessageId &&
+		string(r.Body) == string(f.msg.Body)
+}
+
+// failAll breaks the pipeline and fails what is unconfirmed.
+func (p *Pipeline) failAll(err error) {
+	p.mu.Lock()
+	p.breakLocked(err)
+	pending := p.inFlight
+	p.inFlight = nil
+	p.mu.Unlock()
+	for _, f := range pending {
+		f.done(err)
+	}
+}
+
+func (p *Pipeline) breakLocked(err error) {
+	if p.broken == nil {
+		p.broken = fmt.Errorf("%w (after: %v)", ErrPublisherClosed, err)
+		_ = CloseChannel(p.ch, 0)
+	}
+}
+
+// Done is closed once the pipeline is broken and has failed what it held.
+func (p *Pipeline) Done() <-chan struct{} { return p.exited }
