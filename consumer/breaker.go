@@ -19,16 +19,24 @@ import (
 //   - A queue session's deliveries pass through its feeder, one goroutine
 //     that asks the breaker (Admit) before it hands a delivery to a worker,
 //     and that owns the session's subscription (basic.consume).
-//   - Open: the feeder cancels the subscription (basic.cancel, with
-//     settlements held until the cancel-ok, as at a stop), so what is left
-//     in the work queue waits there untouched. The deliveries already
+//   - Open: the feeder hands nothing out. The deliveries already
 //     prefetched but not started are held, unacked, in the process (see
 //     maxHold): no handler call, no attempt, no lane publish, no delivery
-//     count. Messages whose handlers are running are settled as today.
-//   - Half-open: the held deliveries, or else a new subscription with a
-//     prefetch of Probes, provide the probes; on hold nothing is handed out
-//     until a probe reports. Closing cancels the probe subscription and
-//     consumes again with the queue's prefetch.
+//     count. Messages whose handlers are running are settled as today;
+//     their acks give the consumer credit for as many deliveries, which are
+//     held too, so at most the prefetch is held and what is left in the
+//     work queue waits there untouched. The subscription is not cancelled:
+//     a delivery that a quorum queue sent for credit given before a
+//     basic.cancel and that reaches the channel after it is returned by the
+//     broker with its delivery count raised (seen on 3.10.8 and 4.0.5, on
+//     most pauses with acks in flight), which is what the pause is for
+//     avoiding.
+//   - Half-open: the held deliveries provide the probes; on hold nothing is
+//     handed out until a probe reports.
+//   - Only a hold longer than maxHold cancels the subscription (basic.cancel,
+//     with settlements held until the cancel-ok, as at a stop) and hands the
+//     held deliveries over; the feeder consumes again once the breaker
+//     allows.
 //
 // The breaker lives in queueRuntime, so a reconnect keeps its state: a
 // session that starts while the breaker is open does not consume until the
@@ -45,10 +53,9 @@ const maxHold = 10 * time.Minute
 // queueBreaker is one queue's triage.Breaker and what makes its transitions
 // visible. It outlives sessions.
 type queueBreaker struct {
-	b      *triage.Breaker
-	deps   *deps
-	queue  string
-	probes int // the policy's Probes, defaults applied
+	b     *triage.Breaker
+	deps  *deps
+	queue string
 	// kick wakes the queue's feeder after a transition or a probe's
 	// outcome, to admit again.
 	kick chan struct{}
@@ -60,7 +67,7 @@ func newQueueBreaker(d *deps, queue string, p triage.BreakerPolicy) (*queueBreak
 		return nil, fmt.Errorf("queue %q: breaker: %w", queue, err)
 	}
 	d.metrics.breakerState.WithLabelValues(queue).Set(0)
-	return &queueBreaker{b: b, deps: d, queue: queue, probes: p.WithDefaults().Probes, kick: make(chan struct{}, 1)}, nil
+	return &queueBreaker{b: b, deps: d, queue: queue, kick: make(chan struct{}, 1)}, nil
 }
 
 // admit asks the breaker about the next delivery.
@@ -100,10 +107,6 @@ func (qb *queueBreaker) note(t triage.Transition) {
 	}
 	qb.wake()
 }
-
-// probePrefetch is the prefetch while half-open: Probes, at most the
-// queue's.
-func (qb *queueBreaker) probePrefetch(normal int) int { return min(qb.probes, normal) }
 
 func (qb *queueBreaker) wake() {
 	select {
@@ -333,56 +336,22 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 				return
 			}
 		case <-kick:
-			if qs.conform() && pausedAt.IsZero() {
-				pausedAt = time.Now()
-			}
+			// A transition while no delivery is in hand: the next one is
+			// admitted under the new state.
 		case <-qs.handlerCtx.Done():
 			return
 		}
 	}
 }
 
-// conform cancels the active consumer when the breaker's state wants
-// another prefetch: none while open, Probes while half-open, the queue's
-// while closed. It reports whether it cancelled.
-func (qs *queueSession) conform() bool {
-	qb := qs.q.breaker
-	if qb == nil {
-		return false
-	}
-	active, prefetch, _ := qs.sub.state()
-	if !active {
-		return false
-	}
-	normal := qs.q.cfg.Consumer.Prefetch
-	switch qb.b.Status().State {
-	case triage.BreakerOpen:
-	case triage.BreakerHalfOpen:
-		if prefetch <= qb.probePrefetch(normal) {
-			return false
-		}
-	default:
-		if prefetch >= normal {
-			return false
-		}
-	}
-	qs.sub.pause()
-	return true
-}
-
-// resume waits while the breaker is open, then consumes again: with the
-// queue's prefetch when the breaker is closed, else with Probes. It returns
-// nil when the session stops first.
+// resume waits while the breaker is open, then consumes again (the breaker
+// admits the deliveries). It returns nil when the session stops first.
 func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error) {
 	qb := qs.q.breaker
 	prefetch := qs.q.cfg.Consumer.Prefetch
 	if qb != nil {
 		for {
 			st := qb.b.Status()
-			if st.State == triage.BreakerClosed {
-				break
-			}
-			prefetch = qb.probePrefetch(prefetch)
 			wait := st.Until.Sub(qs.deps.cfg.Now())
 			if st.State != triage.BreakerOpen || wait <= 0 {
 				break
@@ -396,10 +365,11 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 }
 
 // hand admits d and hands it to a worker. While the breaker says pause or
-// hold it keeps d (unacked; the subscription is cancelled meanwhile), up to
-// maxHold after pausedAt. A stopping session hands d over as it is: the
-// drain handles what was delivered. It reports false when the session's
-// handlers were cancelled (d is left for the channel close to requeue).
+// hold it keeps d (unacked), up to maxHold after pausedAt; past that it
+// cancels the subscription and hands d over as if the breaker were closed.
+// A stopping session hands d over as it is: the drain handles what was
+// delivered. It reports false when the session's handlers were cancelled
+// (d is left for the channel close to requeue).
 func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 	qb := qs.q.breaker
 	send := func(f fedDelivery, kick chan struct{}) (sent, kicked bool) {
@@ -417,13 +387,15 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 		return sent
 	}
 	for {
-		if qs.isStopping() || !pausedAt.IsZero() && time.Since(*pausedAt) > qs.maxHold() {
-			sent, _ := send(fedDelivery{d: d}, nil)
-			return sent
+		if qs.isStopping() {
+			return qs.handOver(d)
 		}
 		a := qb.admit()
 		switch a.Verdict {
 		case triage.AdmitDeliver, triage.AdmitProbe:
+			if a.Verdict == triage.AdmitDeliver {
+				*pausedAt = time.Time{} // closed: what is held goes out now
+			}
 			sent, kicked := send(fedDelivery{d: d, ticket: a.Ticket, admitted: true}, qb.kick)
 			if sent {
 				return true
@@ -435,11 +407,18 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 				return false
 			}
 		default: // pause until a.Until, or hold until a probe reports
-			qs.conform()
 			if pausedAt.IsZero() {
 				*pausedAt = time.Now()
 			}
 			wait := qs.maxHold() - time.Since(*pausedAt)
+			if wait <= 0 {
+				// Held too long: stop the deliveries (the rest of the
+				// prefetch follows d to the handlers) and consume again
+				// once the breaker allows.
+				qs.sub.pause()
+				sent, _ := send(fedDelivery{d: d}, nil)
+				return sent
+			}
 			if a.Verdict == triage.AdmitPause {
 				wait = min(a.Until.Sub(qs.deps.cfg.Now()), wait)
 			}
@@ -447,7 +426,6 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 				return qs.handOver(d)
 			}
 		}
-		qs.conform()
 	}
 }
 
@@ -459,9 +437,11 @@ func (qs *queueSession) maxHold() time.Duration {
 	return maxHold
 }
 
-// handOver hands d to a worker without admission (at a stop).
+// handOver hands d to a worker without admission (at a stop), unless its
+// channel is gone: then nothing can settle d, the broker requeues it, and
+// a handler called now would handle it twice.
 func (qs *queueSession) handOver(d amqp.Delivery) bool {
-	if qs.handlerCtx.Err() != nil {
+	if qs.handlerCtx.Err() != nil || qs.ch.IsClosed() {
 		return false
 	}
 	select {
