@@ -77,6 +77,22 @@ func (qb *queueBreaker) admit() triage.Admission {
 	return a
 }
 
+// tick turns the breaker half-open if its open period is over.
+func (qb *queueBreaker) tick() { qb.note(qb.b.Tick(qb.deps.cfg.Now())) }
+
+// openEnds returns a channel that receives when the breaker's open period
+// ends, nil when it is not open.
+func (qb *queueBreaker) openEnds() <-chan time.Time {
+	if qb == nil {
+		return nil
+	}
+	st := qb.b.Status()
+	if st.State != triage.BreakerOpen {
+		return nil
+	}
+	return time.After(max(st.Until.Sub(qb.deps.cfg.Now()), 0))
+}
+
 // record reports the outcome of a delivery admitted with t.
 func (qb *queueBreaker) record(t triage.Ticket, o triage.Outcome) {
 	tr := qb.b.Record(qb.deps.cfg.Now(), t, o)
@@ -306,7 +322,7 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 	if qb != nil {
 		kick = qb.kick
 	}
-	var pausedAt time.Time // when src's consumer was cancelled by a pause
+	var pausedAt time.Time // when the feeder began holding src's deliveries
 	for {
 		if src == nil {
 			var err error
@@ -318,7 +334,11 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 			}
 			pausedAt = time.Time{}
 		}
+		// An open breaker turns half-open when its period ends, even with
+		// no delivery to admit (a queue gone quiet).
 		select {
+		case <-qb.openEnds():
+			qb.tick()
 		case d, ok := <-src:
 			if !ok {
 				active, _, stopped := qs.sub.state()
@@ -353,7 +373,11 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 		for {
 			st := qb.b.Status()
 			wait := st.Until.Sub(qs.deps.cfg.Now())
-			if st.State != triage.BreakerOpen || wait <= 0 {
+			if st.State != triage.BreakerOpen {
+				break
+			}
+			if wait <= 0 {
+				qb.tick()
 				break
 			}
 			if !qs.sleep(wait, qb.kick) {

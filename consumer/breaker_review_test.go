@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -48,6 +49,10 @@ func TestBreakerProbePanicOrAbandonedDoesNotWedge(t *testing.T) {
 			const n = 20
 			var mu sync.Mutex
 			calls, ok := 0, map[string]int{}
+			// An abandoned probe outlives its worker: the leak check
+			// must not see it.
+			var probes sync.WaitGroup
+			t.Cleanup(probes.Wait)
 			b.start(func(c *Consumer) {
 				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 					mu.Lock()
@@ -58,6 +63,8 @@ func TestBreakerProbePanicOrAbandonedDoesNotWedge(t *testing.T) {
 					case 1:
 						return triage.DependencyDown(0, errors.New("down"))
 					case 2, 3: // the first probes
+						probes.Add(1)
+						defer probes.Done()
 						return tc.probe(ctx)
 					}
 					mu.Lock()
@@ -174,5 +181,41 @@ func TestBreakerManyCyclesLoseNothing(t *testing.T) {
 				t.Errorf("only %d opens; the test did not exercise the cycle", opens.Load())
 			}
 		})
+	}
+}
+
+// A breaker whose queue goes quiet while it is open (the message that
+// signalled was its last, and it went to the quarantine) must not report
+// "open" forever: its period is over, so it is half-open, waiting for a
+// probe. Before the fix its status, gauge and /readyz line kept saying
+// "open, until <a time long past>".
+func TestBreakerOfIdleQueueLeavesOpenWhenItsPeriodEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Retry.MaxAttempts = 1 })
+	trs := make(chan triage.Transition, 8)
+	b.cfg.hooks.breaker = func(_ string, tr triage.Transition) { trs <- tr }
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(context.Context, *Message) error {
+			return triage.DependencyDown(200*time.Millisecond, errors.New("503"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "a"}, amqp.Publishing{MessageId: "a"})
+	b.waitOutcome(OutcomeQuarantined, 15*time.Second)
+	for _, want := range []triage.BreakerState{triage.BreakerOpen, triage.BreakerHalfOpen} {
+		select {
+		case tr := <-trs:
+			if tr.To != want {
+				t.Fatalf("transition %s, want to %s", tr, want)
+			}
+		case <-time.After(10 * time.Second):
+			st := b.consumer.Breakers()
+			t.Fatalf("no transition to %s; breakers %+v (now %s)", want, st, time.Now().Format(time.RFC3339Nano))
+		}
+	}
+	if s := b.consumer.Breakers(); s[0].State != triage.BreakerHalfOpen {
+		t.Fatalf("breaker %+v, want half-open", s[0])
+	}
+	if g := testutil.ToFloat64(b.consumer.metrics.breakerState.WithLabelValues(b.queue.Name)); g != 1 {
+		t.Fatalf("dlxbridge_breaker_state = %v, want 1 (half-open)", g)
 	}
 }
