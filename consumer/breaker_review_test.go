@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -217,5 +218,58 @@ func TestBreakerOfIdleQueueLeavesOpenWhenItsPeriodEnds(t *testing.T) {
 	}
 	if g := testutil.ToFloat64(b.consumer.metrics.breakerState.WithLabelValues(b.queue.Name)); g != 1 {
 		t.Fatalf("dlxbridge_breaker_state = %v, want 1 (half-open)", g)
+	}
+}
+
+// The broker node dies while the breaker is open and deliveries are held
+// (a private node, SIGKILLed, then started again): no held delivery
+// reaches a handler on the dead channel (the broker requeues them; a
+// handler called then would handle each twice), the breaker stays open
+// across the reconnect, and the new session consumes nothing meanwhile.
+func TestBreakerHoldingThroughNodeKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault injection on a private broker node: skipped in -short")
+	}
+	node := brokertest.StartPrivateNode(t)
+	b := setupOn(t, node.Env(t), func(q *config.Queue) {
+		q.Consumer.Concurrency = 1
+		q.Retry.MaxAttempts = 5
+		q.DeliveryLimit = 10
+		q.Consumer.CrashLoopDeliveries = 8
+	})
+	opened := make(chan struct{}, 8)
+	b.cfg.hooks.breaker = func(_ string, tr triage.Transition) {
+		if tr.To == triage.BreakerOpen {
+			opened <- struct{}{}
+		}
+	}
+	var calls atomic.Int32
+	const n = 6
+	for i := range n {
+		b.publishJSON(map[string]any{"id": fmt.Sprint(i)}, amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i)})
+	}
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(context.Context, *Message) error {
+			calls.Add(1)
+			return triage.DependencyDown(time.Minute, errors.New("down"))
+		})))
+	})
+	select {
+	case <-opened:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the breaker did not open")
+	}
+	b.waitOutcome(OutcomeRetried, 15*time.Second)
+	for len(b.consuming) > 0 {
+		<-b.consuming
+	}
+	node.Kill()
+	node.Start()
+	b.waitConsumingWithin(90 * time.Second)
+	if c := calls.Load(); c != 1 {
+		t.Fatalf("handler called %d times; want 1 (held deliveries must not reach a handler on a dead channel)", c)
+	}
+	if s := b.consumer.Breakers(); s[0].State != triage.BreakerOpen {
+		t.Fatalf("breaker %+v after the reconnect, want open", s[0])
 	}
 }
