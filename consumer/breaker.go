@@ -235,16 +235,15 @@ func (a *admission) release() {
 var errStopped = errors.New("stopping")
 
 // subscription is a queue session's basic.consume, which the breaker
-// cancels and renews. Its lock serializes the channel's synchronous methods
-// (basic.qos, basic.consume, basic.cancel): the client does not match
-// concurrent replies on one channel.
+// cancels after maxHold and renews. Its lock serializes the channel's
+// synchronous methods (basic.qos, basic.consume, basic.cancel): the client
+// does not match concurrent replies on one channel.
 type subscription struct {
-	qs       *queueSession
-	mu       sync.Mutex
-	tag      string // the active consumer's, "" when none
-	prefetch int    // the active consumer's
-	n        int    // subscriptions so far, for their tags
-	stopped  bool
+	qs      *queueSession
+	mu      sync.Mutex
+	tag     string // the active consumer's, "" when none
+	n       int    // subscriptions so far, for their tags
+	stopped bool
 }
 
 // start sets the prefetch and consumes.
@@ -267,7 +266,7 @@ func (s *subscription) start(ctx context.Context, prefetch int) (<-chan amqp.Del
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qs.q.cfg.Name, err)
 	}
-	s.tag, s.prefetch = tag, prefetch
+	s.tag = tag
 	return deliveries, nil
 }
 
@@ -302,12 +301,12 @@ func (s *subscription) stop() {
 	}
 }
 
-// state reports whether a consumer is active and its prefetch, and whether
-// the subscription was stopped.
-func (s *subscription) state() (active bool, prefetch int, stopped bool) {
+// state reports whether a consumer is active, and whether the
+// subscription was stopped.
+func (s *subscription) state() (active, stopped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.tag != "", s.prefetch, s.stopped
+	return s.tag != "", s.stopped
 }
 
 // feed runs the session's feeder (see the top of this file) until the
@@ -341,7 +340,7 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 			qb.tick()
 		case d, ok := <-src:
 			if !ok {
-				active, _, stopped := qs.sub.state()
+				active, stopped := qs.sub.state()
 				if stopped || active {
 					// Stopped, or not ended by the runtime: the channel
 					// closed or the broker cancelled the consumer (the
