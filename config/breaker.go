@@ -18,7 +18,7 @@ type Breaker struct {
 	// Enabled turns the breaker on. With the other keys at their defaults
 	// it opens only on an explicit dependency signal: a handler returning
 	// triage.DependencyDown, or the sidecar's endpoint answering HTTP 429
-	// or 503. Defaults to true.
+	// or 503 or refusing the connection. Defaults to true.
 	Enabled *bool `yaml:"enabled"`
 	// ConsecutiveFailures opens the breaker after this many transient or
 	// timeout failures in a row. 0 disables the trigger. Must be >= 0.

@@ -19,16 +19,24 @@ import (
 //   - A queue session's deliveries pass through its feeder, one goroutine
 //     that asks the breaker (Admit) before it hands a delivery to a worker,
 //     and that owns the session's subscription (basic.consume).
-//   - Open: the feeder cancels the subscription (basic.cancel, with
-//     settlements held until the cancel-ok, as at a stop), so what is left
-//     in the work queue waits there untouched. The deliveries already
+//   - Open: the feeder hands nothing out. The deliveries already
 //     prefetched but not started are held, unacked, in the process (see
 //     maxHold): no handler call, no attempt, no lane publish, no delivery
-//     count. Messages whose handlers are running are settled as today.
-//   - Half-open: the held deliveries, or else a new subscription with a
-//     prefetch of Probes, provide the probes; on hold nothing is handed out
-//     until a probe reports. Closing cancels the probe subscription and
-//     consumes again with the queue's prefetch.
+//     count. Messages whose handlers are running are settled as today;
+//     their acks give the consumer credit for as many deliveries, which are
+//     held too, so at most the prefetch is held and what is left in the
+//     work queue waits there untouched. The subscription is not cancelled:
+//     a delivery that a quorum queue sent for credit given before a
+//     basic.cancel and that reaches the channel after it is returned by the
+//     broker with its delivery count raised (seen on 3.10.8 and 4.0.5, on
+//     most pauses with acks in flight), which is what the pause is for
+//     avoiding.
+//   - Half-open: the held deliveries provide the probes; on hold nothing is
+//     handed out until a probe reports.
+//   - Only a hold longer than maxHold cancels the subscription (basic.cancel,
+//     with settlements held until the cancel-ok, as at a stop) and hands the
+//     held deliveries over; the feeder consumes again once the breaker
+//     allows.
 //
 // The breaker lives in queueRuntime, so a reconnect keeps its state: a
 // session that starts while the breaker is open does not consume until the
@@ -45,10 +53,9 @@ const maxHold = 10 * time.Minute
 // queueBreaker is one queue's triage.Breaker and what makes its transitions
 // visible. It outlives sessions.
 type queueBreaker struct {
-	b      *triage.Breaker
-	deps   *deps
-	queue  string
-	probes int // the policy's Probes, defaults applied
+	b     *triage.Breaker
+	deps  *deps
+	queue string
 	// kick wakes the queue's feeder after a transition or a probe's
 	// outcome, to admit again.
 	kick chan struct{}
@@ -60,7 +67,7 @@ func newQueueBreaker(d *deps, queue string, p triage.BreakerPolicy) (*queueBreak
 		return nil, fmt.Errorf("queue %q: breaker: %w", queue, err)
 	}
 	d.metrics.breakerState.WithLabelValues(queue).Set(0)
-	return &queueBreaker{b: b, deps: d, queue: queue, probes: p.WithDefaults().Probes, kick: make(chan struct{}, 1)}, nil
+	return &queueBreaker{b: b, deps: d, queue: queue, kick: make(chan struct{}, 1)}, nil
 }
 
 // admit asks the breaker about the next delivery.
@@ -68,6 +75,22 @@ func (qb *queueBreaker) admit() triage.Admission {
 	a := qb.b.Admit(qb.deps.cfg.Now())
 	qb.note(a.Transition)
 	return a
+}
+
+// tick turns the breaker half-open if its open period is over.
+func (qb *queueBreaker) tick() { qb.note(qb.b.Tick(qb.deps.cfg.Now())) }
+
+// openEnds returns a channel that receives when the breaker's open period
+// ends, nil when it is not open.
+func (qb *queueBreaker) openEnds() <-chan time.Time {
+	if qb == nil {
+		return nil
+	}
+	st := qb.b.Status()
+	if st.State != triage.BreakerOpen {
+		return nil
+	}
+	return time.After(max(st.Until.Sub(qb.deps.cfg.Now()), 0))
 }
 
 // record reports the outcome of a delivery admitted with t.
@@ -100,10 +123,6 @@ func (qb *queueBreaker) note(t triage.Transition) {
 	}
 	qb.wake()
 }
-
-// probePrefetch is the prefetch while half-open: Probes, at most the
-// queue's.
-func (qb *queueBreaker) probePrefetch(normal int) int { return min(qb.probes, normal) }
 
 func (qb *queueBreaker) wake() {
 	select {
@@ -216,16 +235,15 @@ func (a *admission) release() {
 var errStopped = errors.New("stopping")
 
 // subscription is a queue session's basic.consume, which the breaker
-// cancels and renews. Its lock serializes the channel's synchronous methods
-// (basic.qos, basic.consume, basic.cancel): the client does not match
-// concurrent replies on one channel.
+// cancels after maxHold and renews. Its lock serializes the channel's
+// synchronous methods (basic.qos, basic.consume, basic.cancel): the client
+// does not match concurrent replies on one channel.
 type subscription struct {
-	qs       *queueSession
-	mu       sync.Mutex
-	tag      string // the active consumer's, "" when none
-	prefetch int    // the active consumer's
-	n        int    // subscriptions so far, for their tags
-	stopped  bool
+	qs      *queueSession
+	mu      sync.Mutex
+	tag     string // the active consumer's, "" when none
+	n       int    // subscriptions so far, for their tags
+	stopped bool
 }
 
 // start sets the prefetch and consumes.
@@ -248,7 +266,7 @@ func (s *subscription) start(ctx context.Context, prefetch int) (<-chan amqp.Del
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: consume (was the topology applied?): %w", qs.q.cfg.Name, err)
 	}
-	s.tag, s.prefetch = tag, prefetch
+	s.tag = tag
 	return deliveries, nil
 }
 
@@ -283,12 +301,12 @@ func (s *subscription) stop() {
 	}
 }
 
-// state reports whether a consumer is active and its prefetch, and whether
-// the subscription was stopped.
-func (s *subscription) state() (active bool, prefetch int, stopped bool) {
+// state reports whether a consumer is active, and whether the
+// subscription was stopped.
+func (s *subscription) state() (active, stopped bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.tag != "", s.prefetch, s.stopped
+	return s.tag != "", s.stopped
 }
 
 // feed runs the session's feeder (see the top of this file) until the
@@ -303,7 +321,7 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 	if qb != nil {
 		kick = qb.kick
 	}
-	var pausedAt time.Time // when src's consumer was cancelled by a pause
+	var pausedAt time.Time // when the feeder began holding src's deliveries
 	for {
 		if src == nil {
 			var err error
@@ -315,10 +333,14 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 			}
 			pausedAt = time.Time{}
 		}
+		// An open breaker turns half-open when its period ends, even with
+		// no delivery to admit (a queue gone quiet).
 		select {
+		case <-qb.openEnds():
+			qb.tick()
 		case d, ok := <-src:
 			if !ok {
-				active, _, stopped := qs.sub.state()
+				active, stopped := qs.sub.state()
 				if stopped || active {
 					// Stopped, or not ended by the runtime: the channel
 					// closed or the broker cancelled the consumer (the
@@ -333,58 +355,28 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 				return
 			}
 		case <-kick:
-			if qs.conform() && pausedAt.IsZero() {
-				pausedAt = time.Now()
-			}
+			// A transition while no delivery is in hand: the next one is
+			// admitted under the new state.
 		case <-qs.handlerCtx.Done():
 			return
 		}
 	}
 }
 
-// conform cancels the active consumer when the breaker's state wants
-// another prefetch: none while open, Probes while half-open, the queue's
-// while closed. It reports whether it cancelled.
-func (qs *queueSession) conform() bool {
-	qb := qs.q.breaker
-	if qb == nil {
-		return false
-	}
-	active, prefetch, _ := qs.sub.state()
-	if !active {
-		return false
-	}
-	normal := qs.q.cfg.Consumer.Prefetch
-	switch qb.b.Status().State {
-	case triage.BreakerOpen:
-	case triage.BreakerHalfOpen:
-		if prefetch <= qb.probePrefetch(normal) {
-			return false
-		}
-	default:
-		if prefetch >= normal {
-			return false
-		}
-	}
-	qs.sub.pause()
-	return true
-}
-
-// resume waits while the breaker is open, then consumes again: with the
-// queue's prefetch when the breaker is closed, else with Probes. It returns
-// nil when the session stops first.
+// resume waits while the breaker is open, then consumes again (the breaker
+// admits the deliveries). It returns nil when the session stops first.
 func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error) {
 	qb := qs.q.breaker
 	prefetch := qs.q.cfg.Consumer.Prefetch
 	if qb != nil {
 		for {
 			st := qb.b.Status()
-			if st.State == triage.BreakerClosed {
+			wait := st.Until.Sub(qs.deps.cfg.Now())
+			if st.State != triage.BreakerOpen {
 				break
 			}
-			prefetch = qb.probePrefetch(prefetch)
-			wait := st.Until.Sub(qs.deps.cfg.Now())
-			if st.State != triage.BreakerOpen || wait <= 0 {
+			if wait <= 0 {
+				qb.tick()
 				break
 			}
 			if !qs.sleep(wait, qb.kick) {
@@ -396,10 +388,11 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 }
 
 // hand admits d and hands it to a worker. While the breaker says pause or
-// hold it keeps d (unacked; the subscription is cancelled meanwhile), up to
-// maxHold after pausedAt. A stopping session hands d over as it is: the
-// drain handles what was delivered. It reports false when the session's
-// handlers were cancelled (d is left for the channel close to requeue).
+// hold it keeps d (unacked), up to maxHold after pausedAt; past that it
+// cancels the subscription and hands d over as if the breaker were closed.
+// A stopping session hands d over as it is: the drain handles what was
+// delivered. It reports false when the session's handlers were cancelled
+// (d is left for the channel close to requeue).
 func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 	qb := qs.q.breaker
 	send := func(f fedDelivery, kick chan struct{}) (sent, kicked bool) {
@@ -417,13 +410,15 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 		return sent
 	}
 	for {
-		if qs.isStopping() || !pausedAt.IsZero() && time.Since(*pausedAt) > qs.maxHold() {
-			sent, _ := send(fedDelivery{d: d}, nil)
-			return sent
+		if qs.isStopping() {
+			return qs.handOver(d)
 		}
 		a := qb.admit()
 		switch a.Verdict {
 		case triage.AdmitDeliver, triage.AdmitProbe:
+			if a.Verdict == triage.AdmitDeliver {
+				*pausedAt = time.Time{} // closed: what is held goes out now
+			}
 			sent, kicked := send(fedDelivery{d: d, ticket: a.Ticket, admitted: true}, qb.kick)
 			if sent {
 				return true
@@ -435,11 +430,18 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 				return false
 			}
 		default: // pause until a.Until, or hold until a probe reports
-			qs.conform()
 			if pausedAt.IsZero() {
 				*pausedAt = time.Now()
 			}
 			wait := qs.maxHold() - time.Since(*pausedAt)
+			if wait <= 0 {
+				// Held too long: stop the deliveries (the rest of the
+				// prefetch follows d to the handlers) and consume again
+				// once the breaker allows.
+				qs.sub.pause()
+				sent, _ := send(fedDelivery{d: d}, nil)
+				return sent
+			}
 			if a.Verdict == triage.AdmitPause {
 				wait = min(a.Until.Sub(qs.deps.cfg.Now()), wait)
 			}
@@ -447,7 +449,6 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 				return qs.handOver(d)
 			}
 		}
-		qs.conform()
 	}
 }
 
@@ -459,9 +460,11 @@ func (qs *queueSession) maxHold() time.Duration {
 	return maxHold
 }
 
-// handOver hands d to a worker without admission (at a stop).
+// handOver hands d to a worker without admission (at a stop), unless its
+// channel is gone: then nothing can settle d, the broker requeues it, and
+// a handler called now would handle it twice.
 func (qs *queueSession) handOver(d amqp.Delivery) bool {
-	if qs.handlerCtx.Err() != nil {
+	if qs.handlerCtx.Err() != nil || qs.ch.IsClosed() {
 		return false
 	}
 	select {

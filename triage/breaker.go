@@ -381,10 +381,7 @@ func (b *Breaker) Admit(now time.Time) Admission {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now = b.clock(now)
-	var a Admission
-	if b.state == BreakerOpen && !now.Before(b.until) {
-		a.Transition = b.move(now, BreakerHalfOpen, CauseTimer, 0)
-	}
+	a := Admission{Transition: b.tick(now)}
 	switch b.state {
 	case BreakerClosed:
 		a.Verdict, a.Ticket = AdmitDeliver, Ticket{period: b.period}
@@ -399,6 +396,23 @@ func (b *Breaker) Admit(now time.Time) Admission {
 		a.Verdict, a.Ticket = AdmitProbe, Ticket{period: b.period, probe: true}
 	}
 	return a
+}
+
+// Tick turns an open breaker whose period is over half-open (CauseTimer),
+// as Admit does, without admitting anything: for a queue that has no
+// delivery to admit, so that its state does not read open past its period.
+// It returns the transition, if any.
+func (b *Breaker) Tick(now time.Time) Transition {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tick(b.clock(now))
+}
+
+func (b *Breaker) tick(now time.Time) Transition {
+	if b.state == BreakerOpen && !now.Before(b.until) {
+		return b.move(now, BreakerHalfOpen, CauseTimer, 0)
+	}
+	return Transition{}
 }
 
 // Record takes the outcome of a message admitted with t and returns the
@@ -545,7 +559,8 @@ func (b *Breaker) move(now time.Time, to BreakerState, cause BreakerCause, openF
 }
 
 // Status is a snapshot of the breaker. It does not move the breaker:
-// an open breaker past its deadline stays open until the next Admit.
+// an open breaker past its deadline stays open until the next Admit or
+// Tick.
 func (b *Breaker) Status() BreakerStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()

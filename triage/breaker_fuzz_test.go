@@ -122,9 +122,24 @@ func FuzzBreaker(f *testing.F) {
 				arg = program[i+1]
 			}
 			switch op % 5 {
-			case 0: // admit
+			case 0: // admit (or, one time in four, only tick)
 				tell()
 				before := state
+				if op/5%4 == 3 {
+					if st := b.Status(); state == BreakerOpen {
+						if st.Until.Before(until) {
+							t.Fatalf("step %d: open until %s, announced until %s", i, st.Until, until)
+						}
+						until = st.Until // a signal may have extended it
+					}
+					due := state == BreakerOpen && !latest.Before(until)
+					tr := b.Tick(now)
+					check(i, tr, before)
+					if due != tr.Happened() || due && tr.To != BreakerHalfOpen {
+						t.Fatalf("step %d: Tick at %s while %s until %s: %v", i, now, before, until, tr)
+					}
+					continue
+				}
 				a := b.Admit(now)
 				check(i, a.Transition, before)
 				switch a.Verdict {

@@ -378,3 +378,28 @@ func TestBreakerConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Tick turns an open breaker half-open at the end of its period without
+// admitting anything (a queue gone quiet), and does nothing otherwise.
+func TestBreakerTick(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(t, BreakerPolicy{})
+	if tr := b.Tick(t0); tr.Happened() {
+		t.Fatalf("Tick on a closed breaker: %s", tr)
+	}
+	deliver(t, b, t0, AdmitDeliver, OutcomeOf(DependencyDown(10*time.Second, nil)))
+	if tr := b.Tick(t0.Add(9 * time.Second)); tr.Happened() {
+		t.Fatalf("Tick before the period ended: %s", tr)
+	}
+	wantTransition(t, b.Tick(t0.Add(10*time.Second)), BreakerOpen, BreakerHalfOpen, CauseTimer)
+	if st := b.Status(); st.State != BreakerHalfOpen || st.ProbesInFlight != 0 {
+		t.Fatalf("status %+v, want half-open with no probe out", st)
+	}
+	if tr := b.Tick(t0.Add(time.Hour)); tr.Happened() {
+		t.Fatalf("Tick on a half-open breaker: %s", tr)
+	}
+	deliver(t, b, t0.Add(time.Hour), AdmitProbe, outOK)
+	if st := b.Status(); st.State != BreakerClosed {
+		t.Fatalf("status %+v, want closed after the probe", st)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -100,8 +101,10 @@ func (f *Forwarder) Close() { f.client.CloseIdleConnections() }
 //     HTTP date) if given: the queue's circuit breaker pauses consumption
 //     for that long (without one, for its own backoff), and the message is
 //     retried after it (docs/breaker.md);
-//   - any other 5xx, a timeout, a refused or reset connection: a plain
-//     (transient) error, retried with backoff;
+//   - a refused connection: triage.DependencyDown without a Retry-After
+//     (nothing listens at the endpoint);
+//   - any other 5xx, a timeout, a reset connection: a plain (transient)
+//     error, retried with backoff;
 //   - any other 4xx, and 3xx (redirects are not followed): triage.Permanent,
 //     quarantined now.
 //
@@ -150,6 +153,14 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 		}
 		if rctx.Err() != nil && ctx.Err() == nil {
 			return 0, fmt.Errorf("forward to %s: no answer within %s", f.target, f.timeout)
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// Nothing listens at the endpoint: it is down (or not up
+			// yet), whatever the message. A dependency signal, as 503
+			// without Retry-After, or the breaker would never open on
+			// the most common outage with its default (signals-only)
+			// settings.
+			return 0, triage.DependencyDown(0, fmt.Errorf("forward to %s: %w", f.target, err))
 		}
 		return 0, fmt.Errorf("forward to %s: %w", f.target, err)
 	}

@@ -124,7 +124,9 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 	}
 }
 
-// No answer at all (refused, timed out) is transient.
+// No answer at all (refused, timed out) is transient; a refused connection
+// is also a dependency signal for the queue's breaker (nothing listens at
+// the endpoint), a timeout is not (it may be this message's).
 func TestForwardWithoutAnAnswerIsTransient(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -136,6 +138,9 @@ func TestForwardWithoutAnAnswerIsTransient(t *testing.T) {
 	err = forwarder(t, "http://"+addr, 1).Handle(context.Background(), message())
 	if c, _ := triage.Classify(err); err == nil || c != triage.ClassTransient {
 		t.Errorf("refused connection: %v classified %s, want transient", err, c)
+	}
+	if _, down := triage.IsDependencyDown(err); !down {
+		t.Errorf("refused connection: %v is no dependency signal", err)
 	}
 
 	release := make(chan struct{})
@@ -152,6 +157,9 @@ func TestForwardWithoutAnAnswerIsTransient(t *testing.T) {
 	err = f.Handle(context.Background(), message())
 	if c, _ := triage.Classify(err); err == nil || c != triage.ClassTransient || !strings.Contains(err.Error(), "no answer within") {
 		t.Errorf("timeout: %v classified %s, want transient 'no answer within'", err, c)
+	}
+	if _, down := triage.IsDependencyDown(err); down {
+		t.Errorf("timeout: %v is a dependency signal, want a plain failure", err)
 	}
 }
 
