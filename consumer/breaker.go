@@ -462,9 +462,12 @@ func (qs *queueSession) maxHold() time.Duration {
 
 // handOver hands d to a worker without admission (at a stop), unless its
 // channel is gone: then nothing can settle d, the broker requeues it, and
-// a handler called now would handle it twice.
+// a handler called now would handle it twice. A lost publishing connection
+// counts as gone too: the two die together when the node does, whichever
+// the client notices first, and a held delivery's handler would most
+// likely fail again with no way to publish its retry.
 func (qs *queueSession) handOver(d amqp.Delivery) bool {
-	if qs.handlerCtx.Err() != nil || qs.ch.IsClosed() {
+	if qs.handlerCtx.Err() != nil || qs.ch.IsClosed() || qs.pubConn.IsClosed() {
 		return false
 	}
 	select {
