@@ -142,6 +142,9 @@ const (
 	EventReplayed       = "replayed"
 	EventReplayFinished = "replay-finished"
 	EventPurged         = "purged"
+	// EventClaimed: a replay or purge took the quarantine's lock and reads
+	// the events stream up to this event (its end, found without waiting).
+	EventClaimed = "claimed"
 )
 
 // Inspector reads quarantines without changing them: listing, showing and
@@ -155,6 +158,10 @@ type Inspector struct {
 	Config *config.Config
 	// Now is the clock (record ages, expiry). Defaults to time.Now.
 	Now func() time.Time
+
+	// eventWaits, in tests, replaces how long reading an events stream
+	// waits for its end (a reader on a loaded machine that stops early).
+	eventWaits streamWaits
 }
 
 // quarantineSet is one quarantine queue and the work queues that use it.
@@ -203,6 +210,13 @@ type Snapshot struct {
 
 // Snapshot reads every quarantine's streams.
 func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
+	return in.snapshot(ctx, nil)
+}
+
+// snapshot reads every quarantine's streams; an events stream that marks
+// names (by its run) is read up to that claimed event, not to the end
+// lastOffset finds (see Replayer.claim).
+func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Snapshot, error) {
 	sets := in.quarantines()
 	type part struct {
 		records []*Record
@@ -219,12 +233,13 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 			defer wg.Done()
 			p := &parts[i]
 			// The two streams are read at once: finding that a stream is
-			// empty takes emptyWait.
+			// empty takes streamWaits.empty.
 			var evErr error
 			evDone := make(chan struct{})
 			go func() {
 				defer close(evDone)
-				p.events, evErr = readEvents(ctx, in.Conn, s.cfg.Quarantine.EventsStream())
+				stream := s.cfg.Quarantine.EventsStream()
+				p.events, evErr = readEvents(ctx, in.Conn, stream, in.eventWaits, marks[stream])
 			}()
 			p.records, p.bad, p.err = in.readRecords(ctx, s)
 			<-evDone
@@ -297,7 +312,7 @@ func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Reco
 		body []byte
 	}
 	var raws []raw
-	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), func(off int64, d *amqp.Delivery) error {
+	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), streamWaits{}, func(off int64, d *amqp.Delivery) error {
 		raws = append(raws, raw{off, d.Body})
 		return nil
 	})
@@ -372,18 +387,26 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	return r, nil
 }
 
-func readEvents(ctx context.Context, conn *amqp.Connection, stream string) ([]Event, error) {
+// readEvents reads an events stream to its end, or, when mark is a run,
+// up to and including that run's claimed event.
+func readEvents(ctx context.Context, conn *amqp.Connection, stream string, waits streamWaits, mark string) ([]Event, error) {
 	var out []Event
-	err := readStream(ctx, conn, stream, func(off int64, d *amqp.Delivery) error {
+	read := func(off int64, d *amqp.Delivery) error {
 		var e Event
 		if json.Unmarshal(d.Body, &e) != nil || e.Kind == "" {
 			return nil // not an event this version writes
 		}
 		e.Offset = off
 		out = append(out, e)
+		if mark != "" && e.Kind == EventClaimed && e.Run == mark {
+			return errStopRead
+		}
 		return nil
-	})
-	return out, err
+	}
+	if mark != "" {
+		return out, consumeFrom(ctx, conn, stream, read)
+	}
+	return out, readStream(ctx, conn, stream, waits, read)
 }
 
 // intakeDepth is how many messages wait in an intake queue (a passive

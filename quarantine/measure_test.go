@@ -69,7 +69,7 @@ func TestMeasureListing(t *testing.T) {
 	}
 	start = time.Now()
 	raw := 0
-	if err := readStream(context.Background(), direct("raw"), stream, func(int64, *amqp.Delivery) error { raw++; return nil }); err != nil {
+	if err := readStream(context.Background(), direct("raw"), stream, streamWaits{}, func(int64, *amqp.Delivery) error { raw++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("raw read of %d stream messages, nothing decoded: %s", raw, time.Since(start).Round(time.Millisecond))

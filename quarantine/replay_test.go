@@ -142,7 +142,7 @@ func TestReplayOneFingerprintAtRate(t *testing.T) {
 			kinds = append(kinds, e.Kind)
 		}
 	}
-	if len(kinds) != 2 || kinds[0] != EventReplayStarted || kinds[1] != EventReplayFinished {
+	if len(kinds) != 3 || kinds[0] != EventClaimed || kinds[1] != EventReplayStarted || kinds[2] != EventReplayFinished {
 		t.Fatalf("audit events %v", kinds)
 	}
 }
@@ -182,6 +182,46 @@ func TestConcurrentReplaysSendEachMessageOnce(t *testing.T) {
 	}
 	if len(sent) != 40 || b.depth(b.q.Name) != 40 {
 		t.Fatalf("sent %d, work queue holds %d; want 40", len(sent), b.depth(b.q.Name))
+	}
+}
+
+// A replay reads the events stream up to the claim it wrote under its
+// lock, not up to an end found by waiting: a reader that gives up waiting
+// at once (a loaded machine, past any wait) still sees what an earlier
+// replay resolved, so nothing is sent twice, and an empty events stream is
+// not waited on. A listing, which writes nothing, still waits.
+func TestReplayReadsEventsUpToItsClaim(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(3, "fp-a", validJob)
+	b.keep(3)
+	impatient := streamWaits{empty: time.Nanosecond, idle: time.Nanosecond}
+	for round, want := range []int{3, 0} {
+		rp := b.replayer()
+		rp.eventWaits = impatient
+		res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}})
+		if err != nil {
+			t.Fatalf("replay %d: %v", round+1, err)
+		}
+		if len(res.Sent) != want {
+			t.Fatalf("replay %d sent %d, want %d (work queue holds %d)", round+1, len(res.Sent), want, b.depth(b.q.Name))
+		}
+	}
+	if n := b.depth(b.q.Name); n != 3 {
+		t.Fatalf("work queue holds %d, want 3", n)
+	}
+	snap := b.snapshot(b.inspector())
+	claims := 0
+	for _, e := range snap.Events {
+		if e.Kind == EventClaimed {
+			claims++
+			if e.By != "tester@test" || e.Filter != "fingerprint=fp-a" || e.Run == "" {
+				t.Errorf("claimed event %+v", e)
+			}
+		}
+	}
+	if claims != 2 || len(snap.List(Filter{})) != 0 {
+		t.Fatalf("%d claimed events, %d open", claims, len(snap.List(Filter{})))
 	}
 }
 
