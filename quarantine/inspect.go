@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -306,44 +306,31 @@ func (in *Inspector) retention(intake string) time.Duration {
 	return 0
 }
 
+// recordReaders is how many consumers read a records stream at once.
+const recordReaders = 2
+
 func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Record, int, error) {
-	type raw struct {
-		off  int64
-		body []byte
-	}
-	var raws []raw
-	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), streamWaits{}, func(off int64, d *amqp.Delivery) error {
-		raws = append(raws, raw{off, d.Body})
+	// Each part decodes on its consumer's goroutine while the broker still
+	// sends: reading and decoding overlap, and the parts keep stream order.
+	parts := make([][]*Record, recordReaders)
+	bad := make([]int, recordReaders)
+	err := readStreamParts(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), streamWaits{}, recordReaders, func(part int, off int64, d *amqp.Delivery) error {
+		if r, err := recordFrom(d.Body, off, s); err == nil {
+			parts[part] = append(parts[part], r)
+		} else {
+			bad[part]++
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, 0, err
 	}
-	// Decoding is most of a read's work: spread it over the CPUs, keeping
-	// stream order.
-	decoded := make([]*Record, len(raws))
-	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/256))
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(raws); i += workers {
-				decoded[i], _ = recordFrom(raws[i].body, raws[i].off, s)
-			}
-		}()
+	out := slices.Concat(parts...)
+	n := 0
+	for _, b := range bad {
+		n += b
 	}
-	wg.Wait()
-	out := make([]*Record, 0, len(decoded))
-	bad := 0
-	for _, r := range decoded {
-		if r == nil {
-			bad++
-			continue
-		}
-		out = append(out, r)
-	}
-	return out, bad, nil
+	return out, n, nil
 }
 
 func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
@@ -404,7 +391,7 @@ func readEvents(ctx context.Context, conn *amqp.Connection, stream string, waits
 		return nil
 	}
 	if mark != "" {
-		return out, consumeFrom(ctx, conn, stream, read)
+		return out, consumeFrom(ctx, conn, stream, "first", read)
 	}
 	return out, readStream(ctx, conn, stream, waits, read)
 }

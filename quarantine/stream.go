@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,26 +63,74 @@ var errStopRead = errors.New("stop reading")
 // the last one present when it was called, as far as lastOffset finds it:
 // a reader that waits less than the broker takes can stop early.
 func readStream(ctx context.Context, conn *amqp.Connection, name string, waits streamWaits, fn func(offset int64, d *amqp.Delivery) error) error {
+	return readStreamParts(ctx, conn, name, waits, 1, func(_ int, off int64, d *amqp.Delivery) error { return fn(off, d) })
+}
+
+// splitFrom is the smallest stream (by last offset) that readStreamParts
+// splits: below it, opening more consumers costs more than it saves.
+const splitFrom = 4096
+
+// readStreamParts is readStream over parts consecutive offset ranges, each
+// read by its own consumer at the same time (the broker serves each from
+// its own channel process, and fn runs on each consumer's goroutine): fn
+// is called in offset order within a part, with the part's index. The
+// ranges split the offsets up to the end evenly; those retention already
+// removed are simply not delivered, so a part may see nothing.
+func readStreamParts(ctx context.Context, conn *amqp.Connection, name string, waits streamWaits, parts int,
+	fn func(part int, offset int64, d *amqp.Delivery) error) error {
 	end, found, err := lastOffset(ctx, conn, name, waits.orDefaults())
 	if err != nil || !found {
 		return err
 	}
-	return consumeFrom(ctx, conn, name, func(off int64, d *amqp.Delivery) error {
-		if err := fn(off, d); err != nil {
-			return err
+	if parts < 1 || end < splitFrom {
+		parts = 1
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, parts)
+	var wg sync.WaitGroup
+	for i := range parts {
+		lo, hi := end*int64(i)/int64(parts), end*int64(i+1)/int64(parts)-1
+		var from any = lo
+		if i == 0 {
+			lo, from = math.MinInt64, "first"
 		}
-		if off >= end {
-			return errStopRead
+		if i == parts-1 {
+			hi = end
 		}
-		return nil
-	})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = consumeFrom(ctx, conn, name, from, func(off int64, d *amqp.Delivery) error {
+				switch {
+				case off < lo: // in case a broker starts at the chunk that holds lo (3.10.8 does not)
+					return nil
+				case off > hi:
+					return errStopRead
+				}
+				if err := fn(i, off, d); err != nil {
+					return err
+				}
+				if off >= hi {
+					return errStopRead
+				}
+				return nil
+			})
+			if errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
-// consumeFrom calls fn for each message of the stream from its first, in
-// offset order, until fn returns an error (errStopRead: none) or ctx ends.
-// It never stops by itself: fn must know the end (readStream, or a marker
-// the caller wrote and had confirmed, see Replayer.claim).
-func consumeFrom(ctx context.Context, conn *amqp.Connection, name string, fn func(offset int64, d *amqp.Delivery) error) error {
+// consumeFrom calls fn for each message of the stream from offset from (a
+// number, or "first"), in offset order, until fn returns an error
+// (errStopRead: none) or ctx ends. It never stops by itself: fn must know
+// the end (readStreamParts, or a marker the caller wrote and had
+// confirmed, see Replayer.claim).
+func consumeFrom(ctx context.Context, conn *amqp.Connection, name string, from any, fn func(offset int64, d *amqp.Delivery) error) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("read %s: open channel: %w", name, err)
@@ -90,7 +140,7 @@ func consumeFrom(ctx context.Context, conn *amqp.Connection, name string, fn fun
 		return fmt.Errorf("read %s: prefetch: %w", name, err)
 	}
 	tag := consumerTag("read")
-	deliveries, err := ch.Consume(name, tag, false, false, false, false, amqp.Table{"x-stream-offset": "first"})
+	deliveries, err := ch.Consume(name, tag, false, false, false, false, amqp.Table{"x-stream-offset": from})
 	if err != nil {
 		return fmt.Errorf("read %s (is it a stream? was the topology applied?): %w", name, err)
 	}
