@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -133,7 +134,9 @@ type Event struct {
 	IDs     []string       `json:"ids,omitempty"`
 	ToQueue string         `json:"to_queue,omitempty"`
 	Counts  map[string]int `json:"counts,omitempty"`
-	Offset  int64          `json:"-"`
+	// Expired are the records an expired event names, with their groups.
+	Expired []ExpiredRecord `json:"expired,omitempty"`
+	Offset  int64           `json:"-"`
 }
 
 // Event kinds. "replayed" and "purged" resolve the records they name.
@@ -145,6 +148,10 @@ const (
 	// EventClaimed: a replay or purge took the quarantine's lock and reads
 	// the events stream up to this event (its end, found without waiting).
 	EventClaimed = "claimed"
+	// EventExpired names records first seen past the retention, unresolved
+	// (see Replayer.RecordExpiries). It does not resolve them: a purge
+	// still may.
+	EventExpired = "expired"
 )
 
 // Inspector reads quarantines without changing them: listing, showing and
@@ -204,8 +211,27 @@ type Snapshot struct {
 	Intake map[string]int
 	// Undecodable counts stream messages that are not records.
 	Undecodable int
-	At          time.Time
-	byID        map[string]*Record
+	// Gone are the records an expired event names that the broker's
+	// retention has removed from the records stream (and no replay or
+	// purge resolved): still counted as expired by Stats and the metrics
+	// until their event expires too (the events stream keeps twice as
+	// long). They are not listed.
+	Gone []ExpiredRecord
+	At   time.Time
+	byID map[string]*Record
+	// expiredNamed: the ids some expired event names.
+	expiredNamed map[string]bool
+}
+
+// ExpiredRecord is what an expired event keeps of a record, so that it can
+// be counted in its group after the record itself is gone.
+type ExpiredRecord struct {
+	ID          string       `json:"id"`
+	Queue       string       `json:"queue"`
+	Class       string       `json:"class"`
+	Fingerprint string       `json:"fingerprint,omitempty"`
+	Owner       config.Owner `json:"owner"`
+	Seen        time.Time    `json:"seen"`
 }
 
 // Snapshot reads every quarantine's streams.
@@ -254,6 +280,8 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 	wg.Wait()
 	snap := &Snapshot{At: in.now(), Intake: map[string]int{}, byID: map[string]*Record{}}
 	resolvedBy := map[string]*Event{}
+	expiredBy := map[string]*ExpiredRecord{}
+	var expiredOrder []string
 	for i, s := range sets {
 		p := &parts[i]
 		if p.err != nil {
@@ -269,6 +297,12 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 					if _, done := resolvedBy[id]; !done {
 						resolvedBy[id] = e
 					}
+				}
+			}
+			for k := range e.Expired {
+				if x := &e.Expired[k]; x.ID != "" && expiredBy[x.ID] == nil {
+					expiredBy[x.ID] = x
+					expiredOrder = append(expiredOrder, x.ID)
 				}
 			}
 		}
@@ -290,8 +324,15 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 			continue
 		}
 		retention := in.retention(r.Intake)
-		if retention > 0 && snap.At.Sub(r.StoredAt) > retention {
+		if _, named := expiredBy[r.ID]; named || retention > 0 && snap.At.Sub(r.StoredAt) > retention {
 			r.State = StateExpired
+		}
+	}
+	snap.expiredNamed = make(map[string]bool, len(expiredBy))
+	for _, id := range expiredOrder {
+		snap.expiredNamed[id] = true
+		if _, present := snap.byID[id]; !present && resolvedBy[id] == nil {
+			snap.Gone = append(snap.Gone, *expiredBy[id])
 		}
 	}
 	return snap, nil
@@ -578,6 +619,20 @@ func (s *Snapshot) List(f Filter) []*Record {
 	return out
 }
 
+// goneRecords are the Gone records f selects, as records without a
+// payload (for counting only).
+func (s *Snapshot) goneRecords(f Filter) []*Record {
+	var out []*Record
+	for _, g := range s.Gone {
+		r := &Record{ID: g.ID, Queue: g.Queue, State: StateExpired, Owner: g.Owner,
+			Envelope: Envelope{Class: triage.Class(g.Class), Fingerprint: g.Fingerprint, QuarantinedAt: g.Seen}}
+		if f.Match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Group is one line of stats: records of one queue, class and
 // fingerprint.
 type Group struct {
@@ -605,7 +660,7 @@ func (s *Snapshot) Stats(f Filter) []Group {
 	}
 	byKey := map[[3]string]*Group{}
 	var order []*Group
-	for _, r := range s.List(f) {
+	for _, r := range append(s.List(f), s.goneRecords(f)...) {
 		k := [3]string{r.Queue, string(r.Envelope.Class), r.Envelope.Fingerprint}
 		g, ok := byKey[k]
 		if !ok {

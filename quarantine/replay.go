@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -244,9 +243,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	start = time.Now() // Duration is the sending, not the reading
 	event := func(intake string, e Event) error {
 		e.At, e.By, e.Run, e.Reason = rp.now().UTC(), by, res.Run, opts.Reason
-		b, _ := json.Marshal(e)
-		return pub.Publish(context.WithoutCancel(ctx), "", intakeEvents(rp.Config, intake),
-			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b})
+		return publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e)
 	}
 	intakes := map[string][]string{}
 	for _, r := range send {
@@ -451,11 +448,10 @@ func (rp *Replayer) claim(ctx context.Context, sets []*quarantineSet, e Event) (
 	}
 	defer pub.Close()
 	e.Kind, e.At, e.By = EventClaimed, rp.now().UTC(), rp.by()
-	b, _ := json.Marshal(e)
 	marks := map[string]string{}
 	for _, s := range sets {
 		stream := s.cfg.Quarantine.EventsStream()
-		if err := pub.Publish(ctx, "", stream, amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b}); err != nil {
+		if err := publishEvent(ctx, pub, stream, e); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", stream, err)
 		}
 		marks[stream] = e.Run

@@ -340,6 +340,67 @@ func TestPurgeAuditAndExpiry(t *testing.T) {
 	}
 }
 
+// An expired record is written as an expired event once (two writers
+// name it twice; it is counted once), and it stays counted in stats and
+// the metric after the broker's retention has removed it from the records
+// stream (until its event expires in turn), without being listed.
+func TestExpiriesStayCountedAfterTheRecordsAreGone(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { q.Quarantine.Retention = time.Hour })
+	b.quarantineJobs(3, "fp-a", validJob)
+	b.quarantineJobs(1, "fp-b", validJob)
+	b.keep(4)
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	in := &Inspector{Conn: b.env.Dial("later"), Config: b.cfg, Now: later}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := b.snapshot(in)
+	for i := range 2 { // two runtimes refreshing from the same snapshot
+		rp := b.replayer()
+		rp.Now, rp.Metrics = later, m
+		if n, err := rp.RecordExpiries(context.Background(), snap); err != nil || n != 4 {
+			t.Fatalf("writer %d named %d: %v", i+1, n, err)
+		}
+	}
+	rp := b.replayer()
+	rp.Now = later
+	if n, err := rp.RecordExpiries(context.Background(), b.snapshot(in)); err != nil || n != 0 {
+		t.Fatalf("named again %d: %v", n, err)
+	}
+	if got := testutil.ToFloat64(m.expires.WithLabelValues(b.q.Name, "permanent")); got != 8 {
+		t.Fatalf("expiries metric %v (two writers of 4)", got)
+	}
+
+	// The broker's retention deletes whole segments; here, the whole stream.
+	ch := b.env.Channel("retention")
+	if _, err := ch.QueueDelete(b.q.Quarantine.RecordsStream(), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(b.q.Quarantine.RecordsStream(), true, false, false, false, amqp.Table{"x-queue-type": "stream"}); err != nil {
+		t.Fatal(err)
+	}
+	gone := b.snapshot(in)
+	if len(gone.Records) != 0 || len(gone.Gone) != 4 {
+		t.Fatalf("%d records, %d gone; want 0 and 4", len(gone.Records), len(gone.Gone))
+	}
+	groups := map[string]Group{}
+	for _, g := range gone.Stats(Filter{}) {
+		groups[g.Fingerprint] = g
+	}
+	if groups["fp-a"].Expired != 3 || groups["fp-b"].Expired != 1 || groups["fp-a"].Owner.Team != "payments" || groups["fp-a"].Queue != b.q.Name {
+		t.Fatalf("stats after the records are gone: %+v", groups)
+	}
+	m.Observe(gone)
+	if got := testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, "permanent", "expired")); got != 4 {
+		t.Fatalf("expired gauge %v", got)
+	}
+	if len(gone.List(Filter{States: []State{StateExpired}})) != 0 {
+		t.Fatal("a gone record is listed")
+	}
+}
+
 // Stopping a replay (Ctrl-C cancels the context) ends it after the message
 // in flight: what was sent is marked, the rest stay open, and the audit
 // trail says it stopped.
