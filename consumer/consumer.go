@@ -106,8 +106,10 @@ type Config struct {
 	// QuarantineMetrics, if set (make it with quarantine.NewMetrics on
 	// Registerer), is refreshed from the quarantine streams of File's
 	// queues every QuarantineRefresh while the runtime is connected, over
-	// its consuming connection. Defaults to nil: the runtime does not read
-	// the quarantine.
+	// its consuming connection; each refresh also writes an expired event
+	// for the records newly past their retention, so that they stay counted
+	// after the broker deletes them. Defaults to nil: the runtime does not
+	// read the quarantine.
 	QuarantineMetrics *quarantine.Metrics
 	// QuarantineRefresh is how often QuarantineMetrics is refreshed (each
 	// refresh reads every record; the oldest record's age grows at each

@@ -77,7 +77,9 @@ func superviseKeeper(ctx context.Context, run func(context.Context) (moved bool,
 }
 
 // startQuarantineMetrics refreshes cfg.QuarantineMetrics over conn at once
-// and then every cfg.QuarantineRefresh until the session ends. A failed
+// and then every cfg.QuarantineRefresh until the session ends, and writes
+// an expired event for each record newly past its retention
+// (quarantine.Replayer.RecordExpiries). A failed
 // refresh is logged; the metrics keep the last snapshot. The returned stop
 // waits for the refresher.
 func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connection) (stop func()) {
@@ -90,10 +92,18 @@ func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connec
 	go func() {
 		defer close(done)
 		in := &quarantine.Inspector{Conn: conn, Config: c.cfg.File, Now: c.cfg.Now}
+		// Expiries are written as events at each refresh, so that they are
+		// still counted after the broker deletes the records.
+		rp := &quarantine.Replayer{Conn: conn, Config: c.cfg.File, Metrics: m, Now: c.cfg.Now}
 		tick := time.NewTicker(c.cfg.QuarantineRefresh)
 		defer tick.Stop()
 		for {
-			if err := m.Refresh(ctx, in); err != nil && ctx.Err() == nil {
+			snap, err := in.Snapshot(ctx)
+			if err == nil {
+				m.Observe(snap)
+				_, err = rp.RecordExpiries(ctx, snap)
+			}
+			if err != nil && ctx.Err() == nil {
 				c.log.Warn("quarantine metrics: refresh failed; keeping the last values", "error", err)
 			}
 			select {

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -133,7 +134,9 @@ type Event struct {
 	IDs     []string       `json:"ids,omitempty"`
 	ToQueue string         `json:"to_queue,omitempty"`
 	Counts  map[string]int `json:"counts,omitempty"`
-	Offset  int64          `json:"-"`
+	// Expired are the records an expired event names, with their groups.
+	Expired []ExpiredRecord `json:"expired,omitempty"`
+	Offset  int64           `json:"-"`
 }
 
 // Event kinds. "replayed" and "purged" resolve the records they name.
@@ -142,6 +145,13 @@ const (
 	EventReplayed       = "replayed"
 	EventReplayFinished = "replay-finished"
 	EventPurged         = "purged"
+	// EventClaimed: a replay or purge took the quarantine's lock and reads
+	// the events stream up to this event (its end, found without waiting).
+	EventClaimed = "claimed"
+	// EventExpired names records first seen past the retention, unresolved
+	// (see Replayer.RecordExpiries). It does not resolve them: a purge
+	// still may.
+	EventExpired = "expired"
 )
 
 // Inspector reads quarantines without changing them: listing, showing and
@@ -155,6 +165,10 @@ type Inspector struct {
 	Config *config.Config
 	// Now is the clock (record ages, expiry). Defaults to time.Now.
 	Now func() time.Time
+
+	// eventWaits, in tests, replaces how long reading an events stream
+	// waits for its end (a reader on a loaded machine that stops early).
+	eventWaits streamWaits
 }
 
 // quarantineSet is one quarantine queue and the work queues that use it.
@@ -197,12 +211,38 @@ type Snapshot struct {
 	Intake map[string]int
 	// Undecodable counts stream messages that are not records.
 	Undecodable int
-	At          time.Time
-	byID        map[string]*Record
+	// Gone are the records an expired event names that the broker's
+	// retention has removed from the records stream (and no replay or
+	// purge resolved): still counted as expired by Stats and the metrics
+	// until their event expires too (the events stream keeps twice as
+	// long). They are not listed.
+	Gone []ExpiredRecord
+	At   time.Time
+	byID map[string]*Record
+	// expiredNamed: the ids some expired event names.
+	expiredNamed map[string]bool
+}
+
+// ExpiredRecord is what an expired event keeps of a record, so that it can
+// be counted in its group after the record itself is gone.
+type ExpiredRecord struct {
+	ID          string       `json:"id"`
+	Queue       string       `json:"queue"`
+	Class       string       `json:"class"`
+	Fingerprint string       `json:"fingerprint,omitempty"`
+	Owner       config.Owner `json:"owner"`
+	Seen        time.Time    `json:"seen"`
 }
 
 // Snapshot reads every quarantine's streams.
 func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
+	return in.snapshot(ctx, nil)
+}
+
+// snapshot reads every quarantine's streams; an events stream that marks
+// names (by its run) is read up to that claimed event, not to the end
+// lastOffset finds (see Replayer.claim).
+func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Snapshot, error) {
 	sets := in.quarantines()
 	type part struct {
 		records []*Record
@@ -219,12 +259,13 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 			defer wg.Done()
 			p := &parts[i]
 			// The two streams are read at once: finding that a stream is
-			// empty takes emptyWait.
+			// empty takes streamWaits.empty.
 			var evErr error
 			evDone := make(chan struct{})
 			go func() {
 				defer close(evDone)
-				p.events, evErr = readEvents(ctx, in.Conn, s.cfg.Quarantine.EventsStream())
+				stream := s.cfg.Quarantine.EventsStream()
+				p.events, evErr = readEvents(ctx, in.Conn, stream, in.eventWaits, marks[stream])
 			}()
 			p.records, p.bad, p.err = in.readRecords(ctx, s)
 			<-evDone
@@ -239,6 +280,8 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 	wg.Wait()
 	snap := &Snapshot{At: in.now(), Intake: map[string]int{}, byID: map[string]*Record{}}
 	resolvedBy := map[string]*Event{}
+	expiredBy := map[string]*ExpiredRecord{}
+	var expiredOrder []string
 	for i, s := range sets {
 		p := &parts[i]
 		if p.err != nil {
@@ -254,6 +297,12 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 					if _, done := resolvedBy[id]; !done {
 						resolvedBy[id] = e
 					}
+				}
+			}
+			for k := range e.Expired {
+				if x := &e.Expired[k]; x.ID != "" && expiredBy[x.ID] == nil {
+					expiredBy[x.ID] = x
+					expiredOrder = append(expiredOrder, x.ID)
 				}
 			}
 		}
@@ -275,8 +324,15 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 			continue
 		}
 		retention := in.retention(r.Intake)
-		if retention > 0 && snap.At.Sub(r.StoredAt) > retention {
+		if _, named := expiredBy[r.ID]; named || retention > 0 && snap.At.Sub(r.StoredAt) > retention {
 			r.State = StateExpired
+		}
+	}
+	snap.expiredNamed = make(map[string]bool, len(expiredBy))
+	for _, id := range expiredOrder {
+		snap.expiredNamed[id] = true
+		if _, present := snap.byID[id]; !present && resolvedBy[id] == nil {
+			snap.Gone = append(snap.Gone, *expiredBy[id])
 		}
 	}
 	return snap, nil
@@ -291,44 +347,31 @@ func (in *Inspector) retention(intake string) time.Duration {
 	return 0
 }
 
+// recordReaders is how many consumers read a records stream at once.
+const recordReaders = 2
+
 func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Record, int, error) {
-	type raw struct {
-		off  int64
-		body []byte
-	}
-	var raws []raw
-	err := readStream(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), func(off int64, d *amqp.Delivery) error {
-		raws = append(raws, raw{off, d.Body})
+	// Each part decodes on its consumer's goroutine while the broker still
+	// sends: reading and decoding overlap, and the parts keep stream order.
+	parts := make([][]*Record, recordReaders)
+	bad := make([]int, recordReaders)
+	err := readStreamParts(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), streamWaits{}, recordReaders, func(part int, off int64, d *amqp.Delivery) error {
+		if r, err := recordFrom(d.Body, off, s); err == nil {
+			parts[part] = append(parts[part], r)
+		} else {
+			bad[part]++
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, 0, err
 	}
-	// Decoding is most of a read's work: spread it over the CPUs, keeping
-	// stream order.
-	decoded := make([]*Record, len(raws))
-	workers := min(runtime.GOMAXPROCS(0), max(1, len(raws)/256))
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(raws); i += workers {
-				decoded[i], _ = recordFrom(raws[i].body, raws[i].off, s)
-			}
-		}()
+	out := slices.Concat(parts...)
+	n := 0
+	for _, b := range bad {
+		n += b
 	}
-	wg.Wait()
-	out := make([]*Record, 0, len(decoded))
-	bad := 0
-	for _, r := range decoded {
-		if r == nil {
-			bad++
-			continue
-		}
-		out = append(out, r)
-	}
-	return out, bad, nil
+	return out, n, nil
 }
 
 func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
@@ -372,18 +415,26 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	return r, nil
 }
 
-func readEvents(ctx context.Context, conn *amqp.Connection, stream string) ([]Event, error) {
+// readEvents reads an events stream to its end, or, when mark is a run,
+// up to and including that run's claimed event.
+func readEvents(ctx context.Context, conn *amqp.Connection, stream string, waits streamWaits, mark string) ([]Event, error) {
 	var out []Event
-	err := readStream(ctx, conn, stream, func(off int64, d *amqp.Delivery) error {
+	read := func(off int64, d *amqp.Delivery) error {
 		var e Event
 		if json.Unmarshal(d.Body, &e) != nil || e.Kind == "" {
 			return nil // not an event this version writes
 		}
 		e.Offset = off
 		out = append(out, e)
+		if mark != "" && e.Kind == EventClaimed && e.Run == mark {
+			return errStopRead
+		}
 		return nil
-	})
-	return out, err
+	}
+	if mark != "" {
+		return out, consumeFrom(ctx, conn, stream, "first", read)
+	}
+	return out, readStream(ctx, conn, stream, waits, read)
 }
 
 // intakeDepth is how many messages wait in an intake queue (a passive
@@ -568,6 +619,20 @@ func (s *Snapshot) List(f Filter) []*Record {
 	return out
 }
 
+// goneRecords are the Gone records f selects, as records without a
+// payload (for counting only).
+func (s *Snapshot) goneRecords(f Filter) []*Record {
+	var out []*Record
+	for _, g := range s.Gone {
+		r := &Record{ID: g.ID, Queue: g.Queue, State: StateExpired, Owner: g.Owner,
+			Envelope: Envelope{Class: triage.Class(g.Class), Fingerprint: g.Fingerprint, QuarantinedAt: g.Seen}}
+		if f.Match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Group is one line of stats: records of one queue, class and
 // fingerprint.
 type Group struct {
@@ -595,7 +660,7 @@ func (s *Snapshot) Stats(f Filter) []Group {
 	}
 	byKey := map[[3]string]*Group{}
 	var order []*Group
-	for _, r := range s.List(f) {
+	for _, r := range append(s.List(f), s.goneRecords(f)...) {
 		k := [3]string{r.Queue, string(r.Envelope.Class), r.Envelope.Fingerprint}
 		g, ok := byKey[k]
 		if !ok {

@@ -18,6 +18,7 @@ type Metrics struct {
 	intake  *prometheus.GaugeVec
 	replays *prometheus.CounterVec
 	purges  *prometheus.CounterVec
+	expires *prometheus.CounterVec
 }
 
 // NewMetrics makes the collectors and registers them on reg (if not nil):
@@ -26,6 +27,7 @@ type Metrics struct {
 //	dlxbridge_quarantine_oldest_open_age_seconds{queue}  computed at each scrape from the last snapshot, so it grows between refreshes
 //	dlxbridge_quarantine_intake_waiting{intake}  messages not yet stored by the runtime's keeper
 //	dlxbridge_quarantine_replays_total{queue,class}, dlxbridge_quarantine_purges_total{queue,class}
+//	dlxbridge_quarantine_expiries_total{queue,class}  records this process first named in an expired event (Replayer.RecordExpiries)
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dlxbridge_quarantine_records",
@@ -38,9 +40,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Quarantine records replayed."}, []string{"queue", "class"}),
 		purges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlxbridge_quarantine_purges_total",
 			Help: "Quarantine records purged."}, []string{"queue", "class"}),
+		expires: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlxbridge_quarantine_expiries_total",
+			Help: "Quarantine records this process recorded as expired (past the retention, never replayed or purged)."}, []string{"queue", "class"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.records, m.oldest, m.intake, m.replays, m.purges} {
+		for _, c := range []prometheus.Collector{m.records, m.oldest, m.intake, m.replays, m.purges, m.expires} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -56,6 +60,9 @@ func (m *Metrics) Observe(s *Snapshot) {
 	}
 	m.records.Reset()
 	seen := map[string]time.Time{} // every queue with records; zero: none open
+	for _, g := range s.Gone {
+		m.records.WithLabelValues(g.Queue, g.Class, string(StateExpired)).Inc()
+	}
 	for _, r := range s.Records {
 		m.records.WithLabelValues(r.Queue, string(r.Envelope.Class), string(r.State)).Inc()
 		t, ok := seen[r.Queue]
@@ -81,6 +88,12 @@ func (m *Metrics) replayed(queue, class string) {
 func (m *Metrics) purged(queue, class string) {
 	if m != nil {
 		m.purges.WithLabelValues(queue, class).Inc()
+	}
+}
+
+func (m *Metrics) expired(queue, class string) {
+	if m != nil {
+		m.expires.WithLabelValues(queue, class).Inc()
 	}
 }
 

@@ -3,6 +3,9 @@ package quarantine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -49,7 +52,8 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 		opts.Filter.States = []State{StateOpen, StateExpired}
 	}
 	res := &PurgeResult{Run: newRun(), DryRun: opts.DryRun, Purged: []string{}}
-	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun)
+	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String()})
 	if err != nil {
 		return nil, err
 	}
@@ -74,34 +78,89 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 		byIntake[r.Intake] = append(byIntake[r.Intake], r)
 	}
 	by := rp.by()
-	for _, intake := range sortedKeysRecords(byIntake) {
-		recs := byIntake[intake]
-		for from := 0; from < len(recs); from += purgeChunk {
-			chunk := recs[from:min(from+purgeChunk, len(recs))]
-			ids := make([]string, len(chunk))
-			for i, r := range chunk {
-				ids[i] = r.ID
-			}
-			e := Event{Kind: EventPurged, At: rp.now().UTC(), By: by, Reason: opts.Reason, Run: res.Run,
-				Filter: opts.Filter.String(), IDs: ids, Counts: map[string]int{"selected": res.Selected, "purged": len(ids)}}
-			b, _ := json.Marshal(e)
-			if err := pub.Publish(context.WithoutCancel(ctx), "", intakeEvents(rp.Config, intake),
-				amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b}); err != nil {
-				return res, err
-			}
-			res.Purged = append(res.Purged, ids...)
-			for _, r := range chunk {
-				rp.Metrics.purged(r.Queue, string(r.Envelope.Class))
-			}
+	err = eachChunk(byIntake, func(intake string, chunk []*Record) error {
+		ids := make([]string, len(chunk))
+		for i, r := range chunk {
+			ids[i] = r.ID
 		}
+		e := Event{Kind: EventPurged, At: rp.now().UTC(), By: by, Reason: opts.Reason, Run: res.Run,
+			Filter: opts.Filter.String(), IDs: ids, Counts: map[string]int{"selected": res.Selected, "purged": len(ids)}}
+		if err := publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e); err != nil {
+			return err
+		}
+		res.Purged = append(res.Purged, ids...)
+		for _, r := range chunk {
+			rp.Metrics.purged(r.Queue, string(r.Envelope.Class))
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
 	}
 	return res, nil
 }
 
-func sortedKeysRecords(m map[string][]*Record) []string {
-	out := make(map[string][]string, len(m))
-	for k := range m {
-		out[k] = nil
+// RecordExpiries writes an expired event for each record of snap that is
+// expired (past its quarantine's retention, unresolved) and that no expired
+// event names yet, one event per quarantine and per thousand records, and
+// returns how many it named. The event keeps each record's queue, class,
+// fingerprint and owner, so that Stats and the metrics still count it as
+// expired after the broker's retention has deleted the record (see
+// Snapshot.Gone). The runtime calls it after each metrics refresh. It takes
+// no lock: two runtimes may name a record twice, and readers count each id
+// once.
+func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, error) {
+	byIntake := map[string][]ExpiredRecord{}
+	for _, r := range snap.Records {
+		if r.State == StateExpired && !snap.expiredNamed[r.ID] {
+			byIntake[r.Intake] = append(byIntake[r.Intake], ExpiredRecord{ID: r.ID, Queue: r.Queue,
+				Class: string(r.Envelope.Class), Fingerprint: r.Envelope.Fingerprint, Owner: r.Owner, Seen: r.Seen()})
+		}
 	}
-	return sortedKeys(out)
+	if len(byIntake) == 0 {
+		return 0, nil
+	}
+	pub, err := amqpx.NewPublisher(rp.Conn)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	by, run, named := rp.by(), newRun(), 0
+	err = eachChunk(byIntake, func(intake string, chunk []ExpiredRecord) error {
+		ids := make([]string, len(chunk))
+		for i, x := range chunk {
+			ids[i] = x.ID
+		}
+		e := Event{Kind: EventExpired, At: rp.now().UTC(), By: by, Run: run, IDs: ids, Expired: chunk,
+			Reason: "older than the quarantine's retention and never replayed or purged", Counts: map[string]int{"expired": len(ids)}}
+		if err := publishEvent(ctx, pub, intakeEvents(rp.Config, intake), e); err != nil {
+			return fmt.Errorf("record expiries: %w", err)
+		}
+		named += len(ids)
+		for _, x := range chunk {
+			rp.Metrics.expired(x.Queue, x.Class)
+		}
+		return nil
+	})
+	return named, err
+}
+
+// eachChunk calls fn for each intake of byIntake in name order, with its
+// items in chunks of at most purgeChunk (one event each).
+func eachChunk[T any](byIntake map[string][]T, fn func(intake string, chunk []T) error) error {
+	for _, intake := range slices.Sorted(maps.Keys(byIntake)) {
+		items := byIntake[intake]
+		for from := 0; from < len(items); from += purgeChunk {
+			if err := fn(intake, items[from:min(from+purgeChunk, len(items))]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// publishEvent writes e to an events stream, confirmed.
+func publishEvent(ctx context.Context, pub *amqpx.Publisher, stream string, e Event) error {
+	b, _ := json.Marshal(e)
+	return pub.Publish(ctx, "", stream, amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b})
 }

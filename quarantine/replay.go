@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -129,6 +128,9 @@ type Replayer struct {
 	// it the runtime ignores them (and notes it): the message's origin is
 	// then where the replay sent it. Defaults to nil.
 	Signer *triage.Signer
+
+	// eventWaits: see Inspector.eventWaits (tests).
+	eventWaits streamWaits
 }
 
 func (rp *Replayer) now() time.Time {
@@ -170,7 +172,8 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	opts.Filter.States = nil // open records only
 	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
 	start := time.Now()
-	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun)
+	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String(), ToQueue: opts.ToQueue})
 	if err != nil {
 		return nil, err
 	}
@@ -240,9 +243,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	start = time.Now() // Duration is the sending, not the reading
 	event := func(intake string, e Event) error {
 		e.At, e.By, e.Run, e.Reason = rp.now().UTC(), by, res.Run, opts.Reason
-		b, _ := json.Marshal(e)
-		return pub.Publish(context.WithoutCancel(ctx), "", intakeEvents(rp.Config, intake),
-			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b})
+		return publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e)
 	}
 	intakes := map[string][]string{}
 	for _, r := range send {
@@ -397,18 +398,25 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 }
 
 // selectLocked takes the lock of the quarantines f can touch (unless this
-// is a dry run) and only then reads the records f selects, so what another
-// replay or purge resolved meanwhile is no longer selected.
-func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool) ([]*Record, func(), error) {
-	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now}
+// is a dry run), claims them (see claim) and only then reads the records f
+// selects, so what another replay or purge resolved meanwhile is no longer
+// selected.
+func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, claim Event) ([]*Record, func(), error) {
+	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now, eventWaits: rp.eventWaits}
 	release := func() {}
+	var marks map[string]string
 	if !dryRun {
+		locked := lockedSets(in.quarantines(), f.Queue)
 		var err error
-		if release, err = rp.lock(ctx, in.quarantines(), f.Queue); err != nil {
+		if release, err = rp.lock(ctx, locked); err != nil {
+			return nil, nil, err
+		}
+		if marks, err = rp.claim(ctx, locked, claim); err != nil {
+			release()
 			return nil, nil, err
 		}
 	}
-	snap, err := in.Snapshot(ctx)
+	snap, err := in.snapshot(ctx, marks)
 	if err != nil {
 		release()
 		return nil, nil, err
@@ -424,20 +432,57 @@ func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool) ([]
 	return snap.List(f), release, nil
 }
 
-// lock takes the replay lock of each quarantine the filter can touch, in
-// name order: an exclusive queue "<intake>.replay-lock". The broker allows
-// one connection to hold it and deletes it when that connection closes, so
-// a replay that is killed releases it.
-func (rp *Replayer) lock(ctx context.Context, sets []*quarantineSet, queue string) (release func(), err error) {
-	var names []string
+// claim writes a claimed event (the run's, under its lock) into the events
+// stream of each quarantine in sets and waits for the broker's confirms.
+// Every event written before the lock was taken precedes it, so reading
+// each stream up to it reads them all, without waiting to find an end: a
+// record replayed by an earlier run never looks open to this one, however
+// slow the broker. It returns, by events stream, the run to read up to.
+func (rp *Replayer) claim(ctx context.Context, sets []*quarantineSet, e Event) (map[string]string, error) {
+	if len(sets) == 0 {
+		return nil, nil
+	}
+	pub, err := amqpx.NewPublisher(rp.Conn)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	e.Kind, e.At, e.By = EventClaimed, rp.now().UTC(), rp.by()
+	marks := map[string]string{}
+	for _, s := range sets {
+		stream := s.cfg.Quarantine.EventsStream()
+		if err := publishEvent(ctx, pub, stream, e); err != nil {
+			return nil, fmt.Errorf("claim %s: %w", stream, err)
+		}
+		marks[stream] = e.Run
+	}
+	return marks, nil
+}
+
+// lockedSets are the quarantines a filter on queue (a work queue or an
+// intake; "" for any) can touch.
+func lockedSets(sets []*quarantineSet, queue string) []*quarantineSet {
+	var out []*quarantineSet
 	for _, s := range sets {
 		match := queue == "" || s.cfg.Quarantine.Queue == queue
 		for _, q := range s.queues {
 			match = match || q.Name == queue
 		}
 		if match {
-			names = append(names, s.cfg.Quarantine.Queue+".replay-lock")
+			out = append(out, s)
 		}
+	}
+	return out
+}
+
+// lock takes the replay lock of each of sets, in name order: an exclusive
+// queue "<intake>.replay-lock". The broker allows one connection to hold it
+// and deletes it when that connection closes, so a replay that is killed
+// releases it.
+func (rp *Replayer) lock(ctx context.Context, sets []*quarantineSet) (release func(), err error) {
+	var names []string
+	for _, s := range sets {
+		names = append(names, s.cfg.Quarantine.Queue+".replay-lock")
 	}
 	sort.Strings(names)
 	type lockHeld struct {

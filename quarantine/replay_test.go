@@ -142,7 +142,7 @@ func TestReplayOneFingerprintAtRate(t *testing.T) {
 			kinds = append(kinds, e.Kind)
 		}
 	}
-	if len(kinds) != 2 || kinds[0] != EventReplayStarted || kinds[1] != EventReplayFinished {
+	if len(kinds) != 3 || kinds[0] != EventClaimed || kinds[1] != EventReplayStarted || kinds[2] != EventReplayFinished {
 		t.Fatalf("audit events %v", kinds)
 	}
 }
@@ -182,6 +182,46 @@ func TestConcurrentReplaysSendEachMessageOnce(t *testing.T) {
 	}
 	if len(sent) != 40 || b.depth(b.q.Name) != 40 {
 		t.Fatalf("sent %d, work queue holds %d; want 40", len(sent), b.depth(b.q.Name))
+	}
+}
+
+// A replay reads the events stream up to the claim it wrote under its
+// lock, not up to an end found by waiting: a reader that gives up waiting
+// at once (a loaded machine, past any wait) still sees what an earlier
+// replay resolved, so nothing is sent twice, and an empty events stream is
+// not waited on. A listing, which writes nothing, still waits.
+func TestReplayReadsEventsUpToItsClaim(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(3, "fp-a", validJob)
+	b.keep(3)
+	impatient := streamWaits{empty: time.Nanosecond, idle: time.Nanosecond}
+	for round, want := range []int{3, 0} {
+		rp := b.replayer()
+		rp.eventWaits = impatient
+		res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}})
+		if err != nil {
+			t.Fatalf("replay %d: %v", round+1, err)
+		}
+		if len(res.Sent) != want {
+			t.Fatalf("replay %d sent %d, want %d (work queue holds %d)", round+1, len(res.Sent), want, b.depth(b.q.Name))
+		}
+	}
+	if n := b.depth(b.q.Name); n != 3 {
+		t.Fatalf("work queue holds %d, want 3", n)
+	}
+	snap := b.snapshot(b.inspector())
+	claims := 0
+	for _, e := range snap.Events {
+		if e.Kind == EventClaimed {
+			claims++
+			if e.By != "tester@test" || e.Filter != "fingerprint=fp-a" || e.Run == "" {
+				t.Errorf("claimed event %+v", e)
+			}
+		}
+	}
+	if claims != 2 || len(snap.List(Filter{})) != 0 {
+		t.Fatalf("%d claimed events, %d open", claims, len(snap.List(Filter{})))
 	}
 }
 
@@ -297,6 +337,67 @@ func TestPurgeAuditAndExpiry(t *testing.T) {
 	m.Observe(s)
 	if got := testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, "permanent", "expired")); got != 2 {
 		t.Fatalf("expired metric %v", got)
+	}
+}
+
+// An expired record is written as an expired event once (two writers
+// name it twice; it is counted once), and it stays counted in stats and
+// the metric after the broker's retention has removed it from the records
+// stream (until its event expires in turn), without being listed.
+func TestExpiriesStayCountedAfterTheRecordsAreGone(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { q.Quarantine.Retention = time.Hour })
+	b.quarantineJobs(3, "fp-a", validJob)
+	b.quarantineJobs(1, "fp-b", validJob)
+	b.keep(4)
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	in := &Inspector{Conn: b.env.Dial("later"), Config: b.cfg, Now: later}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := b.snapshot(in)
+	for i := range 2 { // two runtimes refreshing from the same snapshot
+		rp := b.replayer()
+		rp.Now, rp.Metrics = later, m
+		if n, err := rp.RecordExpiries(context.Background(), snap); err != nil || n != 4 {
+			t.Fatalf("writer %d named %d: %v", i+1, n, err)
+		}
+	}
+	rp := b.replayer()
+	rp.Now = later
+	if n, err := rp.RecordExpiries(context.Background(), b.snapshot(in)); err != nil || n != 0 {
+		t.Fatalf("named again %d: %v", n, err)
+	}
+	if got := testutil.ToFloat64(m.expires.WithLabelValues(b.q.Name, "permanent")); got != 8 {
+		t.Fatalf("expiries metric %v (two writers of 4)", got)
+	}
+
+	// The broker's retention deletes whole segments; here, the whole stream.
+	ch := b.env.Channel("retention")
+	if _, err := ch.QueueDelete(b.q.Quarantine.RecordsStream(), false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(b.q.Quarantine.RecordsStream(), true, false, false, false, amqp.Table{"x-queue-type": "stream"}); err != nil {
+		t.Fatal(err)
+	}
+	gone := b.snapshot(in)
+	if len(gone.Records) != 0 || len(gone.Gone) != 4 {
+		t.Fatalf("%d records, %d gone; want 0 and 4", len(gone.Records), len(gone.Gone))
+	}
+	groups := map[string]Group{}
+	for _, g := range gone.Stats(Filter{}) {
+		groups[g.Fingerprint] = g
+	}
+	if groups["fp-a"].Expired != 3 || groups["fp-b"].Expired != 1 || groups["fp-a"].Owner.Team != "payments" || groups["fp-a"].Queue != b.q.Name {
+		t.Fatalf("stats after the records are gone: %+v", groups)
+	}
+	m.Observe(gone)
+	if got := testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, "permanent", "expired")); got != 4 {
+		t.Fatalf("expired gauge %v", got)
+	}
+	if len(gone.List(Filter{States: []State{StateExpired}})) != 0 {
+		t.Fatal("a gone record is listed")
 	}
 }
 

@@ -28,9 +28,12 @@ import (
 // Keeper into the records stream, one stream message per record:
 //
 //	headers: dlxbridge-record-id, dlxbridge-record-intake (short strings, for people reading the stream)
-//	body:    "DLXREC1\n", a 4-byte big-endian length n, n bytes of JSON meta, then the payload as received
+//	body:    "DLXREC2\n", a 4-byte big-endian length m, m bytes of binary meta, a 4-byte length h,
+//	         h bytes of headers (EncodeTable), then the payload as received (see recordbin.go)
 //
-// The meta holds every AMQP property and the original header table in the
+// Records of layout 1 ("DLXREC1\n", a 4-byte length n, n bytes of JSON
+// meta with the headers inside, then the payload) are still read. The meta
+// holds every AMQP property and the original header table in the
 // typed encoding of EncodeTable, because a stream drops header values that
 // are arrays or tables (and the broker's x-death on 3.10). They travel in
 // the body, not in a header, so a record never exceeds a frame (a
@@ -44,8 +47,13 @@ const (
 	HeaderRecordIntake = wire.HeaderRecordIntake
 )
 
-// recordMagic starts every record body; the digit is the layout version.
-const recordMagic = "DLXREC1\n"
+// recordMagic starts every record body of layout 1 (JSON meta), and
+// recordMagic2 of layout 2 (binary meta, see recordbin.go), which the
+// keeper writes; the digit is the layout version. Both are read.
+const (
+	recordMagic  = "DLXREC1\n"
+	recordMagic2 = "DLXREC2\n"
+)
 
 // ErrNotRecord: a stream message that is not a record in a layout this
 // version reads.
@@ -175,18 +183,17 @@ func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitte
 	if omitted != nil {
 		payload = nil
 	}
-	meta, err := json.Marshal(recordMeta{
+	meta := appendMeta(nil, &recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
-		Props: propertiesOf(d), Headers: headers, Envelope: &env,
+		Props: propertiesOf(d), Envelope: &env,
 		Redrives: redrives(d.Headers), Version: wire.Str(d.Headers, versionHeader),
 	})
-	if err != nil {
-		return amqp.Publishing{}, "", err
-	}
-	body := make([]byte, 0, len(recordMagic)+4+len(meta)+len(payload))
-	body = append(body, recordMagic...)
+	body := make([]byte, 0, len(recordMagic2)+8+len(meta)+len(headers)+len(payload))
+	body = append(body, recordMagic2...)
 	body = binary.BigEndian.AppendUint32(body, uint32(len(meta)))
 	body = append(body, meta...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(headers)))
+	body = append(body, headers...)
 	body = append(body, payload...)
 	return amqp.Publishing{
 		Headers:      amqp.Table{HeaderRecordID: id, HeaderRecordIntake: intake},
@@ -201,23 +208,51 @@ func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitte
 // meta for filtering records whose envelope has no version.
 const versionHeader = wire.DefaultVersionHeader
 
-// decodeRecord reads a record body back: its meta and payload. The headers
-// stay encoded in meta.Headers until someone asks for them.
+// decodeRecord reads a record body back (either layout): its meta and
+// payload. The headers stay encoded in meta.Headers until someone asks for
+// them; layout 2 needs no JSON decode at all.
 func decodeRecord(body []byte) (*recordMeta, []byte, error) {
-	if !bytes.HasPrefix(body, []byte(recordMagic)) || len(body) < len(recordMagic)+4 {
-		return nil, nil, ErrNotRecord
+	switch {
+	case bytes.HasPrefix(body, []byte(recordMagic2)):
+		meta, rest, ok := cutSized(body[len(recordMagic2):])
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: meta length over the body", ErrNotRecord)
+		}
+		headers, payload, ok := cutSized(rest)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: headers length over the body", ErrNotRecord)
+		}
+		m, err := readMeta(meta)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %v", ErrNotRecord, err)
+		}
+		m.Headers = headers
+		return m, payload, nil
+	case bytes.HasPrefix(body, []byte(recordMagic)):
+		meta, payload, ok := cutSized(body[len(recordMagic):])
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: meta length over the body", ErrNotRecord)
+		}
+		var m recordMeta
+		if err := json.Unmarshal(meta, &m); err != nil {
+			return nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
+		}
+		return &m, payload, nil
 	}
-	rest := body[len(recordMagic):]
-	n := binary.BigEndian.Uint32(rest)
-	rest = rest[4:]
-	if uint64(n) > uint64(len(rest)) {
-		return nil, nil, fmt.Errorf("%w: meta length %d over the body", ErrNotRecord, n)
+	return nil, nil, ErrNotRecord
+}
+
+// cutSized splits b after a 4-byte big-endian length and that many bytes.
+func cutSized(b []byte) (part, rest []byte, ok bool) {
+	if len(b) < 4 {
+		return nil, nil, false
 	}
-	var m recordMeta
-	if err := json.Unmarshal(rest[:n], &m); err != nil {
-		return nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
+	n := binary.BigEndian.Uint32(b)
+	b = b[4:]
+	if uint64(n) > uint64(len(b)) {
+		return nil, nil, false
 	}
-	return &m, rest[n:], nil
+	return b[:n:n], b[n:], true
 }
 
 // Keeper drains one quarantine's intake into its records stream: each
