@@ -17,10 +17,12 @@ import (
 // A delivery is settled for the window when its ack is asked for (ack) or
 // once its reject, with or without requeue, was written (rejected). Acks are
 // written by flush: when a worker is about to wait for its next delivery,
-// when batch acks are waiting, or when the oldest has waited maxDelay; each
-// waiting ack's report is then called with the write's result. What the
-// prefix cannot cover (a delivery ahead of it still in a handler) waits for
-// it, and a final flush (force) acks it on its own.
+// when batch acks are waiting, or when the oldest has waited maxDelay (a
+// timer: the worker that asked may be in its next handler, and the one
+// holding a gap in the prefix may be in a long one); each waiting ack's
+// report is then called with the write's result. What the prefix cannot
+// cover (a delivery ahead of it still in a handler) waits for it until a
+// forced flush acks it on its own.
 //
 // The write goes through settle: between a stop's basic.cancel and its
 // cancel-ok it waits (see queueSession.settle).
@@ -35,6 +37,8 @@ type ackWindow struct {
 	waiting int                  // acks not yet written
 	oldest  time.Time            // when the oldest of them was asked for
 	channel amqp.Acknowledger    // the channel of the deliveries
+	timer   *time.Timer          // forces a flush maxDelay after an ack waits
+	armed   bool                 // timer is set
 }
 
 type ackState struct {
@@ -67,10 +71,26 @@ func (w *ackWindow) ack(d *amqp.Delivery, report func(error)) {
 	w.waiting++
 	w.tags[d.DeliveryTag] = &ackState{report: report}
 	due := w.waiting >= w.batch || time.Since(w.oldest) >= w.maxDelay
+	if !due && !w.armed {
+		w.armed = true
+		if w.timer == nil {
+			w.timer = time.AfterFunc(w.maxDelay, w.expire)
+		} else {
+			w.timer.Reset(w.maxDelay)
+		}
+	}
 	w.mu.Unlock()
 	if due {
 		w.flush(false)
 	}
+}
+
+// expire writes what waited maxDelay, beyond a gap too.
+func (w *ackWindow) expire() {
+	w.mu.Lock()
+	w.armed = false
+	w.mu.Unlock()
+	w.flush(true)
 }
 
 // holds says whether acks wait to be written.
