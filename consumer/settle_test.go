@@ -796,3 +796,37 @@ func TestAckWindowWritesWhatWaitedItsDelay(t *testing.T) {
 		t.Fatalf("wrote %q, want 1+", got)
 	}
 }
+
+// Publishes that fail together (their channel lost with several awaiting
+// confirms) pause together: their originals are requeued after one
+// backoff, not after the sum of a growing backoff per failure, one after
+// another on the settler (8 failures: 11s with jitter 0).
+func TestSettleFailuresThatComeTogetherPauseTogether(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	held := &heldConfirmer{}
+	b.w.out = held
+	const n = 8
+	ackers := make([]*fakeAcker, n)
+	for i := range n {
+		d := delivery()
+		d.MessageId = fmt.Sprint("m-", i)
+		ackers[i] = &fakeAcker{}
+		b.w.settleFailure(context.Background(), noop.Span{}, ackers[i], d, retryFailure())
+	}
+	for i := range n {
+		held.release(fmt.Sprint("m-", i), amqpx.ErrPublisherClosed)
+	}
+	done := make(chan struct{})
+	go func() { b.w.settling.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatal("the originals of publishes that failed together were not requeued within 4s")
+	}
+	for i, a := range ackers {
+		if a.log() != "requeue" {
+			t.Errorf("m-%d: %q, want requeue", i, a.log())
+		}
+	}
+}
