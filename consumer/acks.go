@@ -17,10 +17,13 @@ import (
 // A delivery is settled for the window when its ack is asked for (ack) or
 // once its reject, with or without requeue, was written (rejected). Acks are
 // written by flush: when a worker is about to wait for its next delivery,
-// when batch acks are waiting, or when the oldest has waited maxDelay; each
-// waiting ack's report is then called with the write's result. What the
-// prefix cannot cover (a delivery ahead of it still in a handler) waits for
-// it, and a final flush (force) acks it on its own.
+// when batch acks are waiting, or when the oldest has waited maxDelay (a
+// timer: the worker that asked may be in its next handler, and the one
+// holding a gap in the prefix may be in a long one); each waiting ack's
+// report is then called with the write's result. What the prefix cannot
+// cover (a delivery ahead of it still in a handler) waits for it until a
+// forced flush acks it on its own: a worker's before it waits, or the
+// timer's, at most every ackStale.
 //
 // The write goes through settle: between a stop's basic.cancel and its
 // cancel-ok it waits (see queueSession.settle).
@@ -35,6 +38,9 @@ type ackWindow struct {
 	waiting int                  // acks not yet written
 	oldest  time.Time            // when the oldest of them was asked for
 	channel amqp.Acknowledger    // the channel of the deliveries
+	timer   *time.Timer          // flushes maxDelay after an ack waits
+	armed   bool                 // timer is set
+	forced  time.Time            // the latest forced flush
 }
 
 type ackState struct {
@@ -67,10 +73,46 @@ func (w *ackWindow) ack(d *amqp.Delivery, report func(error)) {
 	w.waiting++
 	w.tags[d.DeliveryTag] = &ackState{report: report}
 	due := w.waiting >= w.batch || time.Since(w.oldest) >= w.maxDelay
+	if !due {
+		w.arm()
+	}
 	w.mu.Unlock()
 	if due {
 		w.flush(false)
 	}
+}
+
+// ackStale is how often, at most, the timer acks on their own what waits
+// behind a gap: forced flushes write one frame per ack.
+const ackStale = 50 * time.Millisecond
+
+// arm sets the timer unless it is set. Called with mu held.
+func (w *ackWindow) arm() {
+	if w.armed {
+		return
+	}
+	w.armed = true
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.maxDelay, w.expire)
+	} else {
+		w.timer.Reset(w.maxDelay)
+	}
+}
+
+// expire writes what waited maxDelay: the settled prefix, and what waits
+// behind a gap too unless a forced flush was written within ackStale (then
+// it tries again later).
+func (w *ackWindow) expire() {
+	w.mu.Lock()
+	w.armed = false
+	force := time.Since(w.forced) >= ackStale
+	w.mu.Unlock()
+	w.flush(force)
+	w.mu.Lock()
+	if w.waiting > 0 {
+		w.arm()
+	}
+	w.mu.Unlock()
 }
 
 // holds says whether acks wait to be written.
@@ -120,6 +162,7 @@ func (w *ackWindow) flush(force bool) {
 			}
 		}
 		if force || w.waiting >= w.batch {
+			w.forced = time.Now()
 			for tag, st := range w.tags {
 				if st.written {
 					continue

@@ -76,16 +76,22 @@ func (w *worker) settler() {
 
 // settleLater starts a settlement that waits for a confirm: publish gets
 // the func to call with the confirm's result, and finish then runs on the
-// settler. With pipelineDepth settlements awaiting, it waits for one to
+// settler, with when the result came. With pipelineDepth settlements awaiting, it waits for one to
 // finish first (until the drain deadline: false, nothing started).
-func (w *worker) settleLater(publish func(confirmed func(error)), finish func(error)) bool {
+func (w *worker) settleLater(publish func(confirmed func(error)), finish func(err error, at time.Time)) bool {
 	select {
 	case w.awaiting <- struct{}{}:
 	case <-w.s.handlerCtx.Done():
 		return false
 	}
 	w.settling.Add(1)
-	publish(func(err error) { w.confirmed <- func() { finish(err) } })
+	publish(func(err error) {
+		var at time.Time // only a failure's is read
+		if err != nil {
+			at = time.Now()
+		}
+		w.confirmed <- func() { finish(err, at) }
+	})
 	return true
 }
 

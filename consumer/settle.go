@@ -134,7 +134,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		w.out.Publish(out.ctx, out.b.exchange, out.b.key, out.b.p, confirmed)
 	}
 	st := w.settled
-	if !w.settleLater(publish, func(err error) { w.finishFailure(span, out.span, a, d, f, st, log, err) }) {
+	if !w.settleLater(publish, func(err error, at time.Time) { w.finishFailure(span, out.span, a, d, f, st, log, err, at) }) {
 		// The drain deadline passed while the pipeline was full: left
 		// unsettled for the channel close to requeue.
 		out.span.End()
@@ -145,9 +145,9 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 }
 
 // finishFailure settles a failed delivery once its retry or quarantine
-// publish is confirmed (err nil) or failed. It runs on the worker's
-// settler goroutine.
-func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delivery, f failure, st Settled, log *slog.Logger, err error) {
+// publish is confirmed (err nil) or failed (at failedAt). It runs on the
+// worker's settler goroutine.
+func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delivery, f failure, st Settled, log *slog.Logger, err error, failedAt time.Time) {
 	defer span.End()
 	if err != nil {
 		pubSpan.RecordError(err)
@@ -179,18 +179,21 @@ func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delive
 	if err != nil {
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
 		qr.publishFailures.add(d.MessageId, err.Error())
-		pause := w.publishBackoff()
-		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", pause.String())
-		span.SetStatus(codes.Error, kind+" publish failed")
 		// Requeued messages keep their place and come straight back: pause
 		// (this worker only: it takes no delivery until then) so a broker
 		// that can't take publishes right now doesn't burn the message's
 		// deliveries in a hot loop. Failures that come together pause
-		// together.
-		until := time.Now().Add(pause)
-		if until.UnixNano() > w.pauseUntil.Load() {
+		// together: one that came before the latest pause ended joins it,
+		// rather than adding a longer one after it (the settler finishes
+		// them one by one: a lost channel fails up to pipelineDepth at
+		// once).
+		until := time.Unix(0, w.pauseUntil.Load())
+		if !failedAt.Before(until) {
+			until = time.Now().Add(w.publishBackoff())
 			w.pauseUntil.Store(until.UnixNano())
 		}
+		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
+		span.SetStatus(codes.Error, kind+" publish failed")
 		t := time.NewTimer(time.Until(until))
 		select {
 		case <-t.C:

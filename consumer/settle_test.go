@@ -746,3 +746,87 @@ func TestAckWindowBatches(t *testing.T) {
 		t.Fatalf("wrote %q, want 6 7 8 9 one by one", got)
 	}
 }
+
+// An ack never waits on another worker's handler: a retry confirmed while
+// an earlier delivery tag is still in a (long) handler, its worker idle,
+// is acked on its own within moments, not when that handler ends.
+func TestSettledAckBehindABusyTagIsWrittenPromptly(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	held := &heldConfirmer{}
+	b.w.out = held
+	rec := &tagAcknowledger{}
+	// Tag 1 is in another worker's handler for as long as the test runs.
+	d := delivery()
+	d.DeliveryTag, d.Acknowledger = 2, rec
+	b.w.settled = Settled{Queue: settleQueue, MessageID: d.MessageId}
+	if !b.w.settleFailure(context.Background(), noop.Span{}, sessionDelivery{s: b.w.s, d: d}, d, retryFailure()) {
+		t.Fatal("not taken up")
+	}
+	held.release(d.MessageId, nil)
+	deadline := time.Now().Add(3 * time.Second)
+	var got string
+	for got == "" && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+		got = rec.take()
+	}
+	if got != "2" {
+		t.Fatalf("acks written within 3s: %q, want 2 (on its own)", got)
+	}
+}
+
+// A worker that acked and went straight into a long handler does not hold
+// its ack for that handler's duration: the window writes what has waited
+// its delay by itself.
+func TestAckWindowWritesWhatWaitedItsDelay(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	done := make(chan error, 1)
+	w.ack(&amqp.Delivery{DeliveryTag: 1, Acknowledger: rec}, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the ack waited 3s with nobody to flush it")
+	}
+	if got := rec.take(); got != "1+" {
+		t.Fatalf("wrote %q, want 1+", got)
+	}
+}
+
+// Publishes that fail together (their channel lost with several awaiting
+// confirms) pause together: their originals are requeued after one
+// backoff, not after the sum of a growing backoff per failure, one after
+// another on the settler (8 failures: 11s with jitter 0).
+func TestSettleFailuresThatComeTogetherPauseTogether(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	held := &heldConfirmer{}
+	b.w.out = held
+	const n = 8
+	ackers := make([]*fakeAcker, n)
+	for i := range n {
+		d := delivery()
+		d.MessageId = fmt.Sprint("m-", i)
+		ackers[i] = &fakeAcker{}
+		b.w.settleFailure(context.Background(), noop.Span{}, ackers[i], d, retryFailure())
+	}
+	for i := range n {
+		held.release(fmt.Sprint("m-", i), amqpx.ErrPublisherClosed)
+	}
+	done := make(chan struct{})
+	go func() { b.w.settling.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatal("the originals of publishes that failed together were not requeued within 4s")
+	}
+	for i, a := range ackers {
+		if a.log() != "requeue" {
+			t.Errorf("m-%d: %q, want requeue", i, a.log())
+		}
+	}
+}

@@ -21,9 +21,11 @@ import (
 // returns come in publish order too. So when a confirm arrives, the oldest
 // return not yet matched is either its message's or a later one's, and it
 // is its message's only if exchange, routing key, message id and body
-// agree. A later message identical in all four can make an earlier one
-// count as returned: a copy that then exists twice, never one that does
-// not exist.
+// agree. Those four do not tell identical messages apart (a headers
+// exchange, or a binding that went away between them, can route one and
+// return the other): when a confirm takes such a return, every identical
+// publish still unconfirmed counts as returned too, since the return may
+// have been its own. A copy may then exist twice, never not at all.
 //
 // Safe for concurrent use.
 type Pipeline struct {
@@ -48,6 +50,9 @@ type inFlight struct {
 	msg           *amqp.Publishing
 	sent          time.Time
 	done          func(error)
+	// twinReturned: an identical earlier publish took a return that may
+	// have been this one's.
+	twinReturned *ReturnedError
 }
 
 // NewPipeline opens a confirm-mode channel on conn for up to max
@@ -125,7 +130,16 @@ func (p *Pipeline) run() {
 	defer close(p.exited)
 	for {
 		select {
-		case r := <-p.returns:
+		case r, ok := <-p.returns:
+			if !ok {
+				// The client closes the returns before the confirms:
+				// confirms may still be buffered; a closed channel must
+				// not be read again (it never blocks).
+				p.mu.Lock()
+				p.returns = nil
+				p.mu.Unlock()
+				continue
+			}
 			p.mu.Lock()
 			p.returned = append(p.returned, r)
 			p.mu.Unlock()
@@ -155,7 +169,11 @@ func (p *Pipeline) confirm(c amqp.Confirmation) {
 	// A return precedes its message's confirm: take what came with it.
 	for more := true; more; {
 		select {
-		case r := <-p.returns:
+		case r, ok := <-p.returns:
+			if !ok {
+				p.returns, more = nil, false
+				break
+			}
 			p.returned = append(p.returned, r)
 		default:
 			more = false
@@ -170,7 +188,15 @@ func (p *Pipeline) confirm(c amqp.Confirmation) {
 	if f != nil && len(p.returned) > 0 && returnOf(&p.returned[0], f) {
 		r := p.returned[0]
 		p.returned = p.returned[1:]
-		err = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+		re := &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+		err = re
+		for _, g := range p.inFlight {
+			if g.twinReturned == nil && returnOf(&r, g) {
+				g.twinReturned = re
+			}
+		}
+	} else if f != nil && f.twinReturned != nil {
+		err = f.twinReturned
 	} else if !c.Ack {
 		err = ErrNacked
 	}

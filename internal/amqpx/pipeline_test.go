@@ -81,3 +81,86 @@ func TestPipelineMatchesEachConfirmAndReturn(t *testing.T) {
 		t.Fatalf("publish on a broken pipeline: %v", err)
 	}
 }
+
+// Two publishes identical in exchange, routing key, message id and body,
+// of which only the second is unroutable (a headers exchange routes on
+// what a return does not show; in the runtime, a binding or queue that
+// goes away between them does the same): the second's return overtakes
+// the first's confirm (a quorum queue confirms later). The second must
+// never count as confirmed: its original would be acked with no copy
+// anywhere. The first may count as returned (a copy twice, never none).
+func TestPipelineNeverConfirmsAReturnedTwin(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	ch := env.Channel("setup")
+	ex, q := env.Name("hx"), env.Name("hq")
+	if err := ch.ExchangeDeclare(ex, "headers", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q, "", ex, false, amqp.Table{"x-match": "all", "route": "yes"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const pairs = 20
+	p, err := amqpx.NewPipeline(ctx, env.Dial("pipeline"), 2*pairs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	results := make(chan [2]any, 2*pairs)
+	for i := range 2 * pairs {
+		route := "yes"
+		if i%2 == 1 {
+			route = "no"
+		}
+		msg := amqp.Publishing{MessageId: fmt.Sprint("twin-", i/2), Body: []byte(fmt.Sprint("body-", i/2)), Headers: amqp.Table{"route": route}}
+		if err := p.Publish(ctx, ex, "", msg, func(err error) { results <- [2]any{i, err} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 * pairs {
+		var r [2]any
+		select {
+		case r = <-results:
+		case <-ctx.Done():
+			t.Fatal("confirms missing")
+		}
+		if i, err := r[0].(int), r[1]; i%2 == 1 && err == nil {
+			t.Errorf("publish %d was returned (unroutable) but counted as confirmed: its original would be acked and lost", i)
+		}
+	}
+}
+
+// A channel that closes while confirms still wait in the pipeline's buffer
+// (the client closes the returns channel before the confirms channel): the
+// pipeline fails what it holds and ends, never spinning on the closed
+// returns channel.
+func TestPipelineEndsWhenItsChannelClosesAmidConfirms(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	_, ex, _ := declareBound(t, env)
+	conn := env.Dial("pipeline-close")
+	for round := range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		p, err := amqpx.NewPipeline(ctx, conn, 200)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A done that takes a moment (a loaded machine) leaves confirms
+		// in the buffer when the close arrives.
+		for range 150 {
+			_ = p.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("x")}, func(error) { time.Sleep(100 * time.Microsecond) })
+		}
+		_ = p.Publish(ctx, env.Name("missing"), "x", amqp.Publishing{}, func(error) {})
+		select {
+		case <-p.Done():
+		case <-ctx.Done():
+			t.Fatalf("round %d: the pipeline did not end after its channel closed", round)
+		}
+		cancel()
+	}
+}
