@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
 )
 
 // A record written into this quarantine's records stream by someone else
@@ -86,5 +88,89 @@ func TestAReplayKilledAfterItsClaimLosesNothing(t *testing.T) {
 	res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}})
 	if err != nil || len(res.Sent) != 3 {
 		t.Fatalf("replay after a killed one: %+v %v", res, err)
+	}
+}
+
+// Garbage published straight into the records and events streams (cut
+// or oversized lengths, an unknown layout digit, events that are not
+// JSON or not of this shape, a claimed event with no run) is counted as
+// undecodable or skipped: listing and replay still see the real records,
+// and replay sends each once.
+func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(2, "fp-a", validJob)
+	b.keep(2)
+	d := &amqp.Delivery{MessageId: "x", Headers: envelopeHeaders(b.q.Name, "fp-g", "failed", time.Now()), Body: []byte(validJob(9))}
+	good, _, err := encodeRecord(d, b.q.Quarantine.Queue, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bodies [][]byte
+	bodies = append(bodies,
+		nil,
+		[]byte(recordMagic2),
+		append([]byte(recordMagic2), 0xff, 0xff, 0xff, 0xff, 1, 2, 3),
+		append([]byte(recordMagic), 0, 0, 0, 3, '{', '"', 'x'),
+		append([]byte("DLXREC3\n"), good.Body[len(recordMagic2):]...),
+		good.Body[:len(good.Body)-len(d.Body)-3], // cut inside the headers
+	)
+	// A layout 2 record whose header table is not EncodeTable's: it lists,
+	// with no headers.
+	meta, rest, _ := cutSized(good.Body[len(recordMagic2):])
+	_, payload, _ := cutSized(rest)
+	bad := append([]byte(recordMagic2), good.Body[len(recordMagic2):len(recordMagic2)+4+len(meta)]...)
+	bad = append(bad, 0, 0, 0, 5, '[', '[', '[', '[', '[')
+	bad = append(bad, payload...)
+	bodies = append(bodies, bad)
+	for _, body := range bodies {
+		b.publish(b.q.Quarantine.RecordsStream(), amqp.Publishing{Body: body})
+	}
+	for _, ev := range []string{"not json", `[1,2]`, `{"kind":"replayed","ids":"abc"}`, `{"kind":"claimed"}`, `{"kind":"expired","expired":[{"id":""}]}`, `{}`} {
+		b.publish(b.q.Quarantine.EventsStream(), amqp.Publishing{Body: []byte(ev)})
+	}
+	snap := b.snapshot(b.inspector())
+	if len(snap.Records) != 3 || snap.Undecodable != len(bodies)-1 {
+		t.Fatalf("%d records, %d undecodable; want 3 and %d", len(snap.Records), snap.Undecodable, len(bodies)-1)
+	}
+	if h := snap.Records[2].Headers(); len(h) != 0 || snap.Records[2].Envelope.Fingerprint != "fp-g" {
+		t.Fatalf("the record with garbage headers: %v %+v", h, snap.Records[2].Envelope)
+	}
+	if groups := snap.Stats(Filter{}); len(groups) != 2 {
+		t.Fatalf("stats %+v", groups)
+	}
+	for round, want := range []int{2, 0} {
+		res, err := b.replayer().Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-a"}})
+		if err != nil || len(res.Sent) != want {
+			t.Fatalf("replay %d: %+v %v", round+1, res, err)
+		}
+	}
+	if n := b.depth(b.q.Name); n != 2 {
+		t.Fatalf("work queue holds %d, want 2", n)
+	}
+}
+
+// A runtime names each expired record once, even when a later refresh
+// stops reading the events stream before its own expired events (a loaded
+// machine outlasting the wait for the end): otherwise every such refresh
+// writes an expired event for every expired record again (100 events of
+// 1000 for 100,000 records, every 30 s) and counts them again in
+// dlxbridge_quarantine_expiries_total.
+func TestARuntimeNamesEachExpiredRecordOnce(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, func(q *config.Queue) { q.Quarantine.Retention = time.Hour })
+	b.quarantineJobs(4, "fp-a", validJob)
+	b.keep(4)
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	rp := b.replayer()
+	rp.Now = later
+	in := &Inspector{Conn: b.env.Dial("later"), Config: b.cfg, Now: later}
+	if n, err := rp.RecordExpiries(context.Background(), b.snapshot(in)); err != nil || n != 4 {
+		t.Fatalf("first refresh named %d: %v", n, err)
+	}
+	snap := b.snapshot(in)
+	snap.Events, snap.expiredNamed = nil, nil // as read by a reader that stopped before any event
+	if n, err := rp.RecordExpiries(context.Background(), snap); err != nil || n != 0 {
+		t.Fatalf("a refresh that missed the events named %d again: %v", n, err)
 	}
 }
