@@ -177,6 +177,16 @@ type quarantineSet struct {
 	queues []*config.Queue
 }
 
+// has reports whether queue is one of s's work queues.
+func (s *quarantineSet) has(queue string) bool {
+	for _, q := range s.queues {
+		if q.Name == queue {
+			return true
+		}
+	}
+	return false
+}
+
 func (in *Inspector) quarantines() []*quarantineSet {
 	var out []*quarantineSet
 	byName := map[string]*quarantineSet{}
@@ -300,7 +310,10 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 				}
 			}
 			for k := range e.Expired {
-				if x := &e.Expired[k]; x.ID != "" && expiredBy[x.ID] == nil {
+				// An entry counts under a work queue of the quarantine whose
+				// stream holds the event (anyone who may write the stream can
+				// name any queue, class or number of them).
+				if x := &e.Expired[k]; x.ID != "" && expiredBy[x.ID] == nil && s.has(x.Queue) {
 					expiredBy[x.ID] = x
 					expiredOrder = append(expiredOrder, x.ID)
 				}
@@ -379,8 +392,11 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The intake is the quarantine whose stream holds the record, whatever
+	// its meta says (anyone who may write the stream writes the meta): a
+	// replay or purge marks it in that quarantine's events stream.
 	r := &Record{
-		ID: meta.ID, Intake: meta.Intake, Offset: off, StoredAt: meta.StoredAt, Properties: meta.Props,
+		ID: meta.ID, Intake: s.cfg.Quarantine.Queue, Offset: off, StoredAt: meta.StoredAt, Properties: meta.Props,
 		Exchange: meta.Exchange, RoutingKey: meta.RoutingKey, Body: payload, rawHeaders: meta.Headers,
 		Redrives: meta.Redrives, version: meta.Version,
 	}

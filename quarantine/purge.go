@@ -109,14 +109,28 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 // Snapshot.Gone). The runtime calls it after each metrics refresh. It takes
 // no lock: two runtimes may name a record twice, and readers count each id
 // once.
+//
+// A Replayer also remembers the records it named (those still in the
+// stream), so that a refresh whose read of the events stream stopped
+// before its own expired events (see readStream) does not name them all
+// again.
 func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, error) {
+	rp.expiryMu.Lock()
+	defer rp.expiryMu.Unlock()
 	byIntake := map[string][]ExpiredRecord{}
+	named := map[string]bool{} // what this Replayer named that is still in the stream, and will name now
 	for _, r := range snap.Records {
-		if r.State == StateExpired && !snap.expiredNamed[r.ID] {
-			byIntake[r.Intake] = append(byIntake[r.Intake], ExpiredRecord{ID: r.ID, Queue: r.Queue,
-				Class: string(r.Envelope.Class), Fingerprint: r.Envelope.Fingerprint, Owner: r.Owner, Seen: r.Seen()})
+		if r.State != StateExpired || snap.expiredNamed[r.ID] {
+			continue
 		}
+		if rp.expiryNamed[r.ID] {
+			named[r.ID] = true
+			continue
+		}
+		byIntake[r.Intake] = append(byIntake[r.Intake], ExpiredRecord{ID: r.ID, Queue: r.Queue,
+			Class: string(r.Envelope.Class), Fingerprint: r.Envelope.Fingerprint, Owner: r.Owner, Seen: r.Seen()})
 	}
+	rp.expiryNamed = named
 	if len(byIntake) == 0 {
 		return 0, nil
 	}
@@ -125,7 +139,7 @@ func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, er
 		return 0, err
 	}
 	defer pub.Close()
-	by, run, named := rp.by(), newRun(), 0
+	by, run, count := rp.by(), newRun(), 0
 	err = eachChunk(byIntake, func(intake string, chunk []ExpiredRecord) error {
 		ids := make([]string, len(chunk))
 		for i, x := range chunk {
@@ -136,13 +150,14 @@ func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, er
 		if err := publishEvent(ctx, pub, intakeEvents(rp.Config, intake), e); err != nil {
 			return fmt.Errorf("record expiries: %w", err)
 		}
-		named += len(ids)
+		count += len(ids)
 		for _, x := range chunk {
+			named[x.ID] = true
 			rp.Metrics.expired(x.Queue, x.Class)
 		}
 		return nil
 	})
-	return named, err
+	return count, err
 }
 
 // eachChunk calls fn for each intake of byIntake in name order, with its

@@ -162,7 +162,7 @@ func (r *metaReader) int() int64 {
 }
 
 // count reads a length and checks that at least that many bytes remain
-// (every item takes one), so a forged count allocates nothing large.
+// (every item takes one).
 func (r *metaReader) count() int {
 	n := r.uvarint()
 	if n > uint64(len(r.s)) {
@@ -171,6 +171,12 @@ func (r *metaReader) count() int {
 	}
 	return int(n)
 }
+
+// maxPrealloc bounds the items a list's count allocates before they are
+// read: a forged count in garbage would otherwise allocate several times
+// the meta's size (a Violation is 48 bytes, its encoding 3) before the
+// first item fails.
+const maxPrealloc = 64
 
 func (r *metaReader) str() string {
 	n := r.count()
@@ -184,9 +190,11 @@ func (r *metaReader) strs() []string {
 	if n == 0 {
 		return nil
 	}
-	out := make([]string, n)
-	for i := range out {
-		out[i] = r.str()
+	out := make([]string, 0, min(n, maxPrealloc))
+	for range n {
+		if out = append(out, r.str()); r.err != nil {
+			return nil
+		}
 	}
 	return out
 }
@@ -268,9 +276,11 @@ func readMeta(b []byte) (*recordMeta, error) {
 	e.MessageType = r.str()
 	e.SchemaVersion = r.str()
 	if n := r.count(); n > 0 {
-		e.Validation = make([]Violation, n)
-		for i := range e.Validation {
-			e.Validation[i] = Violation{Pointer: r.str(), Keyword: r.str(), Message: r.str()}
+		e.Validation = make([]Violation, 0, min(n, maxPrealloc))
+		for range n {
+			if e.Validation = append(e.Validation, Violation{Pointer: r.str(), Keyword: r.str(), Message: r.str()}); r.err != nil {
+				break
+			}
 		}
 	}
 	e.Traceparent = r.str()

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,7 +72,7 @@ func TestRecordLayoutsReadTheSame(t *testing.T) {
 	if string(msg.Body[:len(recordMagic2)]) != recordMagic2 {
 		t.Fatalf("the keeper writes %q, want layout 2", msg.Body[:8])
 	}
-	set := &quarantineSet{cfg: &config.Queue{Name: "q"}}
+	set := &quarantineSet{cfg: &config.Queue{Name: "q", Quarantine: config.Quarantine{Queue: "q.quarantine"}}}
 	got, err := recordFrom(msg.Body, 7, set)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +165,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	msg, _, _ := encodeRecord(fullDelivery(), "q.quarantine", time.Now())
 	f.Add(msg.Body)
 	f.Add([]byte(recordMagic2 + "\x00\x00\x00\x01\x00"))
-	set := &quarantineSet{cfg: &config.Queue{Name: "q"}}
+	set := &quarantineSet{cfg: &config.Queue{Name: "q", Quarantine: config.Quarantine{Queue: "q.quarantine"}}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := recordFrom(body, 0, set)
 		if err != nil {
@@ -174,4 +176,42 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		_ = r.Headers()
 	})
+}
+
+// A binary meta that announces more items than it could hold allocates
+// no more than a few times its size before it is refused.
+func TestBinaryMetaCountsAllocateNothingLarge(t *testing.T) {
+	var meta []byte
+	// Every field empty up to the validation list, then a count as large
+	// as the rest, then garbage that fails at once.
+	m := appendMeta(nil, &recordMeta{Envelope: &Envelope{}})
+	// Find where the validation count sits: re-encode up to it with a
+	// marker, by encoding a meta with one violation and locating it.
+	one := appendMeta(nil, &recordMeta{Envelope: &Envelope{Validation: []Violation{{Pointer: "\xfe"}}}})
+	at := -1
+	for i := range one {
+		if one[i] == 1 && i+2 < len(one) && one[i+1] == 1 && one[i+2] == 0xfe {
+			at = i
+			break
+		}
+	}
+	if at < 0 || !slices.Equal(m[:at], one[:at]) {
+		t.Fatal("cannot find the validation count")
+	}
+	const rest = 4 << 20
+	meta = append(meta, m[:at]...)
+	meta = binary.AppendUvarint(meta, rest)
+	for range rest {
+		meta = append(meta, 0xff) // the first violation's pointer length runs over 64 bits
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := readMeta(meta); err == nil {
+		t.Fatal("a malformed meta was read")
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4*uint64(len(meta)) {
+		t.Fatalf("a %d-byte meta allocated %d bytes before it was refused", len(meta), got)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -131,6 +132,10 @@ type Replayer struct {
 
 	// eventWaits: see Inspector.eventWaits (tests).
 	eventWaits streamWaits
+	// expiryNamed: the records RecordExpiries named that were still in
+	// the stream at its last call.
+	expiryMu    sync.Mutex
+	expiryNamed map[string]bool
 }
 
 func (rp *Replayer) now() time.Time {

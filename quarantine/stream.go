@@ -190,6 +190,12 @@ func lastOffset(ctx context.Context, conn *amqp.Connection, name string, waits s
 	defer func() { _ = ch.Cancel(tag, false) }()
 	wait := time.NewTimer(waits.empty)
 	defer wait.Stop()
+	// A stream written to more often than waits.idle never falls silent:
+	// the consumer at "last" follows the writers until its prefetch is
+	// full (minutes at a few dozen messages a second). Any offset it has
+	// seen is an end that exists, so the wait ends waits.empty after the
+	// first delivery, silent or not.
+	var enough <-chan time.Time
 	end = -1
 	for {
 		select {
@@ -197,9 +203,16 @@ func lastOffset(ctx context.Context, conn *amqp.Connection, name string, waits s
 			return 0, false, ctx.Err()
 		case <-wait.C:
 			return end, end >= 0, nil
+		case <-enough:
+			return end, end >= 0, nil
 		case d, ok := <-deliveries:
 			if !ok {
 				return 0, false, fmt.Errorf("read %s: channel closed", name)
+			}
+			if enough == nil {
+				limit := time.NewTimer(waits.empty)
+				defer limit.Stop()
+				enough = limit.C
 			}
 			end = max(end, streamOffset(&d))
 			wait.Reset(waits.idle)
