@@ -148,9 +148,9 @@ type Queue struct {
 // Owner is the team responsible for a queue.
 type Owner struct {
 	// Team, e.g. "payments". Defaults to "".
-	Team string `yaml:"team"`
+	Team string `yaml:"team" json:"team"`
 	// Contact, e.g. "#payments-oncall" or an e-mail address. Defaults to "".
-	Contact string `yaml:"contact"`
+	Contact string `yaml:"contact" json:"contact"`
 }
 
 // Schema gate modes (Queue.Gate).

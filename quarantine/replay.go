@@ -32,11 +32,11 @@ var (
 	// ErrNoSelector: the filter selects everything. Replay and purge need
 	// an explicit selection (ids, queue, class, reason, fingerprint,
 	// type/version, time range or error text), never "all".
-	ErrNoSelector = errors.New("refused: give a selector (--id, --queue, --class, --reason, --fingerprint, --type, --version, --since, --until or --error); replay and purge never select everything")
+	ErrNoSelector = errors.New("refused: give a selector (--id, --queue, --class, --reason-contains, --fingerprint, --type, --version, --since, --until or --error); replay and purge never select everything")
 	// ErrInvalid: some selected messages fail the current schema and would
 	// be quarantined again (see ReplayResult.Invalid; --skip-invalid leaves
 	// them out).
-	ErrInvalid = errors.New("refused: some selected messages fail the current schema and would be quarantined again")
+	ErrInvalid = errors.New("refused: some selected messages fail the current schema and would be quarantined again (--skip-invalid leaves them out; --patch or --replace-body repairs them)")
 	// ErrNoReason: purge needs a reason.
 	ErrNoReason = errors.New("refused: a purge needs a reason")
 	// ErrLocked: another replay or purge of the same quarantine holds its

@@ -59,12 +59,18 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	if sub != "show" && sub != "audit" {
 		f.register(fs, sub == "list" || sub == "stats")
 	}
-	limit := fs.Int("limit", 50, "list: show at most N records (0: all)")
+	// Each subcommand registers only its own flags, so -h lists what it takes.
+	limit, all := new(int), new(bool)
+	if sub == "list" {
+		fs.IntVar(limit, "limit", 50, "show at most N records (0: all)")
+	}
 	var ro replayFlags
 	if sub == "replay" || sub == "purge" {
 		ro.register(fs, sub)
 	}
-	all := fs.Bool("all", false, "audit: include the per-record replayed events")
+	if sub == "audit" {
+		fs.BoolVar(all, "all", false, "include the per-record replayed events")
+	}
 	var id string
 	if sub == "show" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		id, rest = rest[0], rest[1:] // show ID [flags]
