@@ -67,6 +67,36 @@ func TestAForgedExpiredEventAddsNoForeignQueues(t *testing.T) {
 	}
 }
 
+// An expired event naming a record that is still in the stream and within
+// the retention neither hides it nor makes it expired: an event is
+// evidence only for a record that is gone.
+func TestAnExpiredEventDoesNotExpireAPresentRecord(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(2, "fp-a", validJob)
+	b.keep(2)
+	snap := b.snapshot(b.inspector())
+	if len(snap.Records) != 2 {
+		t.Fatalf("%d records, want 2", len(snap.Records))
+	}
+	target := snap.Records[0]
+	body, _ := json.Marshal(Event{Kind: EventExpired, Run: "forged",
+		Expired: []ExpiredRecord{{ID: target.ID, Queue: b.q.Name, Class: "permanent"}}})
+	b.publish(b.q.Quarantine.EventsStream(), amqp.Publishing{Body: body})
+	snap = b.snapshot(b.inspector())
+	r, err := snap.Get(target.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != StateOpen {
+		t.Fatalf("record named by an expired event is %s, want open", r.State)
+	}
+	res, err := b.replayer().Replay(context.Background(), ReplayOptions{Filter: Filter{IDs: []string{target.ID}}})
+	if err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay of the named record: %+v %v", res, err)
+	}
+}
+
 // A replay killed after its claimed event and before publishing anything
 // leaves every record open and the lock free: the next replay sends them.
 func TestAReplayKilledAfterItsClaimLosesNothing(t *testing.T) {

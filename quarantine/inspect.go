@@ -336,8 +336,13 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 			r.State = State(e.Kind)
 			continue
 		}
-		retention := in.retention(r.Intake)
-		if _, named := expiredBy[r.ID]; named || retention > 0 && snap.At.Sub(r.StoredAt) > retention {
+		// A record still in the stream is expired by this reader's own
+		// retention, never by an event: an expired event is evidence only
+		// for a record that is gone (anyone who may write the events stream
+		// could otherwise hide an open record from replay, and a runtime
+		// with a shorter retention or a fast clock would expire records for
+		// good).
+		if retention := in.retention(r.Intake); retention > 0 && snap.At.Sub(r.StoredAt) > retention {
 			r.State = StateExpired
 		}
 	}
