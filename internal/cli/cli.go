@@ -147,6 +147,16 @@ func loadConfig(env *Env, path string) (*config.Config, bool) {
 		}
 		return nil, false
 	}
+	// As RABBITMQ_URL stands in for --url, RABBITMQ_MANAGEMENT_URL stands
+	// in for broker.management_url: one config file then serves brokers
+	// whose management API differs (a 3.x and a 4.x node, say).
+	if u := env.Getenv("RABBITMQ_MANAGEMENT_URL"); u != "" {
+		cfg.Broker.ManagementURL = u
+		if err := cfg.Validate(); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge: $RABBITMQ_MANAGEMENT_URL: %v\n", err)
+			return nil, false
+		}
+	}
 	return cfg, true
 }
 

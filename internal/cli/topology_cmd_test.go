@@ -279,6 +279,31 @@ func TestTopologyBadUsage(t *testing.T) {
 	}
 }
 
+// RABBITMQ_MANAGEMENT_URL stands in for broker.management_url: the config
+// names one that does not answer, the variable the broker's, and verify
+// checks everything.
+func TestManagementURLFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	mgmt := env.RequireManagement()
+	b := writeTopologyConfig(t, env, "http://127.0.0.1:1", "")
+	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	var out, errOut bytes.Buffer
+	code := cli.Main(context.Background(), []string{"topology", "verify", "--config", b.config}, &cli.Env{Stdout: &out, Stderr: &errOut,
+		Getenv: func(k string) string {
+			switch k {
+			case "RABBITMQ_URL":
+				return env.URL
+			case "RABBITMQ_MANAGEMENT_URL":
+				return mgmt
+			}
+			return ""
+		}})
+	if code != cli.ExitOK {
+		t.Fatalf("verify with $RABBITMQ_MANAGEMENT_URL exited %d, want 0:\n%s\n%s", code, out.String(), errOut.String())
+	}
+}
+
 // With broker.management_url set but nothing answering there (the plugin
 // not enabled, as with the shipped config on a bare broker), apply stays
 // idempotent over AMQP alone, and plan and verify check what AMQP can, name
