@@ -161,9 +161,9 @@ type BreakerStatus struct {
 func (s BreakerStatus) Paused() bool { return s.State != triage.BreakerClosed }
 
 // Breakers reports the circuit breaker of every queue that has one
-// (queues[].breaker.enabled), by queue name. An open breaker whose period
-// is over reads open until the runtime admits its next delivery. Safe for
-// concurrent use.
+// (queues[].breaker.enabled), by queue name. An open breaker turns
+// half-open when its period ends, while the queue is consuming (its
+// feeder's tick), even with no delivery to admit. Safe for concurrent use.
 func (c *Consumer) Breakers() []BreakerStatus {
 	var out []BreakerStatus
 	for name, qr := range c.queues {

@@ -24,6 +24,7 @@ func TestFindingTheEndOfAGrowingStreamEnds(t *testing.T) {
 	stream := b.q.Quarantine.EventsStream()
 	publishN(t, b, stream, 10)
 	stop := make(chan struct{})
+	writing := make(chan struct{}) // closed once the writer has published a few
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // another writer on its own connection, an event every 25 ms
@@ -35,17 +36,24 @@ func TestFindingTheEndOfAGrowingStreamEnds(t *testing.T) {
 		}
 		tick := time.NewTicker(25 * time.Millisecond)
 		defer tick.Stop()
-		for {
+		for n := 1; ; n++ {
 			select {
 			case <-stop:
 				return
 			case <-tick.C:
 			}
 			_ = ch.PublishWithContext(context.Background(), "", stream, false, false, amqp.Publishing{Body: []byte("{}")})
+			if n == 5 {
+				close(writing)
+			}
 		}
 	}()
 	defer func() { close(stop); wg.Wait() }()
-	time.Sleep(300 * time.Millisecond)                                       // the writer is under way
+	select {
+	case <-writing:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer did not get going")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // far above the 1.5 s of a quiet stream
 	defer cancel()
 	start := time.Now()
