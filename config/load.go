@@ -198,6 +198,11 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors, seen map
 		if n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
 			if _, err := time.ParseDuration(n.Value); err != nil {
 				*errs = append(*errs, FieldError{path, fmt.Sprintf("%q is not a duration (use e.g. 500ms, 5s, 2m)", n.Value)})
+			} else if n.Tag == "!!int" {
+				// A bare 0 (the docs' "0 = none"): a duration to Go,
+				// an integer to YAML, which yaml.v3 will not put in a
+				// time.Duration.
+				n.Tag = "!!str"
 			}
 		}
 	case t.Kind() == reflect.Struct:

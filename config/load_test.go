@@ -300,3 +300,21 @@ func TestShippedConfigLoads(t *testing.T) {
 		t.Errorf("missing file: got %v, want a not-exist error", err)
 	}
 }
+
+// "0 = no time budget", as the docs say, written as a bare 0: YAML reads an
+// integer, yet it is a duration to the config. Another bare number is still
+// refused with the field's path.
+func TestBareZeroIsADuration(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse([]byte(queueDoc("retry: {max_elapsed: 0, tiers: [1s]}\nconsumer: {handler_timeout: 0s}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Queues[0].Retry.MaxElapsedValue(); got != 0 {
+		t.Errorf("max_elapsed: 0 gave %s, want no budget", got)
+	}
+	_, err = config.Parse([]byte(queueDoc("retry: {max_elapsed: 5}")))
+	if err == nil || !strings.Contains(err.Error(), `queues[0].retry.max_elapsed: "5" is not a duration`) {
+		t.Errorf("max_elapsed: 5 gave %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -213,22 +214,9 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 
 func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout time.Duration) (err error) {
 	out := env.Stdout
-	noJitter := 0.0
-	noBudget := time.Duration(0)
-	cfg := &config.Config{
-		Broker: config.Broker{ConnectionName: prefix},
-		Queues: []config.Queue{{
-			Name:     prefix + ".orders",
-			Owner:    config.Owner{Team: "team-orders"},
-			Exchange: config.Exchange{Name: prefix + ".orders", Type: "topic"},
-			Bindings: []string{"order.created"},
-			Consumer: config.Consumer{Prefetch: 10, Concurrency: 4, HandlerTimeout: 5 * time.Second},
-			Retry: config.Retry{Tiers: []time.Duration{time.Second, 2 * time.Second}, Jitter: &noJitter,
-				MaxAttempts: 3, MaxElapsed: &noBudget},
-			Accepts: []config.Accept{{Type: "orders.created", Versions: []string{"2"}}},
-		}},
-	}
-	if err := cfg.Complete(); err != nil {
+	cfgText := demoConfigYAML(prefix)
+	cfg, err := config.Parse(cfgText)
+	if err != nil {
 		return err
 	}
 	q := &cfg.Queues[0]
@@ -250,7 +238,9 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 		return fmt.Errorf("declare the demo topology: %w", err)
 	}
 	fmt.Fprintf(out, "declared %d queues and %d exchanges under %q on %s\n", len(topo.Queues), len(topo.Exchanges), prefix, topo.Broker)
-	if !keep {
+	if keep {
+		defer demoKeepConfig(out, prefix, cfgText, topo)
+	} else {
 		defer func() {
 			if cerr := demoCleanup(conn, topo); cerr != nil {
 				err = errors.Join(err, cerr)
@@ -382,6 +372,39 @@ func demoWatchQuarantine(ctx context.Context, in *quarantine.Inspector, tr *demo
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// demoConfigYAML is the demo's configuration, as a file would give it: the
+// demo runs on what this parses to, and --keep writes the same text out, so
+// the quarantine commands read the kept queues with --config.
+func demoConfigYAML(prefix string) []byte {
+	return []byte(fmt.Sprintf(`# dlxbridge demo %[1]s: written by "dlxbridge demo --keep".
+broker:
+  connection_name: %[1]s
+queues:
+  - name: %[1]s.orders
+    owner: {team: team-orders}
+    exchange: {name: %[1]s.orders, type: topic}
+    bindings: [order.created]
+    consumer: {prefetch: 10, concurrency: 4, handler_timeout: 5s}
+    retry: {tiers: [1s, 2s], jitter: 0, max_attempts: 3, max_elapsed: 0}
+    accepts:
+      - type: orders.created
+        versions: ["2"]
+`, prefix))
+}
+
+// demoKeepConfig writes the kept demo's configuration next to the system's
+// temporary files and says how to look at, and later delete, what is kept.
+func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.Topology) {
+	path := filepath.Join(os.TempDir(), prefix+".yaml")
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (could not write its config: %v)\n", len(topo.Queues), len(topo.Exchanges), err)
+		return
+	}
+	fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (names start with %s); its config is %s:\n", len(topo.Queues), len(topo.Exchanges), prefix, path)
+	fmt.Fprintf(out, "  dlxbridge quarantine list --config %s\n  dlxbridge quarantine stats --config %s\n", path, path)
+	fmt.Fprintf(out, "delete them in the management UI (or rabbitmqctl delete_queue) when done\n")
 }
 
 // demoReplayReason is the replay's reason in the audit trail.

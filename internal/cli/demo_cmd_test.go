@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,4 +106,30 @@ func demoStats(view string) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, " ")
+}
+
+// With --keep the demo leaves its queues and writes its config, which the
+// quarantine commands then read: a newcomer can look at what it kept.
+// (The harness deletes the kept objects at the end of the test.)
+func TestDemoKeepWritesAConfigTheQuarantineCommandsRead(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	b := &topoBundle{env: env}
+	out := b.mustRun(t, cli.ExitOK, "demo", "--keep", "--prefix", env.Prefix)
+	if strings.Contains(out, "deleted the demo's queues") {
+		t.Errorf("--keep deleted the demo's queues:\n%s", out)
+	}
+	_, rest, ok := strings.Cut(out, "its config is ")
+	if !ok {
+		t.Fatalf("--keep names no config file:\n%s", out)
+	}
+	path, _, _ := strings.Cut(rest, ":\n")
+	t.Cleanup(func() { os.Remove(path) })
+	if want := "dlxbridge quarantine stats --config " + path; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	stats := b.mustRun(t, cli.ExitOK, "quarantine", "stats", "--config", path)
+	if !strings.Contains(stats, "total: 3 open, 1 replayed") {
+		t.Errorf("quarantine stats on the kept demo:\n%s", stats)
+	}
 }
