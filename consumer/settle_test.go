@@ -21,6 +21,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -977,6 +978,48 @@ func TestSettleFailuresThatComeTogetherPauseTogether(t *testing.T) {
 	for i, a := range ackers {
 		if a.log() != "requeue" {
 			t.Errorf("m-%d: %q, want requeue", i, a.log())
+		}
+	}
+}
+
+// A publish that fails on its own (nothing of it written) leaves the
+// worker's pipeline and the publishes in flight on it alone: closing the
+// pipeline would fail them all, and their originals would come back as
+// requeued duplicates of copies the broker confirms.
+func TestSessionPublisherKeepsItsPipelineThroughAPublishErrorOfItsOwn(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	q := env.Name("own")
+	if _, err := env.Channel("setup").QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn := env.Dial("publish")
+	qs := &queueSession{pubConn: conn, blocking: amqpx.WatchBlocked(conn, func(amqp.Blocking) {}), handlerCtx: ctx}
+	sp := &sessionPublisher{s: qs}
+	defer sp.close()
+	results := make(chan error, 3)
+	publish := func(msg amqp.Publishing) { sp.Publish(ctx, "", q, msg, func(err error) { results <- err }) }
+	publish(amqp.Publishing{Body: []byte("a")})
+	pipe := sp.pipe
+	own := make(chan error, 1)
+	sp.Publish(ctx, "", q, amqp.Publishing{Body: []byte("b"), Headers: amqp.Table{"n": uint64(1)}}, func(err error) { own <- err })
+	if err := <-own; err == nil || errors.Is(err, amqpx.ErrPublisherClosed) {
+		t.Fatalf("the publish with a header AMQP cannot carry: %v, want an error of its own", err)
+	}
+	publish(amqp.Publishing{Body: []byte("c")})
+	if sp.pipe != pipe {
+		t.Error("a publish error of its own replaced the pipeline (failing what it held)")
+	}
+	for range 2 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Errorf("a publish in flight failed: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("confirms missing")
 		}
 	}
 }
