@@ -54,6 +54,7 @@ type ackWindow struct {
 	timer   *time.Timer            // flushes maxDelay after an ack waits
 	armed   bool                   // timer is set
 	forced  time.Time              // the latest forced flush
+	seen    uint64                 // the latest tag the feeder took up
 }
 
 // tagRange is the tags lo to hi, both included.
@@ -139,6 +140,36 @@ func (w *ackWindow) rejected(d *amqp.Delivery) {
 	w.mark(d.DeliveryTag)
 	w.advance()
 	w.mu.Unlock()
+}
+
+// received notes that the feeder took d up, and settles the deliveries the
+// client dropped before it. The channel numbers its deliveries one by one
+// and the feeder takes them in that order, one subscription after the
+// other, so a tag skipped is a delivery the client dropped as addressed to
+// a consumer it no longer knows (a quorum queue's delivery that crossed a
+// basic.cancel, which queueSession.settle is there to prevent). No handler
+// sees it and nothing else would settle it: it would pin the prefix, every
+// later ack written on its own, and stay unacked until the channel closes
+// (or consumer_timeout closes it). It is rejected with requeue: the broker
+// delivers it again. received returns the dropped tags and the first
+// reject's error.
+func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
+	w.mu.Lock()
+	from := w.seen + 1
+	w.seen = max(w.seen, d.DeliveryTag)
+	w.mu.Unlock()
+	for tag := from; tag < d.DeliveryTag; tag++ {
+		// Marked only once written: no multiple ack covers it before.
+		if rerr := w.settle(func() error { return d.Acknowledger.Reject(tag, true) }); rerr != nil && err == nil {
+			err = rerr
+		}
+		dropped = append(dropped, tag)
+		w.mu.Lock()
+		w.mark(tag)
+		w.advance()
+		w.mu.Unlock()
+	}
+	return dropped, err
 }
 
 // flush writes one ack with multiple set for the settled prefix, if it holds

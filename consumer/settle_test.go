@@ -783,6 +783,35 @@ func TestAckWindowBehindAStuckTagStaysBounded(t *testing.T) {
 	}
 }
 
+// A tag the feeder never saw is a delivery the client dropped (addressed
+// to a consumer a breaker's pause cancelled): nothing would settle it, so
+// it would pin the prefix until the channel closes. It is rejected with
+// requeue once a later tag shows it was skipped, and the prefix passes it.
+func TestAckWindowRequeuesDeliveriesTheClientDropped(t *testing.T) {
+	t.Parallel()
+	m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
+	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w.maxDelay = time.Hour
+	for tag := uint64(1); tag <= 6; tag++ {
+		m.unacked[tag] = true
+	}
+	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: m} }
+	for _, tag := range []uint64{1, 2, 5, 6} { // 3 and 4 went to no consumer
+		if dropped, err := w.received(del(tag)); err != nil || (tag == 5) != (len(dropped) > 0) {
+			t.Fatalf("received %d: dropped %v, error %v", tag, dropped, err)
+		}
+		m.settled[tag] = true
+		w.ack(del(tag), func(error) {})
+	}
+	w.flush(false)
+	if got := strings.Join(m.requeued, " "); got != "3 4" {
+		t.Errorf("requeued %q, want 3 4", got)
+	}
+	if len(m.unacked) != 0 || w.held() != 0 || w.prefix != 6 {
+		t.Errorf("unacked %v; window holds %d entries, prefix %d", m.unacked, w.held(), w.prefix)
+	}
+}
+
 // The window against a model of the broker's unacked deliveries, over
 // random settlement orders: every delivery is acked or rejected exactly
 // once, a multiple ack names a tag still unacked and covers only settled
@@ -846,6 +875,7 @@ func TestAckWindowAgainstAModel(t *testing.T) {
 type modelChannel struct {
 	t                *testing.T
 	unacked, settled map[uint64]bool
+	requeued         []string
 }
 
 func (m *modelChannel) Ack(tag uint64, multiple bool) error {
@@ -867,8 +897,17 @@ func (m *modelChannel) Ack(tag uint64, multiple bool) error {
 	}
 	return nil
 }
-func (m *modelChannel) Nack(uint64, bool, bool) error { return nil }
-func (m *modelChannel) Reject(uint64, bool) error     { return nil }
+func (m *modelChannel) Nack(uint64, bool, bool) error { m.t.Fatal("nack"); return nil }
+func (m *modelChannel) Reject(tag uint64, requeue bool) error {
+	if !m.unacked[tag] {
+		m.t.Fatalf("reject of tag %d, not unacked (unknown delivery tag)", tag)
+	}
+	delete(m.unacked, tag)
+	if requeue {
+		m.requeued = append(m.requeued, fmt.Sprint(tag))
+	}
+	return nil
+}
 
 // Acks wait for a batch, or for ackDelay, while the worker is busy; a
 // prefix stuck behind a slow handler does not hold more than a batch.
