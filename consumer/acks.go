@@ -35,11 +35,9 @@ import (
 // prefetch for more deliveries behind it): asked holds acks not yet
 // written, each a delivery the broker counts against the prefetch, and
 // written holds the tags past the prefix already written as ranges: one
-// range more only for each unsettled tag between them, a delivery in hand
-// (which the prefetch bounds too) or one the client never handed over (a
-// delivery to a consumer tag it no longer knows, which queueSession.settle
-// is there to prevent: it pins the prefix until the channel closes, and
-// what settles behind it is acked one by one).
+// range more only for each unsettled tag between them: a delivery in hand
+// (which the prefetch bounds too), or one the client dropped, until the
+// next delivery shows it and it is requeued (see received).
 type ackWindow struct {
 	settle   func(write func() error) error
 	batch    int
