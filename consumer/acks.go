@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,26 +29,34 @@ import (
 //
 // The write goes through settle: between a stop's basic.cancel and its
 // cancel-ok it waits (see queueSession.settle).
+//
+// Memory stays bounded by the prefetch while a tag pins the prefix (a
+// handler may hold it up to its timeout, and every forced flush frees
+// prefetch for more deliveries behind it): asked holds acks not yet
+// written, each a delivery the broker counts against the prefetch, and
+// written holds the tags past the prefix already written as ranges: one
+// range more only for each unsettled tag between them: a delivery in hand
+// (which the prefetch bounds too), or one the client dropped, until the
+// next delivery shows it and it is requeued (see received).
 type ackWindow struct {
 	settle   func(write func() error) error
 	batch    int
 	maxDelay time.Duration
 
 	mu      sync.Mutex
-	prefix  uint64               // every tag up to prefix is settled and written
-	tags    map[uint64]*ackState // settled tags past prefix
-	waiting int                  // acks not yet written
-	oldest  time.Time            // when the oldest of them was asked for
-	channel amqp.Acknowledger    // the channel of the deliveries
-	timer   *time.Timer          // flushes maxDelay after an ack waits
-	armed   bool                 // timer is set
-	forced  time.Time            // the latest forced flush
+	prefix  uint64                 // every tag up to prefix is settled and written
+	asked   map[uint64]func(error) // acks asked for past prefix, not written yet, with their reports
+	written []tagRange             // tags past prefix acked on their own or rejected: in order, apart
+	oldest  time.Time              // when the oldest ack waiting was asked for
+	channel amqp.Acknowledger      // the channel of the deliveries
+	timer   *time.Timer            // flushes maxDelay after an ack waits
+	armed   bool                   // timer is set
+	forced  time.Time              // the latest forced flush
+	seen    uint64                 // the latest tag the feeder took up
 }
 
-type ackState struct {
-	written bool        // acked on its own, or rejected
-	report  func(error) // nil once written
-}
+// tagRange is the tags lo to hi, both included.
+type tagRange struct{ lo, hi uint64 }
 
 // ackBatch is how many acks may wait for one write, at most; ackDelay how
 // long the oldest may wait while the worker is busy, and ackIdle how long a
@@ -59,7 +69,7 @@ const (
 )
 
 func newAckWindow(settle func(func() error) error, prefetch int) *ackWindow {
-	return &ackWindow{settle: settle, batch: max(1, min(ackBatch, prefetch/4)), maxDelay: ackDelay, tags: map[uint64]*ackState{}}
+	return &ackWindow{settle: settle, batch: max(1, min(ackBatch, prefetch/4)), maxDelay: ackDelay, asked: map[uint64]func(error){}}
 }
 
 // ack asks for d's ack; report is called once it was written (nil) or could
@@ -67,12 +77,11 @@ func newAckWindow(settle func(func() error) error, prefetch int) *ackWindow {
 func (w *ackWindow) ack(d *amqp.Delivery, report func(error)) {
 	w.mu.Lock()
 	w.channel = d.Acknowledger
-	if w.waiting == 0 {
+	if len(w.asked) == 0 {
 		w.oldest = time.Now()
 	}
-	w.waiting++
-	w.tags[d.DeliveryTag] = &ackState{report: report}
-	due := w.waiting >= w.batch || time.Since(w.oldest) >= w.maxDelay
+	w.asked[d.DeliveryTag] = report
+	due := len(w.asked) >= w.batch || time.Since(w.oldest) >= w.maxDelay
 	if !due {
 		w.arm()
 	}
@@ -109,7 +118,7 @@ func (w *ackWindow) expire() {
 	w.mu.Unlock()
 	w.flush(force)
 	w.mu.Lock()
-	if w.waiting > 0 {
+	if len(w.asked) > 0 {
 		w.arm()
 	}
 	w.mu.Unlock()
@@ -119,15 +128,46 @@ func (w *ackWindow) expire() {
 func (w *ackWindow) holds() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.waiting > 0
+	return len(w.asked) > 0
 }
 
 // rejected notes that d's reject was written (or could not be: its channel
 // is gone): the prefix may pass it.
 func (w *ackWindow) rejected(d *amqp.Delivery) {
 	w.mu.Lock()
-	w.tags[d.DeliveryTag] = &ackState{written: true}
+	w.mark(d.DeliveryTag)
+	w.advance()
 	w.mu.Unlock()
+}
+
+// received notes that the feeder took d up, and settles the deliveries the
+// client dropped before it. The channel numbers its deliveries one by one
+// and the feeder takes them in that order, one subscription after the
+// other, so a tag skipped is a delivery the client dropped as addressed to
+// a consumer it no longer knows (a quorum queue's delivery that crossed a
+// basic.cancel, which queueSession.settle is there to prevent). No handler
+// sees it and nothing else would settle it: it would pin the prefix, every
+// later ack written on its own, and stay unacked until the channel closes
+// (or consumer_timeout closes it). It is rejected with requeue: the broker
+// delivers it again. received returns the dropped tags and the first
+// reject's error.
+func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
+	w.mu.Lock()
+	from := w.seen + 1
+	w.seen = max(w.seen, d.DeliveryTag)
+	w.mu.Unlock()
+	for tag := from; tag < d.DeliveryTag; tag++ {
+		// Marked only once written: no multiple ack covers it before.
+		if rerr := w.settle(func() error { return d.Acknowledger.Reject(tag, true) }); rerr != nil && err == nil {
+			err = rerr
+		}
+		dropped = append(dropped, tag)
+		w.mu.Lock()
+		w.mark(tag)
+		w.advance()
+		w.mu.Unlock()
+	}
+	return dropped, err
 }
 
 // flush writes one ack with multiple set for the settled prefix, if it holds
@@ -139,38 +179,47 @@ func (w *ackWindow) flush(force bool) {
 	var reports []func(error)
 	var errs []error
 	w.mu.Lock()
-	if w.waiting > 0 {
+	if len(w.asked) > 0 {
 		// The multiple ack names the last tag of the prefix still unacked:
 		// a tag the broker no longer holds would be an unknown delivery tag.
 		var last uint64
-		for tag := w.prefix + 1; ; tag++ {
-			st, ok := w.tags[tag]
+		tag, passed := w.prefix+1, 0
+		for {
+			if passed < len(w.written) && w.written[passed].lo == tag {
+				tag = w.written[passed].hi + 1
+				passed++
+				continue
+			}
+			report, ok := w.asked[tag]
 			if !ok {
 				break
 			}
-			if !st.written {
-				last = tag
-				reports = append(reports, st.report)
-				st.written, st.report = true, nil
-			}
+			delete(w.asked, tag)
+			reports = append(reports, report)
+			last = tag
+			tag++
 		}
 		if last > 0 {
 			err := w.write(last, true)
-			w.waiting -= len(reports)
 			for range reports {
 				errs = append(errs, err)
 			}
+			// Every tag before the one that stopped the walk is written.
+			w.prefix = tag - 1
+			w.written = append(w.written[:0], w.written[passed:]...)
 		}
-		if force || w.waiting >= w.batch {
+		if force || len(w.asked) >= w.batch {
 			w.forced = time.Now()
-			for tag, st := range w.tags {
-				if st.written {
-					continue
-				}
-				reports = append(reports, st.report)
-				st.written, st.report = true, nil
-				w.waiting--
+			tags := make([]uint64, 0, len(w.asked))
+			for tag := range w.asked {
+				tags = append(tags, tag)
+			}
+			slices.Sort(tags)
+			for _, tag := range tags {
+				reports = append(reports, w.asked[tag])
+				delete(w.asked, tag)
 				errs = append(errs, w.write(tag, false))
+				w.mark(tag)
 			}
 		}
 		w.oldest = time.Now()
@@ -182,16 +231,47 @@ func (w *ackWindow) flush(force bool) {
 	}
 }
 
-// advance moves the prefix over written tags and forgets them.
-func (w *ackWindow) advance() {
-	for {
-		st, ok := w.tags[w.prefix+1]
-		if !ok || !st.written {
-			return
+// mark notes that tag was written on its own (acked or rejected), in
+// written, joining the ranges it touches. Called with mu held.
+func (w *ackWindow) mark(tag uint64) {
+	rs := w.written
+	i, _ := slices.BinarySearchFunc(rs, tag, func(r tagRange, tag uint64) int { return cmp.Compare(r.lo, tag+1) })
+	// rs[i-1] is the last range that starts at or before tag.
+	switch {
+	case i > 0 && rs[i-1].hi >= tag:
+		return // written before
+	case i > 0 && rs[i-1].hi+1 == tag:
+		rs[i-1].hi = tag
+		if i < len(rs) && rs[i].lo == tag+1 {
+			rs[i-1].hi = rs[i].hi
+			w.written = slices.Delete(rs, i, i+1)
 		}
-		delete(w.tags, w.prefix+1)
-		w.prefix++
+	case i < len(rs) && rs[i].lo == tag+1:
+		rs[i].lo = tag
+	default:
+		w.written = slices.Insert(rs, i, tagRange{tag, tag})
 	}
+}
+
+// advance moves the prefix over the written tags that follow it and
+// forgets them. Called with mu held.
+func (w *ackWindow) advance() {
+	n := 0
+	for n < len(w.written) && w.written[n].lo <= w.prefix+1 {
+		w.prefix = max(w.prefix, w.written[n].hi)
+		n++
+	}
+	if n > 0 {
+		w.written = append(w.written[:0], w.written[n:]...)
+	}
+}
+
+// held is how many entries the window keeps: acks waiting, and ranges of
+// tags written past the prefix.
+func (w *ackWindow) held() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.asked) + len(w.written)
 }
 
 func (w *ackWindow) write(tag uint64, multiple bool) error {

@@ -351,6 +351,7 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 				src = nil // paused: consume again when the breaker allows
 				continue
 			}
+			qs.received(&d)
 			if !qs.hand(d, &pausedAt) {
 				return
 			}

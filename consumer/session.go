@@ -280,6 +280,15 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	return qs, nil
 }
 
+// received notes that the feeder took d up; deliveries the client dropped
+// before it are requeued (see ackWindow.received).
+func (qs *queueSession) received(d *amqp.Delivery) {
+	dropped, err := qs.acks.received(d)
+	if len(dropped) > 0 {
+		qs.deps.log.Warn("deliveries the client dropped (addressed to a cancelled consumer) were requeued", "queue", qs.q.cfg.Name, "tags", dropped, "error", err)
+	}
+}
+
 // beginStop cancels the consumer; the workers go on with what was already
 // delivered.
 func (qs *queueSession) beginStop() {

@@ -388,7 +388,12 @@ func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p
 		err = pipe.Publish(context.WithoutCancel(ctx), exchange, key, p, confirmed)
 	}
 	if err != nil {
-		sp.close()
+		// An error of this publish's own leaves the others in flight on
+		// the pipeline: failing them would requeue originals whose copies
+		// the broker may well confirm.
+		if errors.Is(err, amqpx.ErrPublisherClosed) {
+			sp.close()
+		}
 		confirmed(err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -714,9 +717,196 @@ func TestAckWindowCoversOnlyTheSettledPrefix(t *testing.T) {
 			t.Errorf("tag %d reported %d times", tag, reported[tag])
 		}
 	}
-	if len(w.tags) != 0 || w.prefix != 9 {
-		t.Errorf("window holds %d tags, prefix %d", len(w.tags), w.prefix)
+	if w.held() != 0 || w.prefix != 9 {
+		t.Errorf("window holds %d entries, prefix %d", w.held(), w.prefix)
 	}
+}
+
+// A tag that stays unsettled (a handler may hold it up to its timeout)
+// pins the prefix, and the forced flushes ack what settles behind it one by
+// one, which frees the prefetch for more deliveries: the window keeps no
+// entry per tag written behind it, never acks over it, and once it settles
+// one multiple ack covers it.
+func TestAckWindowBehindAStuckTagStaysBounded(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	const prefetch, n = 100, 20000
+	w := newAckWindow(func(write func() error) error { return write() }, prefetch)
+	w.maxDelay = time.Hour
+	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: rec} }
+	most := 0
+	// Tag 1 is in a handler throughout; so is, for a while, every tenth
+	// tag (settled 30 tags later), and every seventh is rejected.
+	settle := func(tag uint64) {
+		if tag%7 == 0 {
+			w.rejected(del(tag))
+		} else {
+			w.ack(del(tag), func(error) {})
+		}
+	}
+	for tag := uint64(2); tag <= n; tag++ {
+		if tag%10 != 0 {
+			settle(tag)
+		}
+		if tag > 30 && (tag-30)%10 == 0 {
+			settle(tag - 30)
+		}
+		if tag%50 == 0 {
+			w.flush(true)
+		}
+		most = max(most, w.held())
+	}
+	for tag := uint64(n - 29); tag <= n; tag++ {
+		if tag%10 == 0 {
+			settle(tag)
+		}
+	}
+	w.flush(true)
+	for _, a := range strings.Fields(rec.take()) {
+		if strings.HasSuffix(a, "+") {
+			t.Fatalf("wrote %s with tag 1 unsettled", a)
+		}
+	}
+	if most > prefetch {
+		t.Errorf("the window held up to %d entries behind a stuck tag, prefetch %d", most, prefetch)
+	}
+	if got := w.held(); got != 1 {
+		t.Errorf("window holds %d entries, want one range of written tags", got)
+	}
+	w.ack(del(1), func(error) {})
+	w.flush(false)
+	if got := rec.take(); got != "1+" {
+		t.Fatalf("wrote %q, want 1+", got)
+	}
+	if w.held() != 0 || w.prefix != n {
+		t.Errorf("window holds %d entries, prefix %d, want 0 and %d", w.held(), w.prefix, n)
+	}
+}
+
+// A tag the feeder never saw is a delivery the client dropped (addressed
+// to a consumer a breaker's pause cancelled): nothing would settle it, so
+// it would pin the prefix until the channel closes. It is rejected with
+// requeue once a later tag shows it was skipped, and the prefix passes it.
+func TestAckWindowRequeuesDeliveriesTheClientDropped(t *testing.T) {
+	t.Parallel()
+	m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
+	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w.maxDelay = time.Hour
+	for tag := uint64(1); tag <= 6; tag++ {
+		m.unacked[tag] = true
+	}
+	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: m} }
+	for _, tag := range []uint64{1, 2, 5, 6} { // 3 and 4 went to no consumer
+		if dropped, err := w.received(del(tag)); err != nil || (tag == 5) != (len(dropped) > 0) {
+			t.Fatalf("received %d: dropped %v, error %v", tag, dropped, err)
+		}
+		m.settled[tag] = true
+		w.ack(del(tag), func(error) {})
+	}
+	w.flush(false)
+	if got := strings.Join(m.requeued, " "); got != "3 4" {
+		t.Errorf("requeued %q, want 3 4", got)
+	}
+	if len(m.unacked) != 0 || w.held() != 0 || w.prefix != 6 {
+		t.Errorf("unacked %v; window holds %d entries, prefix %d", m.unacked, w.held(), w.prefix)
+	}
+}
+
+// The window against a model of the broker's unacked deliveries, over
+// random settlement orders: every delivery is acked or rejected exactly
+// once, a multiple ack names a tag still unacked and covers only settled
+// ones.
+func TestAckWindowAgainstAModel(t *testing.T) {
+	t.Parallel()
+	for seed := range int64(50) {
+		rng := rand.New(rand.NewSource(seed))
+		m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
+		w := newAckWindow(func(write func() error) error { return write() }, 4+rng.Intn(64))
+		w.maxDelay = time.Hour
+		const n = 2000
+		var open []uint64 // delivered, not settled
+		next := uint64(1)
+		for next <= n || len(open) > 0 {
+			if next <= n && (len(open) == 0 || rng.Intn(2) == 0) {
+				m.unacked[next] = true
+				open = append(open, next)
+				next++
+				continue
+			}
+			i := rng.Intn(len(open))
+			if rng.Intn(20) == 0 {
+				i = 0 // the oldest, sometimes, after a long time
+			}
+			tag := open[i]
+			open = slices.Delete(open, i, i+1)
+			m.settled[tag] = true
+			d := &amqp.Delivery{DeliveryTag: tag, Acknowledger: m}
+			switch rng.Intn(6) {
+			case 0:
+				delete(m.unacked, tag) // the reject
+				w.rejected(d)
+			default:
+				w.ack(d, func(err error) {
+					if err != nil {
+						t.Errorf("seed %d: ack %d: %v", seed, tag, err)
+					}
+				})
+			}
+			switch rng.Intn(8) {
+			case 0:
+				w.flush(true)
+			case 1:
+				w.flush(false)
+			}
+		}
+		w.flush(true)
+		if len(m.unacked) != 0 {
+			t.Fatalf("seed %d: %d deliveries neither acked nor rejected", seed, len(m.unacked))
+		}
+		if w.held() != 0 || w.prefix != n {
+			t.Fatalf("seed %d: window holds %d entries, prefix %d", seed, w.held(), w.prefix)
+		}
+	}
+}
+
+// modelChannel is an amqp.Acknowledger that keeps the broker's unacked
+// tags and fails the test on an ack the broker would refuse or that covers
+// a delivery not settled.
+type modelChannel struct {
+	t                *testing.T
+	unacked, settled map[uint64]bool
+	requeued         []string
+}
+
+func (m *modelChannel) Ack(tag uint64, multiple bool) error {
+	m.t.Helper()
+	if !m.unacked[tag] {
+		m.t.Fatalf("ack of tag %d, not unacked (unknown delivery tag)", tag)
+	}
+	if !multiple {
+		delete(m.unacked, tag)
+		return nil
+	}
+	for t := range m.unacked {
+		if t <= tag {
+			if !m.settled[t] {
+				m.t.Fatalf("multiple ack of %d covers %d, not settled", tag, t)
+			}
+			delete(m.unacked, t)
+		}
+	}
+	return nil
+}
+func (m *modelChannel) Nack(uint64, bool, bool) error { m.t.Fatal("nack"); return nil }
+func (m *modelChannel) Reject(tag uint64, requeue bool) error {
+	if !m.unacked[tag] {
+		m.t.Fatalf("reject of tag %d, not unacked (unknown delivery tag)", tag)
+	}
+	delete(m.unacked, tag)
+	if requeue {
+		m.requeued = append(m.requeued, fmt.Sprint(tag))
+	}
+	return nil
 }
 
 // Acks wait for a batch, or for ackDelay, while the worker is busy; a
@@ -827,6 +1017,48 @@ func TestSettleFailuresThatComeTogetherPauseTogether(t *testing.T) {
 	for i, a := range ackers {
 		if a.log() != "requeue" {
 			t.Errorf("m-%d: %q, want requeue", i, a.log())
+		}
+	}
+}
+
+// A publish that fails on its own (nothing of it written) leaves the
+// worker's pipeline and the publishes in flight on it alone: closing the
+// pipeline would fail them all, and their originals would come back as
+// requeued duplicates of copies the broker confirms.
+func TestSessionPublisherKeepsItsPipelineThroughAPublishErrorOfItsOwn(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	q := env.Name("own")
+	if _, err := env.Channel("setup").QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn := env.Dial("publish")
+	qs := &queueSession{pubConn: conn, blocking: amqpx.WatchBlocked(conn, func(amqp.Blocking) {}), handlerCtx: ctx}
+	sp := &sessionPublisher{s: qs}
+	defer sp.close()
+	results := make(chan error, 3)
+	publish := func(msg amqp.Publishing) { sp.Publish(ctx, "", q, msg, func(err error) { results <- err }) }
+	publish(amqp.Publishing{Body: []byte("a")})
+	pipe := sp.pipe
+	own := make(chan error, 1)
+	sp.Publish(ctx, "", q, amqp.Publishing{Body: []byte("b"), Headers: amqp.Table{"n": uint64(1)}}, func(err error) { own <- err })
+	if err := <-own; err == nil || errors.Is(err, amqpx.ErrPublisherClosed) {
+		t.Fatalf("the publish with a header AMQP cannot carry: %v, want an error of its own", err)
+	}
+	publish(amqp.Publishing{Body: []byte("c")})
+	if sp.pipe != pipe {
+		t.Error("a publish error of its own replaced the pipeline (failing what it held)")
+	}
+	for range 2 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Errorf("a publish in flight failed: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("confirms missing")
 		}
 	}
 }

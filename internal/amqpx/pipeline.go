@@ -85,9 +85,19 @@ func newPipeline(conn *amqp.Connection, max int) (*Pipeline, error) {
 }
 
 // Publish writes msg to exchange with routing key and mandatory set; done
-// follows (see Pipeline). An error means nothing was sent and done will
-// not be called; the pipeline is then broken: make a new one.
+// follows (see Pipeline). An error means nothing was sent and done will not
+// be called. One that wraps ErrPublisherClosed broke the pipeline (its
+// channel is gone, or a write failed part way: make a new one) and failed
+// what it held; any other concerns msg alone (ctx ended, or a header value
+// AMQP cannot carry, found before anything was written), and the publishes
+// in flight go on.
 func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("not published: %w", err)
+	}
+	if err := msg.Headers.Validate(); err != nil {
+		return fmt.Errorf("not published: %w", err)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.broken != nil {
@@ -95,9 +105,10 @@ func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.P
 	}
 	f := &inFlight{seq: p.ch.GetNextPublishSeqNo(), exchange: exchange, key: key, msg: &msg, sent: time.Now(), done: done}
 	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
-		err = fmt.Errorf("publish: %w", err)
-		p.breakLocked(err)
-		return err
+		// Past the checks above only the channel or the connection fails
+		// a publish, which may have written part of it.
+		p.breakLocked(fmt.Errorf("publish: %w", err))
+		return p.broken
 	}
 	p.inFlight = append(p.inFlight, f)
 	return nil

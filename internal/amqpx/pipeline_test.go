@@ -164,3 +164,61 @@ func TestPipelineEndsWhenItsChannelClosesAmidConfirms(t *testing.T) {
 		cancel()
 	}
 }
+
+// An error of one publish's own (a header value AMQP cannot carry, or its
+// context ended) fails that publish alone: nothing of it was written, so
+// the publishes in flight and later ones go on (failing them would requeue
+// originals whose copies the broker confirms: duplicates for nothing).
+func TestPipelinePublishErrorOfItsOwnFailsOnlyIt(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	ch, ex, q := declareBound(t, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := amqpx.NewPipeline(ctx, env.Dial("pipeline-own"), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	results := make(chan error, 3)
+	publish := func(ctx context.Context, msg amqp.Publishing) error {
+		return p.Publish(ctx, ex, "bound", msg, func(err error) { results <- err })
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if err == nil || errors.Is(err, amqpx.ErrPublisherClosed) {
+			t.Fatalf("%s: %v, want an error of its own, not ErrPublisherClosed", what, err)
+		}
+	}
+	if err := publish(ctx, amqp.Publishing{Body: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	refused("a uint64 header", publish(ctx, amqp.Publishing{Body: []byte("b"), Headers: amqp.Table{"n": uint64(1)}}))
+	if err := publish(ctx, amqp.Publishing{Body: []byte("c")}); err != nil {
+		t.Fatalf("publish after a publish of its own failed: %v", err)
+	}
+	ended, end := context.WithCancel(ctx)
+	end()
+	refused("an ended context", publish(ended, amqp.Publishing{Body: []byte("d")}))
+	if err := publish(ctx, amqp.Publishing{Body: []byte("e")}); err != nil {
+		t.Fatalf("publish after a publish of its own failed: %v", err)
+	}
+	for range 3 {
+		select {
+		case err := <-results:
+			if err != nil {
+				t.Errorf("publish in flight failed: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("confirms missing")
+		}
+	}
+	select {
+	case err := <-results:
+		t.Fatalf("done called for a refused publish (%v)", err)
+	default:
+	}
+	if qi, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil || qi.Messages != 3 {
+		t.Fatalf("queue has %d messages (err %v), want 3", qi.Messages, err)
+	}
+}
