@@ -288,8 +288,8 @@ func buildQuarantine(in *buildInput) (built, error) {
 // requeue everything in flight on it. A publishing that cannot fit is an
 // error wrapping quarantine.ErrNoFit. Fitting may cut headers and add
 // notes, so signed retry state (back: the publishing goes back to the work
-// queue) is signed again after it; the signature's size does not change, so
-// p still fits.
+// queue) is signed after it, in place of seal's placeholder of the same
+// size, so p still fits.
 func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) (built, error) {
 	for k, v := range in.trace {
 		p.Headers[k] = v
@@ -301,12 +301,14 @@ func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) 
 	return built{exchange: exchange, key: key, p: p, changed: changed}, err
 }
 
-// seal writes the notes and signs the retry state in h for d's work queue.
-// It runs after every signed header is final.
+// seal writes the notes and keeps room for the signature: finish signs the
+// retry state once fitting has made every signed header final (signing
+// here too would compute a second HMAC of the same headers and body for
+// every retry).
 func seal(in *buildInput, h amqp.Table, notes []string) {
 	delete(h, wire.HeaderNotes)
 	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
-	sign(in, h)
+	h[wire.HeaderSignature] = in.signer.Placeholder()
 }
 
 // sign signs the retry state in h for d's work queue.

@@ -242,7 +242,7 @@ func New(cfg *Config) (*Consumer, error) {
 	c := &Consumer{
 		deps: &deps{
 			cfg:     cfg,
-			log:     cfg.Logger.With("component", "dlxbridge.consumer"),
+			log:     slog.New(&deferAttrs{h: cfg.Logger.With("component", "dlxbridge.consumer").Handler()}),
 			tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
 			metrics: m,
 			host:    host,

@@ -94,7 +94,7 @@ type settleBundle struct {
 
 const settleQueue = "orders"
 
-func newSettleBundle(t *testing.T, frameMax int) *settleBundle {
+func newSettleBundle(t testing.TB, frameMax int) *settleBundle {
 	t.Helper()
 	file, err := config.Parse([]byte(`queues:
   - name: orders

@@ -188,3 +188,33 @@ func TestNormalizeMessage(t *testing.T) {
 		t.Errorf("normalized to %d bytes", len(long))
 	}
 }
+
+// A storm fingerprints the same few error texts thousands of times:
+// NormalizeMessage remembers them (no regular expression runs again), within
+// a bound, and gives what it would have computed.
+func TestNormalizeMessageRemembersWithinABound(t *testing.T) {
+	const text = `order 8812 failed: dial tcp 10.0.0.1:5672: refused after 1.5s`
+	want := normalize(text)
+	if got := NormalizeMessage(text); got != want {
+		t.Fatalf("NormalizeMessage = %q, want %q", got, want)
+	}
+	if n := testing.AllocsPerRun(100, func() { NormalizeMessage(text) }); n != 0 {
+		t.Errorf("a repeated text costs %v allocations, want 0 (remembered)", n)
+	}
+	for i := range 3 * normalizedCap {
+		s := fmt.Sprintf("order %d failed: %x", i, i)
+		if got, want := NormalizeMessage(s), normalize(s); got != want {
+			t.Fatalf("NormalizeMessage(%q) = %q, want %q", s, got, want)
+		}
+	}
+	normalized.mu.Lock()
+	n := len(normalized.m)
+	normalized.mu.Unlock()
+	if n > normalizedCap {
+		t.Errorf("%d texts remembered, want at most %d", n, normalizedCap)
+	}
+	long := strings.Repeat("x", 3*maxNormalizeInput)
+	if got, want := NormalizeMessage(long), normalize(long[:maxNormalizeInput]); got != want {
+		t.Errorf("a long text: %q, want %q", got, want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -45,6 +46,45 @@ func NormalizeMessage(s string) string {
 	if len(s) > maxNormalizeInput {
 		s = s[:maxNormalizeInput]
 	}
+	if n, ok := normalized.get(s); ok {
+		return n
+	}
+	n := normalize(s)
+	normalized.put(s, n)
+	return n
+}
+
+// normalized remembers recent NormalizeMessage results. A storm repeats a
+// few error texts thousands of times (every retry and quarantine is
+// fingerprinted), and the regular expressions cost about 10 µs a message.
+// It holds at most normalizedCap inputs of at most maxNormalizeInput bytes
+// each, and starts over when full.
+var normalized = normalizeCache{m: map[string]string{}}
+
+const normalizedCap = 256
+
+type normalizeCache struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+func (c *normalizeCache) get(s string) (string, bool) {
+	c.mu.Lock()
+	n, ok := c.m[s]
+	c.mu.Unlock()
+	return n, ok
+}
+
+func (c *normalizeCache) put(s, n string) {
+	c.mu.Lock()
+	if len(c.m) >= normalizedCap {
+		clear(c.m)
+	}
+	c.m[strings.Clone(s)] = n // not a slice of a larger string kept alive
+	c.mu.Unlock()
+}
+
+func normalize(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ToLower(s)
 	// Replacing one token can expose another (a quote or hex run next to

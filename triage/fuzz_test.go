@@ -220,6 +220,9 @@ func FuzzNormalizeMessage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		n := NormalizeMessage(s)
+		if direct := normalize(s[:min(len(s), maxNormalizeInput)]); direct != n {
+			t.Fatalf("remembered %q for %q, computed %q", n, s, direct)
+		}
 		if !utf8.ValidString(n) || len(n) > MaxNormalizedLen || strings.ContainsAny(n, "0123456789") {
 			t.Fatalf("NormalizeMessage(%q) = %q", s, n)
 		}
@@ -246,6 +249,17 @@ func BenchmarkNormalizeMessage(b *testing.B) {
 	b.Run("1KiB", func(b *testing.B) {
 		for b.Loop() {
 			NormalizeMessage(long)
+		}
+	})
+	// Without the cache: every text new.
+	b.Run("short-uncached", func(b *testing.B) {
+		for b.Loop() {
+			normalize(short)
+		}
+	})
+	b.Run("1KiB-uncached", func(b *testing.B) {
+		for b.Loop() {
+			normalize(long[:maxNormalizeInput])
 		}
 	})
 }

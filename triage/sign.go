@@ -6,8 +6,10 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -50,7 +52,8 @@ const sigPrefix = "v1:"
 // Signer signs and verifies the bridge's retry headers with HMAC-SHA256.
 // It is safe for concurrent use.
 type Signer struct {
-	key []byte
+	key  []byte
+	macs sync.Pool // of keyed HMAC-SHA256 hashes
 }
 
 // NewSigner returns a Signer for key, which must be at least MinKeyBytes
@@ -94,6 +97,19 @@ func (s *Signer) Sign(sub Subject, h map[string]any, fields []string) string {
 	return sigPrefix + base64.RawURLEncoding.EncodeToString(s.mac(sub, h, fields))
 }
 
+// Placeholder is a value of the size of every signature this Signer makes
+// (Sign's result for any input), and no valid signature: room kept for one
+// while the headers it will cover are still being fitted. A nil Signer
+// returns "", as Sign does.
+func (s *Signer) Placeholder() string {
+	if s == nil {
+		return ""
+	}
+	return placeholder
+}
+
+var placeholder = sigPrefix + strings.Repeat("-", base64.RawURLEncoding.EncodedLen(sha256.Size))
+
 // Verify checks h's HeaderSignature against the headers named in fields. It
 // compares in constant time and never panics.
 func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verification {
@@ -119,42 +135,75 @@ func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verifica
 }
 
 // mac is HMAC-SHA256 over a length-prefixed, typed encoding of the subject
-// and the fields, so that no two different inputs encode alike.
+// and the fields, so that no two different inputs encode alike. The
+// encoding is built in one buffer and hashed with a pooled HMAC: a retry is
+// signed once on the way out and verified on the way back, and the
+// encoding's many small writes were most of a retry's allocations.
 func (s *Signer) mac(sub Subject, h map[string]any, fields []string) []byte {
-	m := hmac.New(sha256.New, s.key)
-	put := func(tag byte, b []byte) {
-		var n [9]byte
-		n[0] = tag
-		binary.BigEndian.PutUint64(n[1:], uint64(len(b)))
-		m.Write(n[:])
-		m.Write(b)
-	}
-	put('v', []byte("dlxbridge retry state v1"))
-	put('q', []byte(sub.Queue))
-	put('m', []byte(sub.MessageID))
+	e := encodings.Get().(*encoding)
+	defer func() {
+		if cap(e.b) <= maxPooledEncoding { // a hostile header's size is not kept
+			encodings.Put(e)
+		}
+	}()
+	e.b = e.b[:0]
+	e.put('v', "dlxbridge retry state v1")
+	e.put('q', sub.Queue)
+	e.put('m', sub.MessageID)
 	body := sha256.Sum256(sub.Body)
-	put('b', body[:])
+	e.putBytes('b', body[:])
 	for _, name := range fields {
-		put('n', []byte(name))
+		e.put('n', name)
 		if v, present := h[name]; present {
-			putValue(put, v)
+			e.putValue(v)
 		} else {
-			put('-', nil)
+			e.put('-', "")
 		}
 	}
-	return m.Sum(nil)
+	m, _ := s.macs.Get().(hash.Hash)
+	if m == nil {
+		m = hmac.New(sha256.New, s.key)
+	}
+	m.Reset()
+	m.Write(e.b)
+	sum := m.Sum(nil)
+	s.macs.Put(m)
+	return sum
 }
 
-func putValue(put func(byte, []byte), v any) {
+// encoding is mac's buffer: per item a tag, the length as 8 bytes big
+// endian, the bytes.
+type encoding struct{ b []byte }
+
+const maxPooledEncoding = 4 << 10
+
+var encodings = sync.Pool{New: func() any { return &encoding{b: make([]byte, 0, 512)} }}
+
+func (e *encoding) put(tag byte, s string) {
+	e.b = append(e.b, tag)
+	e.b = binary.BigEndian.AppendUint64(e.b, uint64(len(s)))
+	e.b = append(e.b, s...)
+}
+
+func (e *encoding) putBytes(tag byte, b []byte) {
+	e.b = append(e.b, tag)
+	e.b = binary.BigEndian.AppendUint64(e.b, uint64(len(b)))
+	e.b = append(e.b, b...)
+}
+
+// putValue: strings and byte arrays as strings, integers of any type as
+// their decimal value, anything else as its type name.
+func (e *encoding) putValue(v any) {
 	if s, ok := wire.String(v); ok {
-		put('s', []byte(s))
+		e.put('s', s)
 		return
 	}
 	if n, res := wire.Int(v); res == wire.IntOK {
-		put('i', strconv.AppendInt(nil, n, 10))
+		var digits [20]byte
+		e.putBytes('i', strconv.AppendInt(digits[:0], n, 10))
 		return
 	}
-	put('?', []byte(wire.TypeName(v)))
+	e.put('?', wire.TypeName(v))
 }
 
 // XDeathDigest is a short digest of a message's x-death history: every

@@ -151,3 +151,42 @@ func TestXDeathDigest(t *testing.T) {
 		t.Error("digest of nothing")
 	}
 }
+
+// A placeholder keeps exactly a signature's room (Fit measures the headers
+// with it in place) and never passes for one.
+func TestSignerPlaceholder(t *testing.T) {
+	t.Parallel()
+	h := table{HeaderAttempts: int64(1)}
+	fields := []string{HeaderAttempts}
+	sig := testSigner.Sign(testSubject, h, fields)
+	if p := testSigner.Placeholder(); len(p) != len(sig) {
+		t.Errorf("placeholder %q is %d bytes, a signature %d", p, len(p), len(sig))
+	}
+	h[HeaderSignature] = testSigner.Placeholder()
+	if v := testSigner.Verify(testSubject, h, fields); v.Valid {
+		t.Error("a placeholder verifies")
+	}
+	var none *Signer
+	if none.Placeholder() != none.Sign(testSubject, h, fields) {
+		t.Error("a nil Signer's placeholder differs from its signature")
+	}
+}
+
+// The encoding a signature covers must not change between versions: a
+// retry signed by the process before an upgrade is verified by the one
+// after it. This vector was computed by the encoding as first released.
+func TestSignerEncodingIsStable(t *testing.T) {
+	t.Parallel()
+	h := table{
+		HeaderAttempts:             int32(2),
+		HeaderFirstFailure:         "2026-03-01T12:00:00Z",
+		"dlxbridge-original-queue": []byte("orders"),
+		"dlxbridge-notes":          `["a","b"]`,
+		"dlxbridge-odd":            1.5,
+	}
+	fields := []string{HeaderAttempts, HeaderFirstFailure, "dlxbridge-original-queue", "dlxbridge-notes", "dlxbridge-odd", "dlxbridge-absent"}
+	const want = "v1:VBCnXDh6KoeZKO04jYVDFyxgu7bXofsJMbI71SIvjhc"
+	if got := testSigner.Sign(testSubject, h, fields); got != want {
+		t.Errorf("signature %q, want %q", got, want)
+	}
+}

@@ -28,6 +28,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -93,6 +94,8 @@ type Options struct {
 	Output      string // text or json
 	Prefix      string // every declared name starts with it
 	Idle        time.Duration
+	// Tiers are the retry tiers (two: 3 attempts); nil takes the defaults.
+	Tiers []time.Duration
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
@@ -141,6 +144,22 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 	fs.StringVar(&o.Output, "output", "text", "text (a table, then the JSON line) or json (the JSON line only)")
 	fs.StringVar(&o.Prefix, "prefix", "", "start of every declared name (default dlxbench-<random>)")
 	fs.DurationVar(&o.Idle, "idle", 30*time.Second, "give a side up after this long without progress")
+	fs.Func("retry-tiers", "the bridge's two retry delays, comma-separated (default 100ms,200ms): "+
+		"the last always-failing message waits for both after its first attempt, a floor under a storm's duration", func(v string) error {
+		var tiers []time.Duration
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if err != nil || d <= 0 {
+				return fmt.Errorf("%q is not a positive duration", f)
+			}
+			tiers = append(tiers, d)
+		}
+		if len(tiers) != maxAttempts-1 {
+			return fmt.Errorf("want %d delays, got %d", maxAttempts-1, len(tiers))
+		}
+		o.Tiers = tiers
+		return nil
+	})
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: dlxbridge bench [flags]
@@ -253,7 +272,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	var exchanges []string
 	for _, s := range order {
 		prefix := fmt.Sprintf("%s-%s-r%d-%s", o.Prefix, sc, round, s)
-		cfg, err := Config(prefix, o.Prefetch, o.Concurrency)
+		cfg, err := (&sideSpec{Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers}).config()
 		if err != nil {
 			return nil, err
 		}
@@ -291,10 +310,17 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	res := &roundResult{Round: round, Sides: map[string]*sideReport{}}
 	for _, s := range order {
 		spec := &sideSpec{URL: o.URL, Side: s, Scenario: sc, Prefix: prefixes[s], Count: o.Count, Size: o.Size,
-			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle}
+			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle, Tiers: o.Tiers}
+		cpu0 := brokerCPU()
 		sr, err := spawnSide(ctx, spec, stderr)
 		if err != nil {
 			return nil, err
+		}
+		if cpu0 >= 0 {
+			if cpu1 := brokerCPU(); cpu1 >= cpu0 {
+				fmt.Fprintf(stderr, "dlxbridge bench: %s round %d %s: broker CPU %.0f ms over the side's process, %.1f µs per message; the side's drain %.0f ms, its own CPU %.0f ms\n",
+					sc, round, s, (cpu1-cpu0).Seconds()*1e3, (cpu1-cpu0).Seconds()*1e6/float64(o.Count), sr.Seconds*1e3, sr.CPUSeconds*1e3)
+			}
 		}
 		rep, err := reconcile(conn, spec, sr)
 		if err != nil {
@@ -329,6 +355,47 @@ func spawnSide(ctx context.Context, spec *sideSpec, stderr io.Writer) (*sideResu
 		return nil, fmt.Errorf("%s side: unreadable result: %w", spec.Side, err)
 	}
 	return &r, nil
+}
+
+// config is the side's one-queue configuration.
+func (s *sideSpec) config() (*config.Config, error) {
+	if len(s.Tiers) == 0 {
+		return Config(s.Prefix, s.Prefetch, s.Concurrency)
+	}
+	return ConfigTiers(s.Prefix, s.Prefetch, s.Concurrency, s.Tiers)
+}
+
+// BrokerPIDEnv, when set to the process id of a broker on this machine
+// (its beam.smp), makes the bench print to stderr how much CPU time (user +
+// sys, from /proc) the broker used while each side's process ran: the
+// broker's share of a drain, which the side's own CPU time leaves out.
+const BrokerPIDEnv = "DLXBRIDGE_BENCH_BROKER_PID"
+
+// brokerCPU is the CPU time of the process BrokerPIDEnv names, or -1.
+func brokerCPU() time.Duration {
+	pid := os.Getenv(BrokerPIDEnv)
+	if pid == "" {
+		return -1
+	}
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return -1
+	}
+	// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+	_, rest, ok := bytes.Cut(b, []byte(") "))
+	if !ok {
+		return -1
+	}
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return -1
+	}
+	var utime, stime int64
+	if _, err := fmt.Sscan(f[11]+" "+f[12], &utime, &stime); err != nil {
+		return -1
+	}
+	const clockTick = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / clockTick
 }
 
 // brokerVersion is the broker's version from the connection's properties.

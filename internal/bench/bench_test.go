@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/schemas"
@@ -177,5 +180,49 @@ func assertNothingLeft(t *testing.T, env *brokertest.Env) {
 			t.Errorf("queue %s is still on the broker", name)
 			_ = ch.Close()
 		}
+	}
+}
+
+// --retry-tiers sets the bridge's two retry delays, in the parent's topology
+// and in what a side is told; anything but two positive durations is a
+// usage error.
+func TestRetryTiersFlag(t *testing.T) {
+	t.Parallel()
+	getenv := func(string) string { return "" }
+	var errs bytes.Buffer
+	o, _, ok := parseFlags([]string{"--retry-tiers", "20ms, 40ms"}, &errs, getenv)
+	if !ok {
+		t.Fatalf("refused: %s", errs.String())
+	}
+	cfg, err := (&sideSpec{Prefix: "p", Prefetch: o.Prefetch, Tiers: o.Tiers}).config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Queues[0].Retry.Tiers; len(got) != 2 || got[0] != 20*time.Millisecond || got[1] != 40*time.Millisecond {
+		t.Errorf("tiers %v, want [20ms 40ms]", got)
+	}
+	o, _, _ = parseFlags(nil, &errs, getenv)
+	if cfg, err := (&sideSpec{Prefix: "p", Prefetch: o.Prefetch, Tiers: o.Tiers}).config(); err != nil || !slices.Equal(cfg.Queues[0].Retry.Tiers, defaultTiers) {
+		t.Errorf("default tiers %v (%v), want %v", cfg.Queues[0].Retry.Tiers, err, defaultTiers)
+	}
+	for _, bad := range []string{"20ms", "20ms,40ms,80ms", "20ms,-1s", "soon,40ms"} {
+		if _, code, ok := parseFlags([]string{"--retry-tiers", bad}, &errs, getenv); ok || code != exitUsage {
+			t.Errorf("--retry-tiers %q: ok %v, exit %d; want a usage error", bad, ok, code)
+		}
+	}
+}
+
+// The broker's CPU time is read from /proc for the process BrokerPIDEnv
+// names (here: this one, which has used some), and is unknown without it.
+func TestBrokerCPU(t *testing.T) {
+	t.Setenv(BrokerPIDEnv, "")
+	if got := brokerCPU(); got != -1 {
+		t.Errorf("without %s: %v, want -1", BrokerPIDEnv, got)
+	}
+	t.Setenv(BrokerPIDEnv, strconv.Itoa(os.Getpid()))
+	for usage() < 30*time.Millisecond { // have used a few clock ticks of CPU
+	}
+	if got := brokerCPU(); got <= 0 {
+		t.Errorf("this process's CPU time: %v, want > 0", got)
 	}
 }

@@ -60,7 +60,7 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 		r.Rate = float64(s.Count) / res.Seconds
 	}
 	r.CPUPerMsgUS = res.CPUSeconds * 1e6 / float64(s.Count)
-	cfg, err := Config(s.Prefix, s.Prefetch, s.Concurrency)
+	cfg, err := s.config()
 	if err != nil {
 		return nil, err
 	}

@@ -29,15 +29,16 @@ const (
 // sideSpec is what one side's process is told: where its queue is and what
 // is in it.
 type sideSpec struct {
-	URL         string        `json:"url"`
-	Side        string        `json:"side"`
-	Scenario    string        `json:"scenario"`
-	Prefix      string        `json:"prefix"`
-	Count       int           `json:"count"`
-	Size        int           `json:"size"`
-	Prefetch    int           `json:"prefetch"`
-	Concurrency int           `json:"concurrency"`
-	Idle        time.Duration `json:"idle"` // give up after this long without progress
+	URL         string          `json:"url"`
+	Side        string          `json:"side"`
+	Scenario    string          `json:"scenario"`
+	Prefix      string          `json:"prefix"`
+	Count       int             `json:"count"`
+	Size        int             `json:"size"`
+	Prefetch    int             `json:"prefetch"`
+	Concurrency int             `json:"concurrency"`
+	Idle        time.Duration   `json:"idle"`            // give up after this long without progress
+	Tiers       []time.Duration `json:"tiers,omitempty"` // retry tiers; empty: the defaults
 }
 
 // sideResult is what one side reports: timings, and per id how often a
@@ -259,7 +260,7 @@ var (
 // and fails as the message's kind says, until every id expected to succeed
 // has succeeded and the quarantine holds every id expected there.
 func drainBridge(ctx context.Context, s *sideSpec, l *ledger, wantHandled, wantQuarantined int, r *sideResult, stderr io.Writer) error {
-	cfg, err := Config(s.Prefix, s.Prefetch, s.Concurrency)
+	cfg, err := s.config()
 	if err != nil {
 		return err
 	}

@@ -163,19 +163,27 @@ type Money struct {
 	Currency string `json:"currency"`
 }
 
-// Retry policy of the generated config: short tiers, so a storm settles in
-// about a second after its last first attempt.
-var (
-	retryTiers  = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
-	maxAttempts = 3
-)
+// defaultTiers is the retry policy of the generated config: short tiers, so
+// a storm settles in about a second after its last first attempt. The last
+// always-failing message needs their sum after its first attempt: a floor
+// under a storm's duration that does not shrink with the count.
+var defaultTiers = []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}
+
+// maxAttempts: the first attempt and one retry per tier.
+const maxAttempts = 3
 
 // Config is the one-queue configuration of a bench or fault-test run whose
 // object names start with prefix: work queue <prefix>.work, bound to topic
 // exchange <prefix>.ex with RoutingKey, accepting orders.created v2, with
-// short retry tiers, no jitter and 3 attempts. Prefetch and concurrency 0
-// take the config defaults.
+// short retry tiers (defaultTiers), no jitter and 3 attempts. Prefetch and
+// concurrency 0 take the config defaults.
 func Config(prefix string, prefetch, concurrency int) (*config.Config, error) {
+	return ConfigTiers(prefix, prefetch, concurrency, defaultTiers)
+}
+
+// ConfigTiers is Config with retry tiers of the caller's: two of them, one
+// per retry of the 3 attempts.
+func ConfigTiers(prefix string, prefetch, concurrency int, tiers []time.Duration) (*config.Config, error) {
 	noJitter := 0.0
 	noBudget := time.Duration(0)
 	cfg := &config.Config{
@@ -186,7 +194,7 @@ func Config(prefix string, prefetch, concurrency int) (*config.Config, error) {
 			Bindings: []string{RoutingKey},
 			Consumer: config.Consumer{Prefetch: prefetch, Concurrency: concurrency},
 			Retry: config.Retry{
-				Tiers:       retryTiers,
+				Tiers:       tiers,
 				Jitter:      &noJitter,
 				Lanes:       1,
 				MaxAttempts: maxAttempts,
