@@ -266,7 +266,7 @@ func (w *worker) process(d amqp.Delivery) {
 	}
 
 	// 3. The handler.
-	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	herr := w.runHandler(ctx, &d, &msg, attempts, now)
 	w.breakerOutcome(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
 		// Shutdown passed its deadline (or the connection is gone): don't
@@ -279,8 +279,7 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		attempt := float64(attempts.Failed + 1)
-		w.ack(a, w.settled, OutcomeAcked, func() { qr.metrics.attemptsSuccess.Observe(attempt) })
+		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempts.Failed+1))
 		if recording {
 			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
