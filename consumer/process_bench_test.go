@@ -167,10 +167,12 @@ func BenchmarkProcess(b *testing.B) {
 	pb.w.process(d) // warm: handler goroutine, metric children
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu := startCPU()
 	for range b.N {
 		pb.w.process(pb.delivery())
 	}
 	b.StopTimer()
+	cpu.report(b)
 	pb.w.s.acks.flush(true)
 	if got := pb.acked.Load(); got != int64(b.N)+1 {
 		b.Fatalf("%d acked, want %d", got, b.N+1)
