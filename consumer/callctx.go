@@ -115,3 +115,93 @@ func (c *callCtx) end(err error) {
 }
 
 func (c *callCtx) String() string { return "dlxbridge handler context" }
+
+// watchdog ends a worker's handler calls at their deadlines on one timer
+// that is not touched per call: calls start one after another with
+// deadlines that only grow (start + the queue's handler timeout), so the
+// timer set for an earlier call's deadline is left as it is, and when it
+// fires it sets itself again for the call then in hand, if that call's
+// deadline is still ahead. With the usual 30 s timeout it fires about
+// every 30 s while the worker is busy, however many calls it runs.
+type watchdog struct {
+	mu    sync.Mutex
+	t     *time.Timer
+	at    time.Time // when t fires, if armed
+	armed bool
+	call  *callCtx // the call in hand; nil between calls
+	// expired receives each call the watchdog ended; one the worker did
+	// not take (the handler's result came first) is stale, and is skipped
+	// or replaced.
+	expired chan *callCtx
+}
+
+func newWatchdog() *watchdog { return &watchdog{expired: make(chan *callCtx, 1)} }
+
+// start watches c until finish.
+func (wd *watchdog) start(c *callCtx) {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	wd.call = c
+	if wd.armed && !c.deadline.Before(wd.at) {
+		return // it fires first and sets itself again
+	}
+	wd.arm(c.deadline)
+}
+
+// arm sets the timer for at. Called with mu held.
+func (wd *watchdog) arm(at time.Time) {
+	d := time.Until(at)
+	if wd.t == nil {
+		wd.t = time.AfterFunc(d, wd.fire)
+	} else {
+		wd.t.Reset(d)
+	}
+	wd.at, wd.armed = at, true
+}
+
+func (wd *watchdog) fire() {
+	wd.mu.Lock()
+	wd.armed = false
+	c := wd.call
+	if c == nil {
+		wd.mu.Unlock()
+		return
+	}
+	if time.Now().Before(c.deadline) {
+		wd.arm(c.deadline)
+		wd.mu.Unlock()
+		return
+	}
+	wd.call = nil
+	wd.mu.Unlock()
+	c.end(context.DeadlineExceeded)
+	for {
+		select {
+		case wd.expired <- c:
+			return
+		default: // a stale one waits (its call returned first): replace it
+			select {
+			case <-wd.expired:
+			default:
+			}
+		}
+	}
+}
+
+// finish stops watching the call in hand.
+func (wd *watchdog) finish() {
+	wd.mu.Lock()
+	wd.call = nil
+	wd.mu.Unlock()
+}
+
+// stop ends the watchdog (the worker's end).
+func (wd *watchdog) stop() {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	wd.call = nil
+	if wd.t != nil {
+		wd.t.Stop()
+		wd.armed = false
+	}
+}

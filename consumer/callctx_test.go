@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,4 +130,42 @@ func TestHandlerContextEndsWithTheSession(t *testing.T) {
 	if st := b.waitSettled(t); st.Outcome != OutcomeAbandoned {
 		t.Fatalf("settled %s, want %s", st.Outcome, OutcomeAbandoned)
 	}
+}
+
+// The worker's watchdog is set once for many calls and sets itself again
+// when it fires during a later one: a call long after the first still ends
+// at its own deadline.
+func TestHandlerDeadlineAfterManyCalls(t *testing.T) {
+	t.Parallel()
+	var block atomic.Bool
+	got := make(chan error, 1)
+	b := newProcessBundle(t, handlerTimeout(20*time.Millisecond), func(ctx context.Context, m *Message) error {
+		if !block.Load() {
+			return nil
+		}
+		<-ctx.Done()
+		got <- ctx.Err()
+		return ctx.Err()
+	})
+	// Calls that return at once, until deadlines set by the first ones
+	// have passed.
+	start := time.Now()
+	for n := 0; n < 10 || time.Since(start) < 100*time.Millisecond; n++ {
+		b.w.process(b.delivery())
+	}
+	block.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.w.process(b.delivery())
+	}()
+	select {
+	case err := <-got:
+		if err != context.DeadlineExceeded {
+			t.Fatalf("the last call's context ended with %v, want DeadlineExceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the last call's deadline never fired")
+	}
+	<-done
 }

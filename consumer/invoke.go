@@ -58,11 +58,10 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	}
 	start := time.Now()
 	hctx := newCallCtx(ctx, start.Add(qr.cfg.Consumer.HandlerTimeout))
-	if w.due == nil {
-		w.due = time.NewTimer(hctx.deadline.Sub(start))
-	} else {
-		w.due.Reset(hctx.deadline.Sub(start))
+	if w.watch == nil {
+		w.watch = newWatchdog()
 	}
+	w.watch.start(hctx)
 	if w.run == nil {
 		w.run = newHandlerRunner(qr)
 	}
@@ -70,16 +69,21 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	run.jobs <- handlerJob{ctx: hctx, h: h, m: m, chain: chain}
 	var herr error
 	expired := false
-	select {
-	case herr = <-run.done:
-	case <-w.due.C:
-		hctx.end(context.DeadlineExceeded)
-		expired = true
-	case <-ctx.Done():
-		hctx.end(ctx.Err())
-		expired = true
+	for waiting := true; waiting; {
+		select {
+		case herr = <-run.done:
+			waiting = false
+		case c := <-w.watch.expired:
+			// One the watchdog ended as this call's predecessor returned
+			// is skipped.
+			expired = c == hctx
+			waiting = !expired
+		case <-ctx.Done():
+			hctx.end(ctx.Err())
+			expired, waiting = true, false
+		}
 	}
-	w.due.Stop()
+	w.watch.finish()
 	if expired {
 		select {
 		case herr = <-run.done:

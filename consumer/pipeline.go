@@ -49,8 +49,8 @@ type worker struct {
 	// idle times the wait for a next delivery before waiting acks are
 	// written.
 	idle *time.Timer
-	// due times the handler's deadline (see callCtx).
-	due *time.Timer
+	// watch ends handler calls at their deadlines (see callCtx).
+	watch *watchdog
 	// isRetry says whether a queue is one of the session's retry queues.
 	isRetry func(queue string) bool
 }
@@ -164,6 +164,9 @@ func (w *worker) close() {
 	if w.run != nil {
 		w.run.retire()
 		w.run = nil
+	}
+	if w.watch != nil {
+		w.watch.stop()
 	}
 	if sp, ok := w.out.(*sessionPublisher); ok {
 		sp.close()
