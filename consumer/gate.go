@@ -66,7 +66,7 @@ func gated(f *config.Config) bool {
 // admit runs d through the queue's gate in the queue's mode. It returns the
 // message for the router, or (enforce mode only) the gate's
 // *schemas.ValidationError. Every failure is counted, by mode.
-func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
+func (qr *queueRuntime) admit(d *amqp.Delivery) (admitted, error) {
 	in := schemas.Input{
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
@@ -77,13 +77,15 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
 	switch qr.cfg.Gate {
 	case config.GateOff:
 		typ, version := schemas.ReadProperties(in, qr.cfg.Message.VersionHeader)
-		return &admitted{Message: schemas.Message{Type: typ, Version: version}, raw: true}, nil
+		return admitted{Message: schemas.Message{Type: typ, Version: version}, raw: true}, nil
 	case config.GateReport:
 		msg, err := qr.gate.CheckReport(in)
-		a := &admitted{Message: *msg}
-		if errors.As(err, &a.reported) {
-			qr.countViolation(a.reported)
-			qr.logReported(d, a.reported)
+		a := admitted{Message: *msg}
+		var verr *schemas.ValidationError
+		if errors.As(err, &verr) {
+			a.reported = verr
+			qr.countViolation(verr)
+			qr.logReported(d, verr)
 		}
 		return a, nil
 	}
@@ -93,9 +95,9 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (*admitted, error) {
 		if errors.As(err, &verr) {
 			qr.countViolation(verr)
 		}
-		return nil, err
+		return admitted{}, err
 	}
-	return &admitted{Message: *msg}, nil
+	return admitted{Message: *msg}, nil
 }
 
 func (qr *queueRuntime) countViolation(verr *schemas.ValidationError) {

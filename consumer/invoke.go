@@ -56,18 +56,35 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	case <-w.s.handlerCtx.Done():
 		return w.s.handlerCtx.Err()
 	}
-	hctx, cancel := context.WithTimeout(ctx, qr.cfg.Consumer.HandlerTimeout)
-	defer cancel()
 	start := time.Now()
+	hctx := newCallCtx(ctx, start.Add(qr.cfg.Consumer.HandlerTimeout))
+	if w.watch == nil {
+		w.watch = newWatchdog()
+	}
+	w.watch.start(hctx)
 	if w.run == nil {
 		w.run = newHandlerRunner(qr)
 	}
 	run := w.run
 	run.jobs <- handlerJob{ctx: hctx, h: h, m: m, chain: chain}
 	var herr error
-	select {
-	case herr = <-run.done:
-	case <-hctx.Done():
+	expired := false
+	for waiting := true; waiting; {
+		select {
+		case herr = <-run.done:
+			waiting = false
+		case c := <-w.watch.expired:
+			// One the watchdog ended as this call's predecessor returned
+			// is skipped.
+			expired = c == hctx
+			waiting = !expired
+		case <-ctx.Done():
+			hctx.end(ctx.Err())
+			expired, waiting = true, false
+		}
+	}
+	w.watch.finish()
+	if expired {
 		select {
 		case herr = <-run.done:
 		case <-time.After(abandonGrace):
@@ -79,10 +96,16 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 			w.run = nil
 		}
 	}
+	if herr != nil && !time.Now().Before(hctx.deadline) {
+		// Its deadline passed as it returned: the worker saw the result
+		// first, the handler may have seen its context end.
+		hctx.end(context.DeadlineExceeded)
+	}
 	// A handler that returns some error after its deadline passed timed out.
 	if herr != nil && hctx.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
 		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 	}
+	hctx.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
 	took := time.Since(start).Seconds()
 	if herr != nil {
 		qr.metrics.handlerError.Observe(took)

@@ -105,19 +105,32 @@ func tierLabel(i int) string { return strconv.Itoa(i) }
 type queueMetrics struct {
 	handlerOK, handlerError prometheus.Observer
 	attemptsSuccess         prometheus.Observer
-	queue                   string
-	deliveries              *prometheus.CounterVec
-	outcomes                sync.Map // outcome → prometheus.Counter
+	// firstAttempt observes a success on the first attempt, the common
+	// case, without a closure per message.
+	firstAttempt func()
+	queue        string
+	deliveries   *prometheus.CounterVec
+	outcomes     sync.Map // outcome → prometheus.Counter
 }
 
 func (m *metrics) forQueue(queue string) *queueMetrics {
-	return &queueMetrics{
+	qm := &queueMetrics{
 		handlerOK:       m.handlerDuration.WithLabelValues(queue, "ok"),
 		handlerError:    m.handlerDuration.WithLabelValues(queue, "error"),
 		attemptsSuccess: m.attemptsSuccess.WithLabelValues(queue),
 		queue:           queue,
 		deliveries:      m.deliveries,
 	}
+	qm.firstAttempt = func() { qm.attemptsSuccess.Observe(1) }
+	return qm
+}
+
+// succeeded returns what observes a success on attempt.
+func (qm *queueMetrics) succeeded(attempt int) func() {
+	if attempt == 1 {
+		return qm.firstAttempt
+	}
+	return func() { qm.attemptsSuccess.Observe(float64(attempt)) }
 }
 
 // settled counts one delivery settled with outcome.

@@ -49,11 +49,16 @@ type worker struct {
 	// idle times the wait for a next delivery before waiting acks are
 	// written.
 	idle *time.Timer
+	// watch ends handler calls at their deadlines (see callCtx).
+	watch *watchdog
+	// isRetry says whether a queue is one of the session's retry queues.
+	isRetry func(queue string) bool
 }
 
 func newWorker(qs *queueSession, out confirmer) *worker {
 	w := &worker{deps: qs.deps, q: qs.q, s: qs, out: out,
 		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan func(), pipelineDepth), settlerDone: make(chan struct{})}
+	w.isRetry = func(q string) bool { return qs.isRetry[q] }
 	go w.settler()
 	return w
 }
@@ -160,6 +165,9 @@ func (w *worker) close() {
 		w.run.retire()
 		w.run = nil
 	}
+	if w.watch != nil {
+		w.watch.stop()
+	}
 	if sp, ok := w.out.(*sessionPublisher); ok {
 		sp.close()
 	}
@@ -190,7 +198,7 @@ func (w *worker) process(d amqp.Delivery) {
 	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
 	// The attributes are set only on a span that records: building them
 	// for the no-op tracer was a third of a message's allocations.
-	ctx, span := c.tracer.Start(ctx, qr.processSpan, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := c.tracer.Start(ctx, qr.processSpan, consumerSpan...)
 	recording := span.IsRecording()
 	if recording {
 		span.SetAttributes(
@@ -214,7 +222,7 @@ func (w *worker) process(d amqp.Delivery) {
 
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
-	isRetry := func(q string) bool { return w.s.isRetry[q] }
+	isRetry := w.isRetry
 	sig, sigNotes := qr.verify(&d)
 	attempts := triage.CountAttempts(triage.AttemptInput{
 		Headers:      headers,
@@ -261,7 +269,7 @@ func (w *worker) process(d amqp.Delivery) {
 	}
 
 	// 3. The handler.
-	herr := w.runHandler(ctx, &d, msg, attempts, now)
+	herr := w.runHandler(ctx, &d, &msg, attempts, now)
 	w.breakerOutcome(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
 		// Shutdown passed its deadline (or the connection is gone): don't
@@ -274,8 +282,7 @@ func (w *worker) process(d amqp.Delivery) {
 		return
 	}
 	if herr == nil {
-		attempt := float64(attempts.Failed + 1)
-		w.ack(a, w.settled, OutcomeAcked, func() { qr.metrics.attemptsSuccess.Observe(attempt) })
+		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempts.Failed+1))
 		if recording {
 			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
@@ -283,6 +290,9 @@ func (w *worker) process(d amqp.Delivery) {
 	}
 	spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
 }
+
+// consumerSpan starts a process span (one slice for every message).
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
 // failed classifies a failed attempt with triage.Classify, the one path for
 // every class (the gate's *schemas.ValidationError is ClassSchema), and

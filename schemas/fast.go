@@ -72,6 +72,7 @@ type fastSchema struct {
 	// strings
 	minLen, maxLen int
 	pattern        *regexp.Regexp
+	ascii          *asciiPattern // pattern without the regexp, when it can
 
 	// numbers
 	minimum, exclusiveMinimum, maximum, exclusiveMaximum, multipleOf *fastNum
@@ -437,6 +438,9 @@ func (s *fastSchema) validString(x string) bool {
 			return false
 		}
 	}
+	if s.ascii != nil {
+		return s.ascii.match(x)
+	}
 	return s.pattern == nil || s.pattern.MatchString(x)
 }
 
@@ -680,7 +684,7 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		minProps: s.MinProperties, maxProps: s.MaxProperties,
 		minItems: s.MinItems, maxItems: s.MaxItems, unique: s.UniqueItems,
 		minContains: s.MinContains, maxContains: s.MaxContains,
-		minLen: s.MinLength, maxLen: s.MaxLength, pattern: s.Pattern,
+		minLen: s.MinLength, maxLen: s.MaxLength, pattern: s.Pattern, ascii: newASCIIPattern(s.Pattern),
 		minimum: newFastNum(s.Minimum), exclusiveMinimum: newFastNum(s.ExclusiveMinimum),
 		maximum: newFastNum(s.Maximum), exclusiveMaximum: newFastNum(s.ExclusiveMaximum),
 		multipleOf: newFastNum(s.MultipleOf),

@@ -1,0 +1,214 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/wire"
+)
+
+// The happy path without a broker: one valid orders.created v2 delivery
+// through worker.process (signature and attempt count, crash-loop guard,
+// schema gate, a handler that Binds the body, the ack into the session's
+// ack window), as `dlxbridge bench --scenario clean` drives it, minus the
+// network. Its allocs/op is what the issue 11 work on per-message
+// bookkeeping measures:
+//
+//	go test -run '^$' -bench Process -benchmem ./consumer/
+
+// nopAcknowledger takes the ack window's writes.
+type nopAcknowledger struct{ acks atomic.Int64 }
+
+func (a *nopAcknowledger) Ack(uint64, bool) error        { a.acks.Add(1); return nil }
+func (a *nopAcknowledger) Nack(uint64, bool, bool) error { return nil }
+func (a *nopAcknowledger) Reject(uint64, bool) error     { return nil }
+
+type processBundle struct {
+	w       *worker
+	ch      *nopAcknowledger
+	cancel  context.CancelFunc // the session's handlers
+	handled atomic.Int64
+	acked   atomic.Int64
+	settled chan Settled // every outcome, while there is room
+	body    []byte
+	headers amqp.Table
+	tag     uint64
+}
+
+// newProcessBundle builds a worker on a session with no connection, its
+// queue's gate enforcing orders.created v2 (the embedded registry), and a
+// handler that Binds the body (or h, if set); edit changes the runtime's
+// Config. Spans go to the global tracer provider, none installed, as in
+// the bench.
+func newProcessBundle(tb testing.TB, edit func(*Config), h HandlerFunc) *processBundle {
+	tb.Helper()
+	file, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    bindings: [order.created]
+    accepts: [{type: orders.created, versions: ["2"]}]
+`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	reg, err := schemas.Load(schemas.LoadOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b := &processBundle{ch: &nopAcknowledger{}, body: processBody(1024), headers: amqp.Table{wire.DefaultVersionHeader: "2"},
+		settled: make(chan Settled, 16)}
+	cfg := &Config{
+		URL: "amqp://guest:guest@127.0.0.1:5672/", File: file, Registry: reg,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		SigningKey: []byte("0123456789abcdef-process"),
+		OnSettled: func(s Settled) {
+			if s.Outcome == OutcomeAcked {
+				b.acked.Add(1)
+			}
+			select {
+			case b.settled <- s:
+			default:
+			}
+		},
+	}
+	if edit != nil {
+		edit(cfg)
+	}
+	c, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if h == nil {
+		h = func(ctx context.Context, m *Message) error {
+			var o processOrder
+			if err := m.Bind(&o); err != nil {
+				return err
+			}
+			b.handled.Add(1)
+			return nil
+		}
+	}
+	if err := c.HandleVersion("orders", "orders.created", "2", h); err != nil {
+		tb.Fatal(err)
+	}
+	v, _ := topology.ParseBrokerVersion("3.10.8")
+	topo, err := topology.Build(file, v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	wq, _ := topo.WorkQueue("orders")
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	qr := c.queues["orders"]
+	qr.router = c.routers["orders"] // as Run does
+	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{},
+		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
+	qs.acks = newAckWindow(qs.settle, 200)
+	b.w = newWorker(qs, &fakeConfirmer{})
+	tb.Cleanup(func() {
+		b.w.close()
+		cancel()
+	})
+	return b
+}
+
+// processOrder is what the handler binds.
+type processOrder struct {
+	OrderID   string `json:"orderId"`
+	LineItems []struct {
+		SKU      string `json:"sku"`
+		Name     string `json:"name"`
+		Quantity int    `json:"quantity"`
+	} `json:"lineItems"`
+}
+
+// delivery is the next delivery, as the bench publishes it. Its headers
+// and body are shared: the runtime only reads them, and what the client
+// allocates per delivery is not the runtime's.
+func (b *processBundle) delivery() amqp.Delivery {
+	b.tag++
+	return amqp.Delivery{
+		Acknowledger: b.ch, DeliveryTag: b.tag,
+		ContentType: "application/json", Type: "orders.created", DeliveryMode: amqp.Persistent,
+		MessageId: "m-0000001",
+		Headers:   b.headers,
+		Exchange:  "orders", RoutingKey: "order.created",
+		Body: b.body,
+	}
+}
+
+// processBody is a valid orders.created v2 body of about size bytes.
+func processBody(size int) []byte {
+	head := `{"orderId":"00000000-0000-4000-8000-000000000001","createdAt":"2026-01-02T03:04:05Z",` +
+		`"customer":{"id":"c-1","email":"c1@example.com","name":"Customer 1"},"channel":"web",` +
+		`"total":{"amount":"12.50","currency":"EUR"},"lineItems":[{"sku":"SKU-0001","quantity":1,"name":"first"}`
+	var s strings.Builder
+	s.WriteString(head)
+	for s.Len() < size-64 {
+		s.WriteString(`,{"sku":"PAD-0001","quantity":1,"name":"` + strings.Repeat("x", 100) + `"}`)
+	}
+	s.WriteString(`]}`)
+	return []byte(s.String())
+}
+
+func BenchmarkProcess(b *testing.B) {
+	pb := newProcessBundle(b, nil, nil)
+	d := pb.delivery()
+	pb.w.process(d) // warm: handler goroutine, metric children
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := startCPU()
+	for range b.N {
+		pb.w.process(pb.delivery())
+	}
+	b.StopTimer()
+	cpu.report(b)
+	pb.w.s.acks.flush(true)
+	if got := pb.acked.Load(); got != int64(b.N)+1 {
+		b.Fatalf("%d acked, want %d", got, b.N+1)
+	}
+}
+
+// runtimeAllocs bounds the allocations of one clean delivery through
+// worker.process (BenchmarkProcess measures it) beyond what the gate's
+// check and the handler's json.Unmarshal make on their own: the runtime's
+// own bookkeeping. It was 21 before issue 11's cuts (96 in all), 13 after
+// (88; one or two more under the race detector); the bound catches a cut
+// undone.
+const runtimeAllocs = 15
+
+// Not parallel: testing.AllocsPerRun refuses to run in a parallel test.
+func TestProcessAllocs(t *testing.T) {
+	b := newProcessBundle(t, nil, nil)
+	b.w.process(b.delivery()) // warm: handler goroutine, timer, metric children
+	got := testing.AllocsPerRun(200, func() { b.w.process(b.delivery()) })
+	b.w.s.acks.flush(true)
+	if b.acked.Load() != 202 { // AllocsPerRun runs it once more to warm up
+		t.Fatalf("%d acked, want 202", b.acked.Load())
+	}
+	d := b.delivery()
+	in := schemas.Input{ContentType: d.ContentType, Type: d.Type, Headers: d.Headers, Body: d.Body}
+	base := testing.AllocsPerRun(200, func() {
+		if _, err := b.w.q.gate.Check(in); err != nil {
+			t.Fatal(err)
+		}
+		var o processOrder
+		if err := json.Unmarshal(d.Body, &o); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%.0f allocations per delivery, %.0f of them the gate's and the Unmarshal's", got, base)
+	if got-base > runtimeAllocs {
+		t.Fatalf("the runtime makes %.0f allocations per delivery beyond the gate's and the Unmarshal's, want at most %d", got-base, runtimeAllocs)
+	}
+}
