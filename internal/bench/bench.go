@@ -368,7 +368,11 @@ func spawnSide(ctx context.Context, spec *sideSpec, crcs []uint32, stderr io.Wri
 	}
 	l := newLedger(spec, crcs, enough)
 	read := make(chan error, 1)
-	go func() { read <- l.read(recR) }()
+	go func() {
+		err := l.read(recR)
+		_, _ = io.Copy(io.Discard, recR) // after a bad record: never leave the side blocked on a full pipe
+		read <- err
+	}()
 	err = cmd.Wait()
 	rerr := <-read // EOF once the side exited
 	if err != nil {
