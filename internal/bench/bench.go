@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -75,7 +76,19 @@ func side(ctx context.Context, spec string, stdout, stderr io.Writer) int {
 		}
 		defer stop()
 	}
-	if err := runSide(ctx, &s, stdout, stderr); err != nil {
+	records, enoughIn := os.NewFile(recordsFD, "records"), os.NewFile(enoughFD, "enough")
+	if records == nil || enoughIn == nil {
+		fmt.Fprintf(stderr, "dlxbridge bench: %s side: no pipes to the parent (fds %d, %d)\n", s.Side, recordsFD, enoughFD)
+		return exitUsage
+	}
+	defer records.Close()
+	enough := make(chan struct{})
+	go func() {
+		// The parent closes its end once every id expected to succeed has.
+		_, _ = io.Copy(io.Discard, enoughIn)
+		close(enough)
+	}()
+	if err := runSide(ctx, &s, records, enough, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "dlxbridge bench: %s side: %v\n", s.Side, err)
 		return exitFail
 	}
@@ -99,6 +112,9 @@ type Options struct {
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
+	// dup, for tests: publish ids 0 … dup-1 twice to each side (a copy
+	// ahead of the rest), so that each side must count dup duplicates.
+	dup int
 }
 
 // Command runs `dlxbridge bench` with args and returns the exit code.
@@ -161,6 +177,7 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 		return nil
 	})
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
+	fs.IntVar(&o.dup, "test-dup", 0, "")   // hidden: see Options.dup
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: dlxbridge bench [flags]
 
@@ -290,6 +307,11 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 		prefixes[s] = prefix
 		exchanges = append(exchanges, cfg.Queues[0].Exchange.Name)
 	}
+	if o.dup > 0 {
+		if err := PublishAll(ctx, conn, exchanges, min(o.dup, o.Count), msg); err != nil {
+			return nil, fmt.Errorf("publish the test duplicates: %w", err)
+		}
+	}
 	if err := PublishAll(ctx, conn, exchanges, o.Count, msg); err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
@@ -307,12 +329,13 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 		}
 		_ = ch.Close()
 	}
+	crcs := bodyCRCs(sc, o.Count, o.Size)
 	res := &roundResult{Round: round, Sides: map[string]*sideReport{}}
 	for _, s := range order {
 		spec := &sideSpec{URL: o.URL, Side: s, Scenario: sc, Prefix: prefixes[s], Count: o.Count, Size: o.Size,
 			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle, Tiers: o.Tiers}
 		cpu0 := brokerCPU()
-		sr, err := spawnSide(ctx, spec, stderr)
+		sr, err := spawnSide(ctx, spec, crcs, stderr)
 		if err != nil {
 			return nil, err
 		}
@@ -332,8 +355,11 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 }
 
 // spawnSide runs one side in a process of its own: this executable again,
-// with the spec in SideEnv.
-func spawnSide(ctx context.Context, spec *sideSpec, stderr io.Writer) (*sideResult, error) {
+// with the spec in SideEnv. The side streams its records through a pipe to
+// a ledger here, which holds every per-message count (the side's peak RSS
+// stays its consumer's own), and closes a second pipe to tell the side
+// once every id expected to succeed has.
+func spawnSide(ctx context.Context, spec *sideSpec, crcs []uint32, stderr io.Writer) (*sideResult, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -342,17 +368,52 @@ func spawnSide(ctx context.Context, spec *sideSpec, stderr io.Writer) (*sideResu
 	if err != nil {
 		return nil, err
 	}
+	recR, recW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer recR.Close()
+	enoughR, enoughW, err := os.Pipe()
+	if err != nil {
+		recW.Close()
+		return nil, err
+	}
+	var once sync.Once
+	enough := func() { once.Do(func() { enoughW.Close() }) }
+	defer enough()
 	cmd := exec.CommandContext(ctx, exe, "bench")
 	cmd.Env = append(os.Environ(), SideEnv+"="+string(b))
+	cmd.ExtraFiles = []*os.File{recW, enoughR} // recordsFD, enoughFD
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, stderr
-	if err := cmd.Run(); err != nil {
+	err = cmd.Start()
+	recW.Close() // the side holds its own copies now
+	enoughR.Close()
+	if err != nil {
 		return nil, fmt.Errorf("%s side: %w", spec.Side, err)
+	}
+	l := newLedger(spec, crcs, enough)
+	read := make(chan error, 1)
+	go func() {
+		err := l.read(recR)
+		_, _ = io.Copy(io.Discard, recR) // after a bad record: never leave the side blocked on a full pipe
+		read <- err
+	}()
+	err = cmd.Wait()
+	rerr := <-read // EOF once the side exited
+	if err != nil {
+		return nil, fmt.Errorf("%s side: %w", spec.Side, err)
+	}
+	if rerr != nil {
+		return nil, fmt.Errorf("%s side: %w", spec.Side, rerr)
 	}
 	var r sideResult
 	lines := bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n"))
 	if err := json.Unmarshal(lines[len(lines)-1], &r); err != nil {
 		return nil, fmt.Errorf("%s side: unreadable result: %w", spec.Side, err)
+	}
+	if err := l.result(&r); err != nil {
+		return nil, fmt.Errorf("%s side: %w", spec.Side, err)
 	}
 	return &r, nil
 }

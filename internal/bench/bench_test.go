@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,6 +104,92 @@ func TestTally(t *testing.T) {
 	}
 }
 
+// What handlers report in the side reaches the parent's ledger whole:
+// every success counted per id (a duplicate apart from a loss), a body that
+// differs from the published one flagged, "enough" said exactly once, when
+// the last distinct id expected to succeed has, and a side that skipped an
+// id leaves it lost.
+func TestRecordsReachTheLedger(t *testing.T) {
+	t.Parallel()
+	s := &sideSpec{Side: Bridge, Scenario: Storm, Count: 200, Size: 600}
+	crcs := bodyCRCs(s.Scenario, s.Count, s.Size)
+	run := func(skip int) (*ledger, *sideResult, int) {
+		t.Helper()
+		var buf bytes.Buffer
+		rep := newReporter(s.Count, &buf)
+		var wg sync.WaitGroup
+		for w := range 4 { // concurrent handlers, as in the runtime
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < s.Count; i += 4 {
+					body := Body(i, s.Size, KindOf(s.Scenario, i))
+					if i == skip || KindOf(s.Scenario, i).Quarantined() {
+						continue
+					}
+					if KindOf(s.Scenario, i) == TransientOnce {
+						rep.report(i, body, false) // a first attempt that failed
+					}
+					rep.report(i, body, true)
+				}
+			}()
+		}
+		wg.Wait()
+		rep.report(2, Body(2, s.Size, OK), true) // a redelivery
+		altered := Body(4, s.Size, OK)
+		altered[100] ^= 1
+		rep.report(4, altered, false)
+		if i := rep.index("not-a-bench-id"); i != -1 {
+			t.Fatalf("index of a foreign id: %d", i)
+		}
+		var res sideResult
+		if err := rep.close(&res); err != nil {
+			t.Fatal(err)
+		}
+		enough := 0
+		l := newLedger(s, crcs, func() { enough++ })
+		if err := l.read(&buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.result(&res); err != nil {
+			t.Fatal(err)
+		}
+		return l, &res, enough
+	}
+
+	_, res, enough := run(-1)
+	if enough != 1 || res.BadBodies != 1 || res.Unknown != 1 {
+		t.Errorf("enough said %d times, %d bad bodies, %d unknown; want 1, 1, 1", enough, res.BadBodies, res.Unknown)
+	}
+	quarantined, left := make([]int, s.Count), make([]int, s.Count)
+	for i := range s.Count {
+		if KindOf(s.Scenario, i).Quarantined() {
+			quarantined[i] = 1
+		}
+	}
+	var r sideReport
+	tally(&r, s, res.Handled, quarantined, left)
+	if r.Lost != 0 || r.Misplaced != 0 || r.Duplicates != 1 || res.Handled[2] != 2 {
+		t.Errorf("every id reported once, id 2 twice: %+v, id 2 handled %d times", r, res.Handled[2])
+	}
+
+	_, res, enough = run(7) // 7 must succeed ((7*37)%100 = 59)
+	r = sideReport{}
+	tally(&r, s, res.Handled, quarantined, left)
+	if enough != 0 || r.Lost != 1 || r.LostIDs[0] != ID(7) {
+		t.Errorf("id 7 never reported: enough said %d times, %+v", enough, r)
+	}
+
+	// A record the parent never read is an error, not a silent loss.
+	l := newLedger(s, crcs, func() {})
+	if err := l.result(&sideResult{Records: 1}); err == nil {
+		t.Error("a side that wrote a record the parent did not read: no error")
+	}
+	if err := l.read(bytes.NewReader(make([]byte, recordSize+1))); err == nil {
+		t.Error("a torn record: no error")
+	}
+}
+
 func runCommand(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
@@ -162,6 +250,28 @@ func TestBenchMismatchExitsNonZero(t *testing.T) {
 	}
 	if !strings.Contains(errs, "reconciliation failed") || !strings.Contains(errs, "m-0000000") {
 		t.Errorf("stderr does not name the lost id:\n%s", errs)
+	}
+	assertNothingLeft(t, env)
+}
+
+// Ids delivered twice (their first copies published ahead of the rest)
+// reach the parent through each side's records as duplicates, never as
+// losses, and the run still reconciles.
+func TestBenchCountsDuplicatesApart(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	const dups = 3
+	code, out, errs := runCommand(t, "--url", env.URL, "--prefix", env.Name("b"), "--count", "60", "--scenario", "clean",
+		"--rounds", "1", "--prefetch", "10", "--idle", "20s", "--output", "json", "--test-dup", fmt.Sprint(dups))
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
+	}
+	var rep Report
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &rep); err != nil {
+		t.Fatalf("--output json: not one JSON line: %v\n%s", err, out)
+	}
+	if !rep.Reconciled || rep.Lost != 0 || rep.Duplicates != 2*dups {
+		t.Errorf("reconciled %v, lost %d, duplicates %d; want true, 0, %d (each side)", rep.Reconciled, rep.Lost, rep.Duplicates, 2*dups)
 	}
 	assertNothingLeft(t, env)
 }

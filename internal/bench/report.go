@@ -54,7 +54,7 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 	}
 	r := &sideReport{
 		Seconds: res.Seconds, MaxRSSKB: res.MaxRSSKB, TimedOut: res.TimedOut,
-		BadBodies: len(res.BadBodies), Unknown: res.Unknown,
+		BadBodies: res.BadBodies, Unknown: res.Unknown,
 	}
 	if res.Seconds > 0 {
 		r.Rate = float64(s.Count) / res.Seconds

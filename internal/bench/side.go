@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,16 +43,20 @@ type sideSpec struct {
 	Tiers       []time.Duration `json:"tiers,omitempty"` // retry tiers; empty: the defaults
 }
 
-// sideResult is what one side reports: timings, and per id how often a
-// handler succeeded (the bridge) or the message was acked (raw).
+// sideResult is what one side reports on stdout: timings and scalars. What
+// it saw per id went to the parent as records while it ran (see reporter),
+// so the side holds no per-message state and its peak RSS is the
+// consumer's own; the parent fills Handled and BadBodies from them.
 type sideResult struct {
 	Seconds    float64 `json:"seconds"`     // first consume to the last settlement seen
 	CPUSeconds float64 `json:"cpu_seconds"` // user+sys of the process over the same span
 	MaxRSSKB   int64   `json:"max_rss_kb"`  // the process's peak resident set
-	Handled    []byte  `json:"handled"`     // per index: successes (raw: acks), capped at 255
-	BadBodies  []int   `json:"bad_bodies"`  // indexes whose body differed from what was published
+	Records    int64   `json:"records"`     // records written to the parent: it checks it read as many
 	Unknown    int     `json:"unknown"`     // deliveries whose message id is no bench id
 	TimedOut   bool    `json:"timed_out"`   // stopped for lack of progress
+
+	Handled   []byte `json:"-"` // per index: successes (raw: acks), capped at 255; from the records
+	BadBodies int    `json:"-"` // records whose body differed from what was published
 }
 
 // expectation says what a side must see before it is done: successes
@@ -66,60 +72,200 @@ func expectation(s *sideSpec) (handled, quarantined int) {
 	return handled, quarantined
 }
 
-// ledger counts successes per id, safely from concurrent handlers: 8 bytes
-// per message (part of each side's peak RSS, the same on both).
-type ledger struct {
-	size     int      // every body has this size
-	crcs     []uint32 // CRC-32C of each published body
-	counts   []atomic.Uint32
-	distinct atomic.Int64
-	bad      chan int
-	unknown  atomic.Int64
-}
-
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-func newLedger(s *sideSpec) *ledger {
-	l := &ledger{size: s.Size, crcs: make([]uint32, s.Count), counts: make([]atomic.Uint32, s.Count), bad: make(chan int, 1024)}
-	for i := range s.Count {
-		l.crcs[i] = crc32.Checksum(Body(i, s.Size, KindOf(s.Scenario, i)), castagnoli)
-	}
-	return l
+// A record is what a side tells the parent about one delivery its handler
+// saw (raw: every delivery it acks): the id's index, the body's length and
+// CRC-32C (computed in the side, the same work on both sides), and whether
+// it counts as a success. Fixed size, little-endian.
+const (
+	recordSize    = 13
+	recordSuccess = 1 // flag: a success (raw: acked)
+)
+
+// File descriptors of a side's two pipes to the parent (exec's ExtraFiles
+// start at 3): records out, and the parent's "every id expected to succeed
+// has" in (closed by the parent).
+const (
+	recordsFD = 3
+	enoughFD  = 4
+)
+
+// recordFlushEvery bounds how long a record waits in the side's buffer, and
+// so how late the parent can see the last one.
+const recordFlushEvery = 2 * time.Millisecond
+
+// reporter streams a side's records to the parent through one buffered
+// writer, safely from concurrent handlers.
+type reporter struct {
+	count     int
+	mu        sync.Mutex
+	w         *bufio.Writer
+	buf       [recordSize]byte
+	err       error // the first write error
+	records   int64
+	successes atomic.Int64 // not distinct: progress only
+	unknown   atomic.Int64
+	stop      chan struct{}
+	flushed   chan struct{}
 }
 
-// index checks id and body (its length and CRC-32C: comparing bytes would
-// mean holding every body) and returns the id's index, or -1.
-func (l *ledger) index(id string, body []byte) int {
-	i := Index(id)
-	if i < 0 || i >= len(l.counts) {
-		l.unknown.Add(1)
-		return -1
-	}
-	if len(body) != l.size || crc32.Checksum(body, castagnoli) != l.crcs[i] {
+func newReporter(count int, w io.Writer) *reporter {
+	r := &reporter{count: count, w: bufio.NewWriterSize(w, 64<<10), stop: make(chan struct{}), flushed: make(chan struct{})}
+	go r.flushLoop()
+	return r
+}
+
+func (r *reporter) flushLoop() {
+	defer close(r.flushed)
+	t := time.NewTicker(recordFlushEvery)
+	defer t.Stop()
+	for {
 		select {
-		case l.bad <- i:
-		default:
+		case <-r.stop:
+			return
+		case <-t.C:
 		}
+		r.mu.Lock()
+		if r.w.Buffered() > 0 && r.err == nil {
+			r.err = r.w.Flush()
+		}
+		r.mu.Unlock()
+	}
+}
+
+// index is id's index, or -1 (counted as unknown).
+func (r *reporter) index(id string) int {
+	i := Index(id)
+	if i < 0 || i >= r.count {
+		r.unknown.Add(1)
+		return -1
 	}
 	return i
 }
 
-func (l *ledger) success(i int) {
-	if l.counts[i].Add(1) == 1 {
-		l.distinct.Add(1)
+// report records that index i's delivery carried body, a success or not.
+func (r *reporter) report(i int, body []byte, success bool) {
+	crc := crc32.Checksum(body, castagnoli)
+	if success {
+		r.successes.Add(1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	binary.LittleEndian.PutUint32(r.buf[0:], uint32(i))
+	binary.LittleEndian.PutUint32(r.buf[4:], uint32(len(body)))
+	binary.LittleEndian.PutUint32(r.buf[8:], crc)
+	r.buf[12] = 0
+	if success {
+		r.buf[12] = recordSuccess
+	}
+	if _, err := r.w.Write(r.buf[:]); err != nil && r.err == nil {
+		r.err = err
+	}
+	r.records++
+}
+
+// close flushes what is left and fills res's counters.
+func (r *reporter) close(res *sideResult) error {
+	close(r.stop)
+	<-r.flushed
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = r.w.Flush()
+	}
+	res.Records = r.records
+	res.Unknown = int(r.unknown.Load())
+	if r.err != nil {
+		return fmt.Errorf("write records to the parent: %w", r.err)
+	}
+	return nil
+}
+
+// ledger is the parent's side of the records: the CRC-32C of every
+// published body, and per id how many successes it was told of. One
+// goroutine applies records to it.
+type ledger struct {
+	size     int
+	crcs     []uint32 // CRC-32C of each published body
+	counts   []byte   // successes per index, capped at 255
+	want     int      // distinct successes the side must see
+	distinct int
+	bad      int
+	records  int64
+	enough   func() // called once distinct reaches want
+}
+
+// bodyCRCs is the CRC-32C of every body a scenario publishes.
+func bodyCRCs(scenario string, count, size int) []uint32 {
+	crcs := make([]uint32, count)
+	for i := range count {
+		crcs[i] = crc32.Checksum(Body(i, size, KindOf(scenario, i)), castagnoli)
+	}
+	return crcs
+}
+
+func newLedger(s *sideSpec, crcs []uint32, enough func()) *ledger {
+	want, _ := expectation(s)
+	l := &ledger{size: s.Size, crcs: crcs, counts: make([]byte, s.Count), want: want, enough: enough}
+	if want == 0 {
+		enough()
+	}
+	return l
+}
+
+// apply applies one record.
+func (l *ledger) apply(rec []byte) error {
+	i := int(binary.LittleEndian.Uint32(rec[0:]))
+	n := int(binary.LittleEndian.Uint32(rec[4:]))
+	crc := binary.LittleEndian.Uint32(rec[8:])
+	if i >= len(l.counts) {
+		return fmt.Errorf("record %d: index %d out of range", l.records, i)
+	}
+	l.records++
+	if n != l.size || crc != l.crcs[i] {
+		l.bad++
+	}
+	if rec[12]&recordSuccess == 0 {
+		return nil
+	}
+	if l.counts[i] < 255 {
+		l.counts[i]++
+	}
+	if l.counts[i] == 1 {
+		l.distinct++
+		if l.distinct == l.want {
+			l.enough()
+		}
+	}
+	return nil
+}
+
+// read applies every record from r until EOF.
+func (l *ledger) read(r io.Reader) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var rec [recordSize]byte
+	for {
+		if _, err := io.ReadFull(br, rec[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("read records: %w", err) // a torn record too
+		}
+		if err := l.apply(rec[:]); err != nil {
+			return err
+		}
 	}
 }
 
-func (l *ledger) result(r *sideResult) {
-	r.Handled = make([]byte, len(l.counts))
-	for i := range l.counts {
-		r.Handled[i] = byte(min(l.counts[i].Load(), 255))
+// result fills what the side reported through its records into res, and
+// checks that every record it wrote arrived.
+func (l *ledger) result(res *sideResult) error {
+	if l.records != res.Records {
+		return fmt.Errorf("read %d records, the side wrote %d", l.records, res.Records)
 	}
-	close(l.bad)
-	for i := range l.bad {
-		r.BadBodies = append(r.BadBodies, i)
-	}
-	r.Unknown = int(l.unknown.Load())
+	res.Handled, res.BadBodies = l.counts, l.bad
+	return nil
 }
 
 // usage is the process's CPU time (user+sys).
@@ -150,26 +296,41 @@ func peakRSS() int64 {
 	return -1
 }
 
-// runSide drains one side's queue and writes its sideResult as one JSON line.
-func runSide(ctx context.Context, s *sideSpec, stdout, stderr io.Writer) error {
-	l := newLedger(s)
-	wantHandled, wantQuarantined := expectation(s)
+// runSide drains one side's queue, streaming its records to recordsOut,
+// until enough (the parent saw every id expected to succeed succeed) and,
+// for the bridge, the quarantine holds what it should; then it writes its
+// sideResult as one JSON line.
+func runSide(ctx context.Context, s *sideSpec, recordsOut io.Writer, enough <-chan struct{}, stdout, stderr io.Writer) error {
+	rep := newReporter(s.Count, recordsOut)
+	_, wantQuarantined := expectation(s)
 	var r sideResult
 	var err error
 	switch s.Side {
 	case Raw:
-		err = drainRaw(ctx, s, l, wantHandled, &r)
+		err = drainRaw(ctx, s, rep, enough, &r)
 	case Bridge:
-		err = drainBridge(ctx, s, l, wantHandled, wantQuarantined, &r, stderr)
+		err = drainBridge(ctx, s, rep, enough, wantQuarantined, &r, stderr)
 	default:
 		err = fmt.Errorf("unknown side %q", s.Side)
+	}
+	if cerr := rep.close(&r); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return err
 	}
-	l.result(&r)
 	r.MaxRSSKB = peakRSS()
 	return json.NewEncoder(stdout).Encode(&r)
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // stopwatch measures wall and CPU time from the first message a side sees
@@ -197,7 +358,7 @@ func (w *stopwatch) stop(r *sideResult) {
 // the same prefetch, each delivery decoded with json.Unmarshal and acked,
 // one at a time. It has no failure handling, so in a storm it acks every
 // message, the invalid and failing ones too.
-func drainRaw(ctx context.Context, s *sideSpec, l *ledger, want int, r *sideResult) error {
+func drainRaw(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan struct{}, r *sideResult) error {
 	conn, err := dial(s.URL, s.Prefix+"/raw")
 	if err != nil {
 		return err
@@ -223,7 +384,7 @@ func drainRaw(ctx context.Context, s *sideSpec, l *ledger, want int, r *sideResu
 		// moment to reach the broker. Not part of the measurement.
 		time.Sleep(50 * time.Millisecond)
 	}()
-	for l.distinct.Load() < int64(want) {
+	for {
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
@@ -232,13 +393,16 @@ func drainRaw(ctx context.Context, s *sideSpec, l *ledger, want int, r *sideResu
 			clock.start()
 			var o Order
 			_ = json.Unmarshal(d.Body, &o) // its error is not handled: raw has no failure path
-			if i := l.index(d.MessageId, d.Body); i >= 0 {
-				l.success(i)
+			if i := rep.index(d.MessageId); i >= 0 {
+				rep.report(i, d.Body, true)
 			}
 			if err := d.Ack(false); err != nil {
 				return err
 			}
 			idle.Reset(s.Idle)
+		case <-enough:
+			clock.stop(r)
+			return nil
 		case <-idle.C:
 			r.TimedOut = true
 			clock.stop(r)
@@ -247,8 +411,6 @@ func drainRaw(ctx context.Context, s *sideSpec, l *ledger, want int, r *sideResu
 			return ctx.Err()
 		}
 	}
-	clock.stop(r)
-	return nil
 }
 
 var (
@@ -259,7 +421,7 @@ var (
 // drainBridge runs the dlxbridge runtime with a handler that binds the body
 // and fails as the message's kind says, until every id expected to succeed
 // has succeeded and the quarantine holds every id expected there.
-func drainBridge(ctx context.Context, s *sideSpec, l *ledger, wantHandled, wantQuarantined int, r *sideResult, stderr io.Writer) error {
+func drainBridge(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan struct{}, wantQuarantined int, r *sideResult, stderr io.Writer) error {
 	cfg, err := s.config()
 	if err != nil {
 		return err
@@ -289,19 +451,21 @@ func drainBridge(ctx context.Context, s *sideSpec, l *ledger, wantHandled, wantQ
 		if err := m.Bind(&o); err != nil {
 			return triage.Permanent(err)
 		}
-		i := l.index(m.MessageID, m.Body)
+		i := rep.index(m.MessageID)
 		if i < 0 {
 			return triage.Permanent(fmt.Errorf("unknown message id %q", m.MessageID))
 		}
 		switch KindOf(s.Scenario, i) {
 		case TransientOnce:
 			if m.Attempt == 1 {
+				rep.report(i, m.Body, false)
 				return errTransient
 			}
 		case AlwaysFailing:
+			rep.report(i, m.Body, false)
 			return errAlways
 		}
-		l.success(i)
+		rep.report(i, m.Body, true)
 		return nil
 	}))
 	if err != nil {
@@ -334,10 +498,10 @@ func drainBridge(ctx context.Context, s *sideSpec, l *ledger, wantHandled, wantQ
 		if err != nil {
 			return err
 		}
-		handled := l.distinct.Load()
-		if handled >= int64(wantHandled) && q >= wantQuarantined {
+		if closed(enough) && q >= wantQuarantined {
 			break
 		}
+		handled := rep.successes.Load()
 		if progress := handled + int64(q); progress != last {
 			last, lastChange = progress, time.Now()
 		} else if time.Since(lastChange) > s.Idle {
