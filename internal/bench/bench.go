@@ -284,7 +284,7 @@ type roundResult struct {
 
 // runRound declares a fresh topology per side, publishes the same messages
 // to both, drains each side in order, reconciles, and deletes everything.
-func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string, round int, order []string, msg func(i int) amqp.Publishing, stderr io.Writer) (_ *roundResult, err error) {
+func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string, round int, order []string, msg func(i int) amqp.Publishing, stderr io.Writer) (_ *roundResult, retErr error) {
 	prefixes := map[string]string{}
 	var exchanges []string
 	for _, s := range order {
@@ -296,8 +296,10 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 		topo, err := Declare(ctx, conn, cfg)
 		if topo != nil {
 			defer func() {
-				if derr := Delete(conn, topo); derr != nil && err == nil {
-					err = derr
+				// Not err: the loop's own shadows the result, and a
+				// failed delete (objects left on the broker) went unsaid.
+				if derr := Delete(conn, topo); derr != nil && retErr == nil {
+					retErr = fmt.Errorf("delete the round's topology (%s*): %w", prefix, derr)
 				}
 			}()
 		}
