@@ -100,6 +100,18 @@ func (w *worker) settleLater(publish func(confirmed func(error)), finish func(er
 	return true
 }
 
+// settleInOrder returns once every settlement the worker has in flight is
+// finished and its ack written. A re-admission waits for it: its copy goes
+// to this same queue and can be delivered before the confirm of its publish
+// reaches the publishing connection; handled while the original is still
+// unacked, a crash would requeue the original and re-admit it once more.
+// Re-admissions are rare (upstream dead letters on RabbitMQ 3.13+), so the
+// wait costs nothing that matters.
+func (w *worker) settleInOrder() {
+	w.settling.Wait()
+	w.s.acks.flush(true)
+}
+
 // next returns the next delivery to process; false when there is none to
 // take (the consumer was cancelled and its deliveries handed over, or the
 // drain deadline passed). Before it waits for a delivery it writes the
@@ -249,6 +261,9 @@ func (w *worker) process(d amqp.Delivery) {
 			}
 		}
 		if spanHandedOff = w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); spanHandedOff {
+			if v.Action == triage.ActionReadmit {
+				w.settleInOrder()
+			}
 			return
 		}
 		// A re-admission that cannot fit one frame was not sent: the
