@@ -257,13 +257,16 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	}
 	defer conn.Close()
 	rep := newReport(o, conn)
-	for _, sc := range o.Scenarios {
-		msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
-		for r := range o.Rounds {
-			order := []string{Raw, Bridge}
-			if r%2 == 1 {
-				order = []string{Bridge, Raw}
-			}
+	// Scenarios alternate within each round, as the sides do: a storm is
+	// compared with the bridge's own clean rate (bridge_storm_vs_clean),
+	// which on a shared machine drifts over minutes.
+	for r := range o.Rounds {
+		order := []string{Raw, Bridge}
+		if r%2 == 1 {
+			order = []string{Bridge, Raw}
+		}
+		for _, sc := range o.Scenarios {
+			msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
 			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
 			if err != nil {
 				rep.finish()
