@@ -52,7 +52,7 @@ type ackWindow struct {
 	timer   *time.Timer            // flushes maxDelay after an ack waits
 	armed   bool                   // timer is set
 	forced  time.Time              // the latest forced flush
-	seen    uint64                 // the latest tag the feeder took up
+	seen    uint64                 // the latest tag the feeder took up; the feeder's alone
 }
 
 // tagRange is the tags lo to hi, both included.
@@ -148,17 +148,19 @@ func (w *ackWindow) rejected(d *amqp.Delivery) {
 // basic.cancel, which queueSession.settle is there to prevent). No handler
 // sees it and nothing else would settle it: it would pin the prefix, every
 // later ack written on its own, and stay unacked until the channel closes
-// (or consumer_timeout closes it). It is rejected with requeue: the broker
-// delivers it again. received returns the dropped tags and the first
+// (or consumer_timeout closes it). It is nacked with requeue: the broker
+// delivers it again. Only the feeder calls received. received returns the dropped tags and the first
 // reject's error.
 func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
-	w.mu.Lock()
+	// seen is the feeder's alone: no lock on the path of every delivery
+	// (a stop's flush holds the lock until the broker's cancel-ok).
 	from := w.seen + 1
 	w.seen = max(w.seen, d.DeliveryTag)
-	w.mu.Unlock()
 	for tag := from; tag < d.DeliveryTag; tag++ {
 		// Marked only once written: no multiple ack covers it before.
-		if rerr := w.settle(func() error { return d.Acknowledger.Reject(tag, true) }); rerr != nil && err == nil {
+		// A nack, not a reject: no handler saw the message, and from
+		// RabbitMQ 4.3 a reject with requeue charges it a delivery.
+		if rerr := w.settle(func() error { return d.Acknowledger.Nack(tag, false, true) }); rerr != nil && err == nil {
 			err = rerr
 		}
 		dropped = append(dropped, tag)

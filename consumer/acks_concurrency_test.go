@@ -55,7 +55,18 @@ func (m *lockedModel) Ack(tag uint64, multiple bool) error {
 	return nil
 }
 
-func (m *lockedModel) Nack(uint64, bool, bool) error { m.t.Error("nack"); return nil }
+// Nack is how the window requeues a delivery the client dropped (workers
+// reject): single, with requeue, and only for a dropped tag.
+func (m *lockedModel) Nack(tag uint64, multiple, requeue bool) error {
+	m.mu.Lock()
+	dropped := m.dropped[tag]
+	m.mu.Unlock()
+	if multiple || !requeue || !dropped {
+		m.t.Errorf("nack of tag %d (multiple %v, requeue %v, dropped %v): only a dropped delivery is nacked, alone, with requeue", tag, multiple, requeue, dropped)
+		return nil
+	}
+	return m.Reject(tag, true)
+}
 
 func (m *lockedModel) Reject(tag uint64, requeue bool) error {
 	m.mu.Lock()

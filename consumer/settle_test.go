@@ -785,8 +785,8 @@ func TestAckWindowBehindAStuckTagStaysBounded(t *testing.T) {
 
 // A tag the feeder never saw is a delivery the client dropped (addressed
 // to a consumer a breaker's pause cancelled): nothing would settle it, so
-// it would pin the prefix until the channel closes. It is rejected with
-// requeue once a later tag shows it was skipped, and the prefix passes it.
+// it would pin the prefix until the channel closes. It is nacked with
+// requeue (no attempt charged) once a later tag shows it was skipped, and the prefix passes it.
 func TestAckWindowRequeuesDeliveriesTheClientDropped(t *testing.T) {
 	t.Parallel()
 	m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
@@ -804,8 +804,8 @@ func TestAckWindowRequeuesDeliveriesTheClientDropped(t *testing.T) {
 		w.ack(del(tag), func(error) {})
 	}
 	w.flush(false)
-	if got := strings.Join(m.requeued, " "); got != "3 4" {
-		t.Errorf("requeued %q, want 3 4", got)
+	if got := strings.Join(m.nacked, " "); got != "3 4" {
+		t.Errorf("nacked %q (requeued %q), want 3 4: a reject would charge them a delivery on 4.3+", got, strings.Join(m.requeued, " "))
 	}
 	if len(m.unacked) != 0 || w.held() != 0 || w.prefix != 6 {
 		t.Errorf("unacked %v; window holds %d entries, prefix %d", m.unacked, w.held(), w.prefix)
@@ -875,7 +875,7 @@ func TestAckWindowAgainstAModel(t *testing.T) {
 type modelChannel struct {
 	t                *testing.T
 	unacked, settled map[uint64]bool
-	requeued         []string
+	requeued, nacked []string
 }
 
 func (m *modelChannel) Ack(tag uint64, multiple bool) error {
@@ -897,7 +897,13 @@ func (m *modelChannel) Ack(tag uint64, multiple bool) error {
 	}
 	return nil
 }
-func (m *modelChannel) Nack(uint64, bool, bool) error { m.t.Fatal("nack"); return nil }
+func (m *modelChannel) Nack(tag uint64, multiple, requeue bool) error {
+	if multiple || !requeue || m.settled[tag] {
+		m.t.Fatalf("nack of tag %d (multiple %v, requeue %v): only a dropped delivery is nacked, alone, with requeue", tag, multiple, requeue)
+	}
+	m.nacked = append(m.nacked, fmt.Sprint(tag))
+	return m.Reject(tag, true)
+}
 func (m *modelChannel) Reject(tag uint64, requeue bool) error {
 	if !m.unacked[tag] {
 		m.t.Fatalf("reject of tag %d, not unacked (unknown delivery tag)", tag)
