@@ -168,6 +168,16 @@ func firstAlias(n *yaml.Node) int {
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
+// zeroRefused are the keys whose unset value is 0 in Go (so a Config built
+// in code gets the default) but where a 0 written in the file means
+// something else to a reader: "no retries", or AMQP's "no prefetch limit".
+// Written, it is refused rather than silently replaced by the default.
+var zeroRefused = map[string]string{
+	".retry.max_attempts":   "0 is not allowed: 1 means no retries (the first delivery only); leave the key out for the default, 5",
+	".consumer.prefetch":    "0 is not allowed (to AMQP it means no limit): use 1 to 2000, or leave the key out for the default, 20",
+	".consumer.concurrency": "0 is not allowed: use 1 or more, or leave the key out for the default, 4",
+}
+
 // checkKeys walks the YAML tree beside the Go type and reports every mapping
 // key that has no field, with its path. yaml.v3's KnownFields reports only the
 // first one and by line, not by path. An anchored node is walked once per Go
@@ -192,6 +202,13 @@ func checkKeys(n *yaml.Node, t reflect.Type, path string, errs *Errors, seen map
 	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!int" && strings.Trim(n.Value, "+-0") == "" {
+		for suffix, msg := range zeroRefused {
+			if strings.HasSuffix(path, suffix) {
+				*errs = append(*errs, FieldError{path, msg})
+			}
+		}
 	}
 	switch {
 	case t == durationType:

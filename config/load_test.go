@@ -318,3 +318,27 @@ func TestBareZeroIsADuration(t *testing.T) {
 		t.Errorf("max_elapsed: 5 gave %v", err)
 	}
 }
+
+// A written 0 where the default replaces a Go zero would be read as "no
+// retries" or "no prefetch limit": refused, with the field's path. Left
+// out, the default applies.
+func TestWrittenZeroIsRefusedWhereItWouldMislead(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ extra, path string }{
+		{"retry: {max_attempts: 0}", "queues[0].retry.max_attempts: 0 is not allowed"},
+		{"consumer: {prefetch: 0}", "queues[0].consumer.prefetch: 0 is not allowed"},
+		{"consumer: {concurrency: 00}", "queues[0].consumer.concurrency: 0 is not allowed"},
+	} {
+		_, err := config.Parse([]byte(queueDoc(c.extra)))
+		if err == nil || !strings.Contains(err.Error(), c.path) {
+			t.Errorf("%s: got %v, want %q", c.extra, err, c.path)
+		}
+	}
+	cfg, err := config.Parse([]byte(queueDoc("retry: {max_attempts: 1}\nmax_length: 0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Queues[0].Retry.MaxAttempts != 1 {
+		t.Errorf("max_attempts: 1 gave %d", cfg.Queues[0].Retry.MaxAttempts)
+	}
+}
