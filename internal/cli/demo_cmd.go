@@ -403,8 +403,19 @@ func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.To
 		return
 	}
 	fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (names start with %s); its config is %s:\n", len(topo.Queues), len(topo.Exchanges), prefix, path)
-	fmt.Fprintf(out, "  dlxbridge quarantine list --config %s\n  dlxbridge quarantine stats --config %s\n", path, path)
+	self := selfCommand()
+	fmt.Fprintf(out, "  %s quarantine list --config %s\n  %s quarantine stats --config %s\n", self, path, self, path)
 	fmt.Fprintf(out, "delete them in the management UI (or rabbitmqctl delete_queue) when done\n")
+}
+
+// selfCommand is how to run this binary again: "go run ./cmd/dlxbridge"
+// when it was built by go run (into the build cache's temporary
+// directory), else "dlxbridge".
+func selfCommand() string {
+	if exe, err := os.Executable(); err == nil && strings.Contains(exe, string(filepath.Separator)+"go-build") {
+		return "go run ./cmd/dlxbridge"
+	}
+	return "dlxbridge"
 }
 
 // demoReplayReason is the replay's reason in the audit trail.

@@ -125,7 +125,7 @@ func TestDemoKeepWritesAConfigTheQuarantineCommandsRead(t *testing.T) {
 	}
 	path, _, _ := strings.Cut(rest, ":\n")
 	t.Cleanup(func() { os.Remove(path) })
-	if want := "dlxbridge quarantine stats --config " + path; !strings.Contains(out, want) {
+	if want := "quarantine stats --config " + path; !strings.Contains(out, want) {
 		t.Errorf("output lacks %q:\n%s", want, out)
 	}
 	stats := b.mustRun(t, cli.ExitOK, "quarantine", "stats", "--config", path)
