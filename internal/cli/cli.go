@@ -4,9 +4,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sort"
 	"strings"
@@ -142,6 +144,8 @@ func loadConfig(env *Env, path string) (*config.Config, bool) {
 			for _, e := range es {
 				fmt.Fprintf(env.Stderr, "  %s\n", e.Error())
 			}
+		} else if errors.Is(err, fs.ErrNotExist) {
+			fmt.Fprintf(env.Stderr, "dlxbridge: no config file %s (pass --config <file>; config.yaml at the repository's top is an example)\n", path)
 		} else {
 			fmt.Fprintf(env.Stderr, "dlxbridge: %v\n", err)
 		}

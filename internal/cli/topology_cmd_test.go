@@ -376,3 +376,17 @@ func TestCommandGroupHelp(t *testing.T) {
 		}
 	}
 }
+
+// A missing config file says so and how to name one.
+func TestMissingConfigSaysHowToNameOne(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	env := &cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(string) string { return "" }}
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	if code := cli.Main(context.Background(), []string{"topology", "plan", "--config", missing}, env); code == cli.ExitOK {
+		t.Fatalf("exit 0 without a config")
+	}
+	if want := "no config file " + missing + " (pass --config <file>"; !strings.Contains(errOut.String(), want) {
+		t.Errorf("stderr %q lacks %q", errOut.String(), want)
+	}
+}
