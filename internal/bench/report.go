@@ -280,7 +280,7 @@ func (rep *Report) mismatch() string {
 
 // writeText prints the rounds, then the summary per scenario.
 func (rep *Report) writeText(w io.Writer) {
-	fmt.Fprintf(w, "dlxbridge bench: RabbitMQ %s, %d messages × %d B per side and round, prefetch %d, bridge concurrency %d, %d rounds, %d CPUs, load %.2f\n\n",
+	fmt.Fprintf(w, "dlxbridge bench: RabbitMQ %s, %d messages × %d B per side and round, prefetch %d, bridge concurrency %d, %d round(s), %d CPUs, load %.2f\n\n",
 		rep.Broker, rep.Count, rep.Size, rep.Prefetch, rep.Concurrency, rep.Rounds, rep.CPUs, rep.Load1)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tround\tside\tmsg/s\tseconds\tCPU µs/msg\tpeak RSS MiB\thandled\tquarantined\tlost\tduplicates\t")
