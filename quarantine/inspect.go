@@ -144,7 +144,11 @@ const (
 	EventReplayStarted  = "replay-started"
 	EventReplayed       = "replayed"
 	EventReplayFinished = "replay-finished"
-	EventPurged         = "purged"
+	// EventReplayRefused ends a replay that claimed its quarantines and
+	// then sent nothing because selected messages fail the current schema
+	// (IDs names them).
+	EventReplayRefused = "replay-refused"
+	EventPurged        = "purged"
 	// EventClaimed: a replay or purge took the quarantine's lock and reads
 	// the events stream up to this event (its end, found without waiting).
 	EventClaimed = "claimed"

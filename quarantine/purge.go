@@ -52,7 +52,7 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 		opts.Filter.States = []State{StateOpen, StateExpired}
 	}
 	res := &PurgeResult{Run: newRun(), DryRun: opts.DryRun, Purged: []string{}}
-	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+	selected, _, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
 		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String()})
 	if err != nil {
 		return nil, err

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -177,12 +179,29 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	opts.Filter.States = nil // open records only
 	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
 	start := time.Now()
-	selected, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+	selected, claimed, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
 		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String(), ToQueue: opts.ToQueue})
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	// A run that claimed its quarantines and sends nothing still ends in
+	// the audit trail, refused or finished, beside its claim.
+	endClaimed := func(kind string, ids []string) {
+		if len(claimed) == 0 {
+			return
+		}
+		pub, err := amqpx.NewPublisher(rp.Conn)
+		if err != nil {
+			return
+		}
+		defer pub.Close()
+		e := Event{Kind: kind, At: rp.now().UTC(), By: rp.by(), Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String(), ToQueue: opts.ToQueue, IDs: ids,
+			Counts: map[string]int{"selected": res.Selected, "sent": 0, "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}
+		for _, stream := range claimed {
+			_ = publishEvent(context.WithoutCancel(ctx), pub, stream, e)
+		}
+	}
 	res.Selected = len(selected)
 	gates := map[string]*schemas.Gate{}
 	var send []*Record
@@ -232,9 +251,11 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		}
 	}
 	if len(res.Invalid) > 0 && !opts.SkipInvalid {
+		endClaimed(EventReplayRefused, res.Invalid)
 		return res, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(res.Invalid, ", "))
 	}
 	if opts.DryRun || len(send) == 0 {
+		endClaimed(EventReplayFinished, nil)
 		res.Duration = time.Since(start)
 		return res, nil
 	}
@@ -406,7 +427,8 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 // is a dry run), claims them (see claim) and only then reads the records f
 // selects, so what another replay or purge resolved meanwhile is no longer
 // selected.
-func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, claim Event) ([]*Record, func(), error) {
+// It also returns the events streams it claimed.
+func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, claim Event) ([]*Record, []string, func(), error) {
 	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now, eventWaits: rp.eventWaits}
 	release := func() {}
 	var marks map[string]string
@@ -414,27 +436,27 @@ func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, cla
 		locked := lockedSets(in.quarantines(), f.Queue)
 		var err error
 		if release, err = rp.lock(ctx, locked); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if marks, err = rp.claim(ctx, locked, claim); err != nil {
 			release()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	snap, err := in.snapshot(ctx, marks)
 	if err != nil {
 		release()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// An id prefix names one record: one that several share would send or
 	// resolve all of them.
 	for _, id := range f.IDs {
 		if _, err := snap.Get(id); errors.Is(err, ErrAmbiguous) {
 			release()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
-	return snap.List(f), release, nil
+	return snap.List(f), slices.Sorted(maps.Keys(marks)), release, nil
 }
 
 // claim writes a claimed event (the run's, under its lock) into the events

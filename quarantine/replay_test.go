@@ -241,6 +241,19 @@ func TestReplayChecksSchemaPatchAndBudget(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || len(res.Invalid) != 3 || len(res.Sent) != 0 || b.depth(b.q.Name) != 0 {
 		t.Fatalf("invalid payloads: %+v %v", res, err)
 	}
+	// The refused run ends in the audit trail beside its claim.
+	refused := 0
+	for _, e := range b.snapshot(b.inspector()).Events {
+		if e.Run == res.Run && e.Kind == EventReplayRefused {
+			refused++
+			if len(e.IDs) != 3 || e.Counts["invalid"] != 3 || e.Counts["sent"] != 0 {
+				t.Errorf("refused event: %+v", e)
+			}
+		}
+	}
+	if refused != 1 {
+		t.Errorf("%d replay-refused events for the refused run, want 1", refused)
+	}
 	stillBad := &Patch{Merge: []byte(`{"n":1}`)}
 	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-bad"}, Patch: stillBad})
 	if !errors.Is(err, ErrInvalid) || b.depth(b.q.Name) != 0 {
