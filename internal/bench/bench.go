@@ -197,6 +197,12 @@ flags:
 				fmt.Fprintf(stderr, "  --%s (default %q)\n    \t%s\n", f.Name, f.DefValue, f.Usage)
 			}
 		})
+		fmt.Fprint(stderr, `
+environment:
+  RABBITMQ_URL                 the broker when --url is not given
+  DLXBRIDGE_BENCH_CPUPROFILE   a directory: each side writes a CPU profile of its drain and a heap profile at its end
+  DLXBRIDGE_BENCH_BROKER_PID   the broker's beam.smp pid: print the broker's CPU time beside each side's
+`)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
