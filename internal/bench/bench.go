@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -445,11 +446,11 @@ const BrokerPIDEnv = "DLXBRIDGE_BENCH_BROKER_PID"
 
 // brokerCPU is the CPU time of the process BrokerPIDEnv names, or -1.
 func brokerCPU() time.Duration {
-	pid := os.Getenv(BrokerPIDEnv)
-	if pid == "" {
+	pid, err := strconv.Atoi(os.Getenv(BrokerPIDEnv))
+	if err != nil || pid <= 0 { // unset, or not a pid: no path is built from it
 		return -1
 	}
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return -1
 	}
