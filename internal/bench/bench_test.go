@@ -364,3 +364,29 @@ func TestBenchInterruptedIsNotReconciled(t *testing.T) {
 	}
 	assertNothingLeft(t, env)
 }
+
+// A declaration that fails part way (interrupted) still hands back what it
+// was declaring, so the round deletes it: an interrupted bench left the
+// queue and exchanges it had declared so far, and said nothing of them.
+func TestDeclareFailureReturnsTheTopology(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	conn := env.Dial("declare")
+	defer conn.Close()
+	cfg, err := Config(env.Name("d"), 10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	topo, err := Declare(ctx, conn, cfg)
+	if err == nil {
+		t.Fatal("declared under a cancelled context")
+	}
+	if topo == nil {
+		t.Fatal("a failed declaration returned no topology: what it declared cannot be deleted")
+	}
+	if err := Delete(conn, topo); err != nil {
+		t.Errorf("delete what a failed declaration may have left: %v", err)
+	}
+}
