@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -396,15 +395,36 @@ queues:
 
 // demoKeepConfig writes the kept demo's configuration next to the system's
 // temporary files and says how to look at, and later delete, what is kept.
+// The file is new (os.CreateTemp: exclusive, a random suffix): the
+// directory is shared, and a name predictable from --prefix could already
+// be someone's symlink to a file of ours, which WriteFile would overwrite.
 func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.Topology) {
-	path := filepath.Join(os.TempDir(), prefix+".yaml")
-	if err := os.WriteFile(path, text, 0o644); err != nil {
+	path, err := writeNewTemp(prefix+"-*.yaml", text)
+	if err != nil {
 		fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (could not write its config: %v)\n", len(topo.Queues), len(topo.Exchanges), err)
 		return
 	}
 	fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (names start with %s); its config is %s:\n", len(topo.Queues), len(topo.Exchanges), prefix, path)
 	fmt.Fprintf(out, "  dlxbridge quarantine list --config %s\n  dlxbridge quarantine stats --config %s\n", path, path)
 	fmt.Fprintf(out, "delete them in the management UI (or rabbitmqctl delete_queue) when done\n")
+}
+
+// writeNewTemp writes text to a new file in the temporary directory named
+// by pattern (as os.CreateTemp) and returns its path.
+func writeNewTemp(pattern string, text []byte) (string, error) {
+	f, err := os.CreateTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(text)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }
 
 // demoReplayReason is the replay's reason in the audit trail.
