@@ -16,7 +16,7 @@ func TestASCIIPatternAgrees(t *testing.T) {
 	}
 	refuses := []string{
 		`[A-Z]{3}`, `^[A-Z]{3}`, `[A-Z]{3}$`, `^-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,4})?$`, `^a+b$`,
-		`^[^a]$`, `^.$`, `^é$`, `^(?i)ab$`, `^a|b$`, `^(ab)$`, `(?m)^a$`, `^a\b$`, `^a*b*$`,
+		`^[^a]$`, `^.$`, `^é$`, `^(?i)ab$`, `^(?i)[a-z]$`, `^(?i)[k]{2}$`, `^(?:ab){2}$`, `^[a-z]{1,2}[0-9]$`, `^a|b$`, `^(ab)$`, `(?m)^a$`, `^a\b$`, `^a*b*$`,
 	}
 	for _, src := range refuses {
 		if newASCIIPattern(regexp.MustCompile(src)) != nil {
