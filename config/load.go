@@ -79,6 +79,7 @@ func Parse(data []byte) (*Config, error) {
 		return nil, Errors{{Msg: fmt.Sprintf("yaml: line %d: a second YAML document (after \"---\"); a config is one document", extra.Line)}}
 	}
 	var errs Errors
+	copyScalarAliases(&root)
 	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs, map[aliased]bool{})
 	if len(errs) > 0 {
 		return nil, errs
@@ -176,6 +177,27 @@ var zeroRefused = map[string]string{
 	".retry.max_attempts":   "0 is not allowed: 1 means no retries (the first delivery only); leave the key out for the default, 5",
 	".consumer.prefetch":    "0 is not allowed (to AMQP it means no limit): use 1 to 2000, or leave the key out for the default, 20",
 	".consumer.concurrency": "0 is not allowed: use 1 or more, or leave the key out for the default, 4",
+}
+
+// copyScalarAliases gives every alias of a scalar its own copy of it, before
+// checkKeys retags a bare 0 in a duration's place as a string: the anchored
+// node shared by an alias in a number's place (jitter: &z 0, max_elapsed: *z)
+// would otherwise become a string there too, and the number refused. It
+// walks the tree once, without following aliases; a scalar has no children,
+// so the copies cost what the aliases do.
+func copyScalarAliases(n *yaml.Node) {
+	if n.Kind == yaml.AliasNode {
+		if a := n.Alias; a != nil && a.Kind == yaml.ScalarNode {
+			c := *a
+			c.Anchor = ""
+			c.Line, c.Column = n.Line, n.Column
+			*n = c
+		}
+		return
+	}
+	for _, c := range n.Content {
+		copyScalarAliases(c)
+	}
 }
 
 // checkKeys walks the YAML tree beside the Go type and reports every mapping

@@ -19,10 +19,14 @@ type callCtx struct {
 	values   context.Context
 	deadline time.Time
 
-	mu    sync.Mutex
-	done  chan struct{} // made on first use
-	err   error
-	after []*afterFunc
+	mu   sync.Mutex
+	done chan struct{} // made on first use
+	err  error
+	// after holds the AfterFuncs not yet stopped: a stopped one (a
+	// derived context cancelled) is forgotten, as context's own parents
+	// forget a cancelled child, or a handler deriving one per request
+	// would hold them all until it returns.
+	after map[*afterFunc]struct{}
 }
 
 type afterFunc struct {
@@ -81,13 +85,17 @@ func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
 		a.stopped = true
 		go f()
 	} else {
-		c.after = append(c.after, a)
+		if c.after == nil {
+			c.after = make(map[*afterFunc]struct{})
+		}
+		c.after[a] = struct{}{}
 	}
 	return func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		stopped := !a.stopped
 		a.stopped = true
+		delete(c.after, a)
 		return stopped
 	}
 }
@@ -105,7 +113,7 @@ func (c *callCtx) end(err error) {
 	} else {
 		close(c.done)
 	}
-	for _, a := range c.after {
+	for a := range c.after {
 		if !a.stopped {
 			a.stopped = true
 			go a.f()

@@ -169,3 +169,29 @@ func TestHandlerDeadlineAfterManyCalls(t *testing.T) {
 	}
 	<-done
 }
+
+// A handler that derives and cancels contexts in a loop (a request per
+// item, each WithTimeout) must not make its context hold every one of them
+// until it returns: context.WithCancel's own parent forgets a cancelled
+// child.
+func TestCallCtxForgetsStoppedAfterFuncs(t *testing.T) {
+	t.Parallel()
+	c := newCallCtx(context.Background(), time.Now().Add(time.Hour))
+	for range 10000 {
+		child, cancel := context.WithTimeout(c, time.Hour)
+		cancel()
+		<-child.Done()
+		stop := context.AfterFunc(c, func() {})
+		stop()
+	}
+	c.mu.Lock()
+	n := len(c.after)
+	c.mu.Unlock()
+	if n > 0 {
+		t.Errorf("%d stopped AfterFuncs still held", n)
+	}
+	ran := make(chan struct{})
+	context.AfterFunc(c, func() { close(ran) })
+	c.end(context.Canceled)
+	<-ran
+}

@@ -16,7 +16,7 @@ func TestASCIIPatternAgrees(t *testing.T) {
 	}
 	refuses := []string{
 		`[A-Z]{3}`, `^[A-Z]{3}`, `[A-Z]{3}$`, `^-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,4})?$`, `^a+b$`,
-		`^[^a]$`, `^.$`, `^é$`, `^(?i)ab$`, `^a|b$`, `^(ab)$`, `(?m)^a$`, `^a\b$`, `^a*b*$`,
+		`^[^a]$`, `^.$`, `^é$`, `^(?i)ab$`, `^(?i)[a-z]$`, `^(?i)[k]{2}$`, `^(?:ab){2}$`, `^[a-z]{1,2}[0-9]$`, `^a|b$`, `^(ab)$`, `(?m)^a$`, `^a\b$`, `^a*b*$`,
 	}
 	for _, src := range refuses {
 		if newASCIIPattern(regexp.MustCompile(src)) != nil {
@@ -49,4 +49,30 @@ func TestASCIIPatternAgrees(t *testing.T) {
 			check(s)
 		}
 	}
+}
+
+// FuzzASCIIPattern is the differential test over patterns as well as
+// inputs: for any pattern the fast matcher takes, it must accept exactly
+// what the regexp accepts (non-ASCII, invalid UTF-8, NUL, a trailing
+// newline against $, case folding that reaches outside ASCII).
+func FuzzASCIIPattern(f *testing.F) {
+	for _, p := range []string{`^[A-Z]{3}$`, `^[A-Z0-9][A-Z0-9-]{2,31}$`, `^\+[1-9][0-9]{6,14}$`, `(?i)^[a-z]{2}$`,
+		`^(?i)[k]$`, `^[\x00-\x7f]+$`, `^a{2,}$`, `^[a-c]{2}?$`, `\A\x00*\z`, `^(?:[0-9]){3}$`, `^\d\w\s$`, `^[[:alpha:]]+$`} {
+		for _, s := range []string{"", "ABC", "abc\n", "K", "\u212a", "\xff", "\x00", "aa", "a1 ", "ſ"} {
+			f.Add(p, s)
+		}
+	}
+	f.Fuzz(func(t *testing.T, src, s string) {
+		re, err := regexp.Compile(src)
+		if err != nil {
+			return
+		}
+		p := newASCIIPattern(re)
+		if p == nil {
+			return
+		}
+		if got, want := p.match(s), re.MatchString(s); got != want {
+			t.Fatalf("%s on %q: %v, the regexp says %v", src, s, got, want)
+		}
+	})
 }

@@ -277,7 +277,9 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
 			if err != nil {
 				rep.finish()
-				return rep, fmt.Errorf("%s round %d: %w", sc, r+1, err)
+				err = fmt.Errorf("%s round %d: %w", sc, r+1, err)
+				rep.Reconciled, rep.Error = false, err.Error()
+				return rep, err
 			}
 			rep.add(sc, res)
 		}

@@ -336,3 +336,57 @@ func TestBrokerCPU(t *testing.T) {
 		t.Errorf("this process's CPU time: %v, want > 0", got)
 	}
 }
+
+// A run that stops before it is done (interrupted, here before its first
+// round) exits 1 and its report does not claim a reconciliation it never
+// made: a script reading the JSON line, or someone the text, would take
+// "reconciled: true, 0 lost" for a clean run.
+func TestBenchInterruptedIsNotReconciled(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errb bytes.Buffer
+	code := Command(ctx, []string{"--url", env.URL, "--prefix", env.Name("b"), "--count", "50", "--rounds", "1"}, &out, &errb, func(string) string { return "" })
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var rep Report
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
+		t.Fatalf("the last line is not the JSON report: %v\n%s", err, out.String())
+	}
+	if rep.Reconciled || rep.Error == "" {
+		t.Errorf("interrupted run: reconciled %v, error %q; want false and the error", rep.Reconciled, rep.Error)
+	}
+	if strings.Contains(out.String(), "reconciled: every id") {
+		t.Errorf("interrupted run claims a reconciliation:\n%s", out.String())
+	}
+	assertNothingLeft(t, env)
+}
+
+// A declaration that fails part way (interrupted) still hands back what it
+// was declaring, so the round deletes it: an interrupted bench left the
+// queue and exchanges it had declared so far, and said nothing of them.
+func TestDeclareFailureReturnsTheTopology(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	conn := env.Dial("declare")
+	defer conn.Close()
+	cfg, err := Config(env.Name("d"), 10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	topo, err := Declare(ctx, conn, cfg)
+	if err == nil {
+		t.Fatal("declared under a cancelled context")
+	}
+	if topo == nil {
+		t.Fatal("a failed declaration returned no topology: what it declared cannot be deleted")
+	}
+	if err := Delete(conn, topo); err != nil {
+		t.Errorf("delete what a failed declaration may have left: %v", err)
+	}
+}

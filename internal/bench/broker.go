@@ -15,14 +15,15 @@ import (
 )
 
 // Declare builds cfg's topology for the broker conn is connected to and
-// applies it.
+// applies it. When applying fails (part of it may be declared) it returns
+// the topology with the error, for the caller to Delete.
 func Declare(ctx context.Context, conn *amqp.Connection, cfg *config.Config) (*topology.Topology, error) {
 	topo, err := topology.BuildFor(cfg, conn)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
-		return nil, fmt.Errorf("declare %s: %w", cfg.Queues[0].Name, err)
+		return topo, fmt.Errorf("declare %s: %w", cfg.Queues[0].Name, err)
 	}
 	return topo, nil
 }

@@ -140,10 +140,13 @@ type Report struct {
 	Load1       float64          `json:"load1"` // one-minute load average when the run ended
 	Scenarios   []scenarioReport `json:"scenarios"`
 	Reconciled  bool             `json:"reconciled"`
-	Lost        int              `json:"lost"`
-	Misplaced   int              `json:"misplaced"`
-	BadBodies   int              `json:"bad_bodies"`
-	Duplicates  int              `json:"duplicates"`
+	// Error is why the run stopped before its last round, if it did: then
+	// Reconciled is false, whatever the rounds that ran showed.
+	Error      string `json:"error,omitempty"`
+	Lost       int    `json:"lost"`
+	Misplaced  int    `json:"misplaced"`
+	BadBodies  int    `json:"bad_bodies"`
+	Duplicates int    `json:"duplicates"`
 	// StormVsClean is the bridge's median storm rate ÷ its median clean
 	// rate, when both ran: how much of its speed a storm of failures costs.
 	StormVsClean float64 `json:"bridge_storm_vs_clean,omitempty"`
@@ -311,7 +314,9 @@ func (rep *Report) writeText(w io.Writer) {
 		fmt.Fprintf(w, "the bridge settles a storm at %.2f× its clean rate\n", rep.StormVsClean)
 	}
 	fmt.Fprintln(w)
-	if rep.Reconciled {
+	if rep.Error != "" {
+		fmt.Fprintf(w, "NOT COMPLETE: %s; only the rounds above ran\n", rep.Error)
+	} else if rep.Reconciled {
 		fmt.Fprintf(w, "reconciled: every id handled (raw: acked) or quarantined, bodies as published (quarantined: byte for byte; handled: length and CRC-32C); 0 lost, %d duplicates (at-least-once, not losses)\n", rep.Duplicates)
 	} else {
 		fmt.Fprintf(w, "NOT RECONCILED: %d lost, %d misplaced, %d bad bodies; %d duplicates\n", rep.Lost, rep.Misplaced, rep.BadBodies, rep.Duplicates)

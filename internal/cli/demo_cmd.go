@@ -396,9 +396,12 @@ queues:
 
 // demoKeepConfig writes the kept demo's configuration next to the system's
 // temporary files and says how to look at, and later delete, what is kept.
+// The file is new (os.CreateTemp: exclusive, a random suffix): the
+// directory is shared, and a name predictable from --prefix could already
+// be someone's symlink to a file of ours, which WriteFile would overwrite.
 func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.Topology) {
-	path := filepath.Join(os.TempDir(), prefix+".yaml")
-	if err := os.WriteFile(path, text, 0o644); err != nil {
+	path, err := writeNewTemp(prefix+"-*.yaml", text)
+	if err != nil {
 		fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (could not write its config: %v)\n", len(topo.Queues), len(topo.Exchanges), err)
 		return
 	}
@@ -416,6 +419,24 @@ func selfCommand() string {
 		return "go run ./cmd/dlxbridge"
 	}
 	return "dlxbridge"
+}
+
+// writeNewTemp writes text to a new file in the temporary directory named
+// by pattern (as os.CreateTemp) and returns its path.
+func writeNewTemp(pattern string, text []byte) (string, error) {
+	f, err := os.CreateTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(text)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }
 
 // demoReplayReason is the replay's reason in the audit trail.
