@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -101,8 +102,33 @@ type ReplayResult struct {
 	Invalid    []string `json:"invalid,omitempty"`
 	OverBudget []string `json:"over_budget,omitempty"`
 	// Stopped: the context ended before every message was sent.
-	Stopped  bool          `json:"stopped"`
-	Duration time.Duration `json:"duration"`
+	Stopped bool `json:"stopped"`
+	// Duration is how long the replay took; duration_seconds in JSON.
+	Duration time.Duration `json:"-"`
+}
+
+// MarshalJSON writes Duration as duration_seconds, a number of seconds.
+func (r ReplayResult) MarshalJSON() ([]byte, error) {
+	type plain ReplayResult
+	return json.Marshal(struct {
+		plain
+		Duration float64 `json:"duration_seconds"`
+	}{plain(r), r.Duration.Seconds()})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *ReplayResult) UnmarshalJSON(b []byte) error {
+	type plain ReplayResult
+	var v struct {
+		plain
+		Duration float64 `json:"duration_seconds"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = ReplayResult(v.plain)
+	r.Duration = secondsDuration(v.Duration)
+	return nil
 }
 
 // Replayer replays and purges records. One per command.
