@@ -50,6 +50,7 @@ func commands() map[string]command {
 		"bench":      {"the runtime beside a plain amqp091-go consumer, every id reconciled", runBench},
 		"demo":       {"show the whole job on a throwaway topology: publish a mix, handle, retry, quarantine", runDemo},
 		"run":        {"consume the queues and forward each message to a local HTTP endpoint (the sidecar)", runRun},
+		"version":    {"the binary's version, VCS revision and Go version", runVersion},
 	}
 }
 
@@ -64,6 +65,9 @@ func Main(ctx context.Context, args []string, env *Env) int {
 			return ExitUsage
 		}
 		return ExitOK
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		return runVersion(ctx, env, nil)
 	}
 	cmd, ok := commands()[args[0]]
 	if !ok {
