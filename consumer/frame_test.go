@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"strings"
 	"sync"
 	"testing"
@@ -37,7 +38,7 @@ func TestOversizedHeaderOfEachKindNeverClosesThePublishingConnection(t *testing.
 
 	const blob = 130_800
 	kinds := []struct{ name, header string }{
-		{"bridge header", quarantine.HeaderOriginalRoutingKey},
+		{"bridge header", wire.HeaderOriginalRoutingKey},
 		{"unknown bridge header", "dlxbridge-blob"},
 		{"traceparent", "traceparent"},
 		{"tracestate", "tracestate"},
@@ -148,7 +149,7 @@ func TestOversizedHeaderOfEachKindNeverClosesThePublishingConnection(t *testing.
 		if notes := strings.Join(env.Notes, "; "); !strings.Contains(notes, g.header) {
 			t.Errorf("%s: notes %q do not name %s", g.id, notes, g.header)
 		}
-		if g.header == quarantine.HeaderOriginalRoutingKey {
+		if g.header == wire.HeaderOriginalRoutingKey {
 			// Unsigned, so the bridge ignores it (noted above) and writes
 			// the real routing key over it: nothing is left to drop.
 			if v, _ := d.Headers[g.header].(string); v != "job.test" {
@@ -157,9 +158,9 @@ func TestOversizedHeaderOfEachKindNeverClosesThePublishingConnection(t *testing.
 			continue
 		}
 		var dropped []string
-		_ = json.Unmarshal([]byte(fmt.Sprint(d.Headers[quarantine.HeaderDropped])), &dropped)
+		_ = json.Unmarshal([]byte(fmt.Sprint(d.Headers[wire.HeaderDropped])), &dropped)
 		if !strings.Contains(strings.Join(dropped, " "), g.header) {
-			t.Errorf("%s: %s = %v does not name %s", g.id, quarantine.HeaderDropped, d.Headers[quarantine.HeaderDropped], g.header)
+			t.Errorf("%s: %s = %v does not name %s", g.id, wire.HeaderDropped, d.Headers[wire.HeaderDropped], g.header)
 		}
 	}
 }
@@ -176,7 +177,7 @@ func TestMessageThatCannotFitAnyFrameIsDeadLetteredNotSent(t *testing.T) {
 	long := strings.Repeat("p", 255)
 	body := []byte(`{"id": "tiny-frame"}`)
 	b.publish(body, amqp.Publishing{MessageId: long, CorrelationId: long, ReplyTo: long, AppId: long, Headers: amqp.Table{
-		quarantine.HeaderOriginalExchange: long, quarantine.HeaderOriginalRoutingKey: long, quarantine.HeaderOriginalQueue: long,
+		wire.HeaderOriginalExchange: long, wire.HeaderOriginalRoutingKey: long, wire.HeaderOriginalQueue: long,
 	}})
 	var calls int
 	var mu sync.Mutex

@@ -128,8 +128,8 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	if e := again.Envelope; e.OriginalExchange != first.Envelope.OriginalExchange || e.OriginalRouting != first.Envelope.OriginalRouting || e.OriginalExchange == "" {
 		t.Fatalf("origin lost: first %s/%s, again %s/%s", first.Envelope.OriginalExchange, first.Envelope.OriginalRouting, e.OriginalExchange, e.OriginalRouting)
 	}
-	if again.Headers()[quarantine.HeaderRedriveReason] != "customer 99 created" {
-		t.Fatalf("redrive reason %v", again.Headers()[quarantine.HeaderRedriveReason])
+	if again.Headers()[wire.HeaderRedriveReason] != "customer 99 created" {
+		t.Fatalf("redrive reason %v", again.Headers()[wire.HeaderRedriveReason])
 	}
 	hist := snap.History(again)
 	if len(hist) != 1 || hist[0].ID != first.ID || hist[0].State != quarantine.StateReplayed || hist[0].Resolution == nil {

@@ -23,77 +23,8 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// Envelope header names. Values are strings unless noted.
-const (
-	// HeaderEnvelope is the envelope format version (int32 1).
-	HeaderEnvelope = wire.HeaderEnvelope
-	// HeaderSource is "bridge" for envelopes written by dlxbridge.
-	HeaderSource = wire.HeaderSource
-	// HeaderClass is the failure class (triage.Class).
-	HeaderClass = wire.HeaderClass
-	// HeaderReason is the human reason for quarantine, e.g. "attempt budget
-	// exhausted (5/5)".
-	HeaderReason = wire.HeaderReason
-	// HeaderError is the last error message, truncated to MaxErrorBytes.
-	HeaderError = wire.HeaderError
-	// HeaderFingerprint groups like failures (triage.Fingerprint).
-	HeaderFingerprint = wire.HeaderFingerprint
-	// HeaderAttempts is the number of handler attempts made (int64). It is
-	// the same header the retry loop counts with.
-	HeaderAttempts = wire.HeaderAttempts
-	// HeaderFirstFailureAt, HeaderLastFailureAt and HeaderQuarantinedAt are
-	// RFC 3339 UTC times with nanoseconds.
-	HeaderFirstFailureAt = wire.HeaderFirstFailureAt
-	HeaderLastFailureAt  = wire.HeaderLastFailureAt
-	HeaderQuarantinedAt  = wire.HeaderQuarantinedAt
-	// HeaderOriginalExchange, HeaderOriginalRoutingKey and
-	// HeaderOriginalQueue say where the message first came from. They are set
-	// on the first retry publish and kept through every hop.
-	HeaderOriginalExchange   = wire.HeaderOriginalExchange
-	HeaderOriginalRoutingKey = wire.HeaderOriginalRoutingKey
-	HeaderOriginalQueue      = wire.HeaderOriginalQueue
-	// HeaderMessageType and HeaderSchemaVersion are what the schema gate
-	// read, when it got that far.
-	HeaderMessageType   = wire.HeaderMessageType
-	HeaderSchemaVersion = wire.HeaderSchemaVersion
-	// HeaderValidationErrors is a JSON array of {pointer, keyword, message},
-	// at most MaxValidationBytes long.
-	HeaderValidationErrors = wire.HeaderValidationErrors
-	// HeaderIdempotencyKeyCopy is the message's idempotency key (its
-	// idempotency-key header, else its message id).
-	HeaderIdempotencyKeyCopy = wire.HeaderIdempotencyKeyCopy
-	// HeaderTraceID is the W3C trace id; the traceparent header itself is
-	// also kept.
-	HeaderTraceID = wire.HeaderTraceID
-	// HeaderWorkerHost and HeaderWorkerVersion name the process that
-	// quarantined the message.
-	HeaderWorkerHost    = wire.HeaderWorkerHost
-	HeaderWorkerVersion = wire.HeaderWorkerVersion
-	// HeaderRedacted lists what redaction changed (JSON array of header
-	// names and body pointers); absent when nothing was.
-	HeaderRedacted = wire.HeaderRedacted
-	// HeaderRedactionFailed says why configured body redaction could not be
-	// applied (e.g. the body is not JSON).
-	HeaderRedactionFailed = wire.HeaderRedactionFailed
-	// HeaderNotes carries triage notes (forged or malformed headers seen,
-	// headers dropped to fit a frame), as a JSON array.
-	HeaderNotes = wire.HeaderNotes
-	// HeaderDropped lists what was dropped or cut so that a retry or
-	// quarantine publish fits one frame, as a JSON array of
-	// "header:<name>" and "property:<name>" (see Fit); absent when nothing
-	// was. It is kept across hops.
-	HeaderDropped = wire.HeaderDropped
-	// HeaderStack is the stack of a handler panic (class panic), from the
-	// panicking frame down, at most MaxStackBytes (see PanicStack).
-	HeaderStack = wire.HeaderStack
-	// HeaderRedriveCount is how many times the message was replayed out of
-	// a quarantine (int64); HeaderRedriveAt (RFC 3339) and
-	// HeaderRedriveReason are the last replay's time and reason. Set by
-	// `quarantine replay`, kept by the runtime (see Replayer).
-	HeaderRedriveCount  = wire.HeaderRedriveCount
-	HeaderRedriveAt     = wire.HeaderRedriveAt
-	HeaderRedriveReason = wire.HeaderRedriveReason
-)
+// Header names are in package wire (wire.HeaderClass, wire.HeaderReason, …):
+// the envelope writes them, and wire is the one place any header is named.
 
 // Limits that keep the envelope well inside one frame.
 const (
@@ -179,36 +110,36 @@ func (e *Envelope) Apply(h amqp.Table) {
 		}
 		h[k] = t.UTC().Format(time.RFC3339Nano)
 	}
-	h[HeaderEnvelope] = int32(EnvelopeVersion)
-	set(HeaderSource, e.Source)
-	set(HeaderClass, string(e.Class))
-	set(HeaderReason, Truncate(e.Reason, MaxErrorBytes))
-	set(HeaderError, Truncate(e.Error, MaxErrorBytes))
-	set(HeaderFingerprint, e.Fingerprint)
-	h[HeaderAttempts] = int64(e.Attempts)
-	setTime(HeaderFirstFailureAt, e.FirstFailureAt)
-	setTime(HeaderLastFailureAt, e.LastFailureAt)
-	setTime(HeaderQuarantinedAt, e.QuarantinedAt)
-	set(HeaderOriginalExchange, e.OriginalExchange)
-	set(HeaderOriginalRoutingKey, e.OriginalRouting)
-	set(HeaderOriginalQueue, e.OriginalQueue)
-	set(HeaderIdempotencyKeyCopy, Truncate(e.IdempotencyKey, MaxKeyBytes))
-	set(HeaderMessageType, e.MessageType)
-	set(HeaderSchemaVersion, e.SchemaVersion)
-	set(HeaderValidationErrors, encodeViolations(e.Validation))
-	set(HeaderTraceID, e.TraceID)
-	set(HeaderWorkerHost, e.WorkerHost)
-	set(HeaderWorkerVersion, e.WorkerVersion)
-	set(HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
-	set(HeaderRedactionFailed, e.RedactionFailed)
-	set(HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
-	set(HeaderStack, Truncate(e.Stack, MaxStackBytes))
+	h[wire.HeaderEnvelope] = int32(EnvelopeVersion)
+	set(wire.HeaderSource, e.Source)
+	set(wire.HeaderClass, string(e.Class))
+	set(wire.HeaderReason, Truncate(e.Reason, MaxErrorBytes))
+	set(wire.HeaderError, Truncate(e.Error, MaxErrorBytes))
+	set(wire.HeaderFingerprint, e.Fingerprint)
+	h[wire.HeaderAttempts] = int64(e.Attempts)
+	setTime(wire.HeaderFirstFailureAt, e.FirstFailureAt)
+	setTime(wire.HeaderLastFailureAt, e.LastFailureAt)
+	setTime(wire.HeaderQuarantinedAt, e.QuarantinedAt)
+	set(wire.HeaderOriginalExchange, e.OriginalExchange)
+	set(wire.HeaderOriginalRoutingKey, e.OriginalRouting)
+	set(wire.HeaderOriginalQueue, e.OriginalQueue)
+	set(wire.HeaderIdempotencyKeyCopy, Truncate(e.IdempotencyKey, MaxKeyBytes))
+	set(wire.HeaderMessageType, e.MessageType)
+	set(wire.HeaderSchemaVersion, e.SchemaVersion)
+	set(wire.HeaderValidationErrors, encodeViolations(e.Validation))
+	set(wire.HeaderTraceID, e.TraceID)
+	set(wire.HeaderWorkerHost, e.WorkerHost)
+	set(wire.HeaderWorkerVersion, e.WorkerVersion)
+	set(wire.HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
+	set(wire.HeaderRedactionFailed, e.RedactionFailed)
+	set(wire.HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
+	set(wire.HeaderStack, Truncate(e.Stack, MaxStackBytes))
 }
 
 // ApplyNotes writes only the notes header (after Apply, when notes grew).
 func (e *Envelope) ApplyNotes(h amqp.Table) {
 	if n := encodeStrings(e.Notes, MaxNotesBytes); n != "" {
-		h[HeaderNotes] = n
+		h[wire.HeaderNotes] = n
 	}
 }
 
@@ -305,31 +236,31 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	h := map[string]any(d.Headers)
 	env.MessageID = d.MessageId
 	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
-	if _, has := h[HeaderEnvelope]; has {
-		env.Source = wire.Str(h, HeaderSource)
-		env.Class = triage.Class(wire.Str(h, HeaderClass))
-		env.Reason = wire.Str(h, HeaderReason)
-		env.Error = wire.Str(h, HeaderError)
-		env.Fingerprint = wire.Str(h, HeaderFingerprint)
-		env.Attempts = int(wire.IntOrDecimal(h[HeaderAttempts]))
-		env.FirstFailureAt = headerTime(h, HeaderFirstFailureAt)
-		env.LastFailureAt = headerTime(h, HeaderLastFailureAt)
-		env.QuarantinedAt = headerTime(h, HeaderQuarantinedAt)
-		env.OriginalExchange = wire.Str(h, HeaderOriginalExchange)
-		env.OriginalRouting = wire.Str(h, HeaderOriginalRoutingKey)
-		env.OriginalQueue = wire.Str(h, HeaderOriginalQueue)
-		env.IdempotencyKey = wire.Str(h, HeaderIdempotencyKeyCopy)
-		env.MessageType = wire.Str(h, HeaderMessageType)
-		env.SchemaVersion = wire.Str(h, HeaderSchemaVersion)
-		_ = json.Unmarshal([]byte(wire.Str(h, HeaderValidationErrors)), &env.Validation)
-		env.TraceID = wire.Str(h, HeaderTraceID)
-		env.WorkerHost = wire.Str(h, HeaderWorkerHost)
-		env.WorkerVersion = wire.Str(h, HeaderWorkerVersion)
-		env.Redacted, _ = wire.StringList(h[HeaderRedacted])
-		env.RedactionFailed = wire.Str(h, HeaderRedactionFailed)
-		env.Notes, _ = wire.StringList(h[HeaderNotes])
-		env.Dropped, _ = wire.StringList(h[HeaderDropped])
-		env.Stack = wire.Str(h, HeaderStack)
+	if _, has := h[wire.HeaderEnvelope]; has {
+		env.Source = wire.Str(h, wire.HeaderSource)
+		env.Class = triage.Class(wire.Str(h, wire.HeaderClass))
+		env.Reason = wire.Str(h, wire.HeaderReason)
+		env.Error = wire.Str(h, wire.HeaderError)
+		env.Fingerprint = wire.Str(h, wire.HeaderFingerprint)
+		env.Attempts = int(wire.IntOrDecimal(h[wire.HeaderAttempts]))
+		env.FirstFailureAt = headerTime(h, wire.HeaderFirstFailureAt)
+		env.LastFailureAt = headerTime(h, wire.HeaderLastFailureAt)
+		env.QuarantinedAt = headerTime(h, wire.HeaderQuarantinedAt)
+		env.OriginalExchange = wire.Str(h, wire.HeaderOriginalExchange)
+		env.OriginalRouting = wire.Str(h, wire.HeaderOriginalRoutingKey)
+		env.OriginalQueue = wire.Str(h, wire.HeaderOriginalQueue)
+		env.IdempotencyKey = wire.Str(h, wire.HeaderIdempotencyKeyCopy)
+		env.MessageType = wire.Str(h, wire.HeaderMessageType)
+		env.SchemaVersion = wire.Str(h, wire.HeaderSchemaVersion)
+		_ = json.Unmarshal([]byte(wire.Str(h, wire.HeaderValidationErrors)), &env.Validation)
+		env.TraceID = wire.Str(h, wire.HeaderTraceID)
+		env.WorkerHost = wire.Str(h, wire.HeaderWorkerHost)
+		env.WorkerVersion = wire.Str(h, wire.HeaderWorkerVersion)
+		env.Redacted, _ = wire.StringList(h[wire.HeaderRedacted])
+		env.RedactionFailed = wire.Str(h, wire.HeaderRedactionFailed)
+		env.Notes, _ = wire.StringList(h[wire.HeaderNotes])
+		env.Dropped, _ = wire.StringList(h[wire.HeaderDropped])
+		env.Stack = wire.Str(h, wire.HeaderStack)
 		return env, true
 	}
 	hist := triage.ParseXDeath(h[wire.HeaderXDeath])

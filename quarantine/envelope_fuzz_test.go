@@ -3,6 +3,7 @@ package quarantine
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"reflect"
 	"strings"
 	"testing"
@@ -96,14 +97,14 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("round trip:\n got %#v\nwant %#v", got, want)
 		}
-		for _, k := range []string{HeaderFirstFailureAt, HeaderLastFailureAt, HeaderQuarantinedAt} {
+		for _, k := range []string{wire.HeaderFirstFailureAt, wire.HeaderLastFailureAt, wire.HeaderQuarantinedAt} {
 			if s, ok := h[k].(string); ok {
 				if _, err := time.Parse(time.RFC3339Nano, s); err != nil {
 					t.Errorf("%s: Apply wrote a time Read cannot parse: %v", k, err)
 				}
 			}
 		}
-		for k, limit := range map[string]int{HeaderValidationErrors: MaxValidationBytes, HeaderRedacted: MaxNotesBytes, HeaderNotes: MaxNotesBytes} {
+		for k, limit := range map[string]int{wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderRedacted: MaxNotesBytes, wire.HeaderNotes: MaxNotesBytes} {
 			if s, _ := h[k].(string); len(s) > limit {
 				t.Errorf("%s: %d bytes, over %d", k, len(s), limit)
 			}

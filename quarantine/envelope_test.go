@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"github.com/dlxbridge/dlxbridge/wire"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -54,7 +55,7 @@ func TestApplyBoundsEveryHeader(t *testing.T) {
 	e := Envelope{Reason: huge, Error: huge, Validation: vs, Notes: []string{huge, huge}, Stack: huge}
 	h := amqp.Table{}
 	e.Apply(h)
-	for k, limit := range map[string]int{HeaderReason: MaxErrorBytes, HeaderError: MaxErrorBytes, HeaderValidationErrors: MaxValidationBytes, HeaderNotes: MaxNotesBytes, HeaderStack: MaxStackBytes} {
+	for k, limit := range map[string]int{wire.HeaderReason: MaxErrorBytes, wire.HeaderError: MaxErrorBytes, wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderNotes: MaxNotesBytes, wire.HeaderStack: MaxStackBytes} {
 		s, _ := h[k].(string)
 		if len(s) == 0 || len(s) > limit || !utf8.ValidString(s) {
 			t.Errorf("%s: %d bytes (limit %d), valid UTF-8 %v", k, len(s), limit, utf8.ValidString(s))

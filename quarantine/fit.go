@@ -35,7 +35,7 @@ const (
 	// MinDetailBytes is what a detail text header (an error text, say) is
 	// cut to before details are dropped whole.
 	MinDetailBytes = 256
-	// MaxDroppedBytes bounds HeaderDropped.
+	// MaxDroppedBytes bounds wire.HeaderDropped.
 	MaxDroppedBytes = 1024
 )
 
@@ -87,11 +87,11 @@ const (
 // DefaultFrameSize), changing only p's headers, and those in Rank order.
 // Short-string properties over 255 bytes (which the client would silently
 // cut) are cut to 255 on a UTF-8 boundary first. When Fit changes anything
-// it records it in two headers that it owns and rewrites: HeaderDropped
+// it records it in two headers that it owns and rewrites: wire.HeaderDropped
 // lists what was dropped or cut ("header:<name>", "property:<name>"), and
-// one note saying so, with sizes, is appended to HeaderNotes (earlier notes
+// one note saying so, with sizes, is appended to wire.HeaderNotes (earlier notes
 // and entries are kept as far as MaxNotesBytes and MaxDroppedBytes allow,
-// the newest first). It returns the entries it added to HeaderDropped.
+// the newest first). It returns the entries it added to wire.HeaderDropped.
 //
 // If the frame cannot be made to fit, Fit returns ErrNoFit and p must not
 // be sent (its headers may be partly trimmed already). A nil error means
@@ -115,19 +115,19 @@ func Fit(p *amqp.Publishing, frameMax int, rank func(name string) Rank) ([]strin
 	h := p.Headers
 	// The record's own headers: taken out now, rewritten at the end, and
 	// room kept for them meanwhile.
-	notes, ok := stringList(h[HeaderNotes])
+	notes, ok := stringList(h[wire.HeaderNotes])
 	if !ok {
-		changes = append(changes, change{what: "header:" + HeaderNotes, from: byteLen(h[HeaderNotes]), note: "not a JSON array of strings; replaced"})
+		changes = append(changes, change{what: "header:" + wire.HeaderNotes, from: byteLen(h[wire.HeaderNotes]), note: "not a JSON array of strings; replaced"})
 	}
-	listed, _ := stringList(h[HeaderDropped])
-	delete(h, HeaderNotes)
-	delete(h, HeaderDropped)
+	listed, _ := stringList(h[wire.HeaderDropped])
+	delete(h, wire.HeaderNotes)
+	delete(h, wire.HeaderDropped)
 
 	size := HeaderFrameSize(p)
 	if len(h) == 0 {
 		size += 4 // the table the record will add
 	}
-	budget := frameMax - fieldSize(HeaderNotes, strings.Repeat("x", MaxNotesBytes)) - fieldSize(HeaderDropped, strings.Repeat("x", MaxDroppedBytes))
+	budget := frameMax - fieldSize(wire.HeaderNotes, strings.Repeat("x", MaxNotesBytes)) - fieldSize(wire.HeaderDropped, strings.Repeat("x", MaxDroppedBytes))
 	// Shrink in Rank order until the headers fit, remembering each step...
 	type step struct {
 		name string
@@ -188,8 +188,8 @@ func Fit(p *amqp.Publishing, frameMax int, rank func(name string) Rank) ([]strin
 	// just this Fit's note and entries, cut short.
 	note := fitNote(changes, frameMax)
 	for _, limit := range []int{MaxNotesBytes, maxShortstr} {
-		h[HeaderDropped] = encodeStrings(append(listed, added...), min(limit, MaxDroppedBytes))
-		h[HeaderNotes] = encodeStrings(append(notes, Truncate(note, limit-4)), limit)
+		h[wire.HeaderDropped] = encodeStrings(append(listed, added...), min(limit, MaxDroppedBytes))
+		h[wire.HeaderNotes] = encodeStrings(append(notes, Truncate(note, limit-4)), limit)
 		if HeaderFrameSize(p) <= frameMax {
 			return added, nil
 		}
@@ -234,14 +234,14 @@ type change struct {
 	note     string
 }
 
-// fitNote says what Fit changed, naming at most 8 things (HeaderDropped
+// fitNote says what Fit changed, naming at most 8 things (wire.HeaderDropped
 // has the list).
 func fitNote(changes []change, frameMax int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "to fit one %d-byte frame:", frameMax)
 	for i, c := range changes {
 		if i == 8 {
-			fmt.Fprintf(&b, " and %d more (see %s)", len(changes)-i, HeaderDropped)
+			fmt.Fprintf(&b, " and %d more (see %s)", len(changes)-i, wire.HeaderDropped)
 			break
 		}
 		if i > 0 {
@@ -311,7 +311,7 @@ func largest(h amqp.Table, rank func(string) Rank, n int) []string {
 	var out []string
 	for _, r := range []Rank{FixedHeader, EssentialHeader} {
 		for _, k := range byRank(h, rank, r) {
-			if len(out) < n && k != HeaderNotes && k != HeaderDropped {
+			if len(out) < n && k != wire.HeaderNotes && k != wire.HeaderDropped {
 				out = append(out, fmt.Sprintf("%s (%d bytes)", Truncate(k, 80), byteLen(h[k])))
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"io"
 	"net"
 	"strings"
@@ -93,14 +94,14 @@ func TestTheClientSilentlyCutsLongShortStrings(t *testing.T) {
 	if len(p.MessageId) != 255 || !strings.HasSuffix(p.MessageId, "[truncated]") {
 		t.Fatalf("message id not cut to 255 bytes: %d", len(p.MessageId))
 	}
-	if got, _ := stringList(p.Headers[HeaderDropped]); len(got) != 1 || got[0] != "property:message-id" {
-		t.Fatalf("%s = %v", HeaderDropped, got)
+	if got, _ := stringList(p.Headers[wire.HeaderDropped]); len(got) != 1 || got[0] != "property:message-id" {
+		t.Fatalf("%s = %v", wire.HeaderDropped, got)
 	}
 }
 
 func TestFitLeavesAMessageThatFitsAlone(t *testing.T) {
 	t.Parallel()
-	p := amqp.Publishing{Headers: amqp.Table{"a": strings.Repeat("x", 100_000), HeaderNotes: "not json"}, Body: []byte("b")}
+	p := amqp.Publishing{Headers: amqp.Table{"a": strings.Repeat("x", 100_000), wire.HeaderNotes: "not json"}, Body: []byte("b")}
 	changed, err := Fit(&p, 0, func(string) Rank { return ProducerHeader })
 	if err != nil || changed != nil || len(p.Headers) != 2 {
 		t.Fatalf("changed %v, err %v, headers %d", changed, err, len(p.Headers))
@@ -114,10 +115,10 @@ func TestFitShrinksInRankOrder(t *testing.T) {
 	t.Parallel()
 	ranks := map[string]Rank{
 		"p-big": ProducerHeader, "p-small": ProducerHeader,
-		HeaderError: DetailHeader, HeaderValidationErrors: DetailHeader,
+		wire.HeaderError: DetailHeader, wire.HeaderValidationErrors: DetailHeader,
 		"traceparent": TraceHeader, "tracestate": TraceHeader,
 		"schema-version": IdentityHeader,
-		HeaderClass:      EssentialHeader, HeaderOriginalRoutingKey: EssentialHeader,
+		wire.HeaderClass: EssentialHeader, wire.HeaderOriginalRoutingKey: EssentialHeader,
 		"fixed": FixedHeader,
 	}
 	rank := func(k string) Rank {
@@ -129,14 +130,14 @@ func TestFitShrinksInRankOrder(t *testing.T) {
 	base := func() amqp.Table {
 		return amqp.Table{
 			"p-big": strings.Repeat("p", 60_000), "p-small": strings.Repeat("p", 30_000),
-			HeaderError:              strings.Repeat("e", 40_000),
-			HeaderValidationErrors:   `[` + strings.Repeat(" ", 40_000) + `]`,
-			"traceparent":            strings.Repeat("t", 40_000),
-			"tracestate":             strings.Repeat("s", 20_000),
-			"schema-version":         strings.Repeat("v", 40_000),
-			HeaderClass:              "transient",
-			HeaderOriginalRoutingKey: strings.Repeat("k", 40_000),
-			"fixed":                  strings.Repeat("f", 1000),
+			wire.HeaderError:              strings.Repeat("e", 40_000),
+			wire.HeaderValidationErrors:   `[` + strings.Repeat(" ", 40_000) + `]`,
+			"traceparent":                 strings.Repeat("t", 40_000),
+			"tracestate":                  strings.Repeat("s", 20_000),
+			"schema-version":              strings.Repeat("v", 40_000),
+			wire.HeaderClass:              "transient",
+			wire.HeaderOriginalRoutingKey: strings.Repeat("k", 40_000),
+			"fixed":                       strings.Repeat("f", 1000),
 		}
 	}
 	// Each frame_max lets exactly one more step run.
@@ -146,15 +147,15 @@ func TestFitShrinksInRankOrder(t *testing.T) {
 		cut         map[string]int // header -> length after
 		untouchedOK []string
 	}{
-		{frameMax: 300_000, gone: []string{"p-big"}, untouchedOK: []string{"p-small", HeaderError}},
-		{frameMax: 240_000, gone: []string{"p-big", "p-small"}, untouchedOK: []string{HeaderError}},
-		{frameMax: 200_000, gone: []string{"p-big", "p-small"}, cut: map[string]int{HeaderError: MinDetailBytes}, untouchedOK: []string{HeaderValidationErrors}},
-		{frameMax: 160_000, gone: []string{"p-big", "p-small", HeaderValidationErrors}, cut: map[string]int{HeaderError: MinDetailBytes}, untouchedOK: []string{"tracestate"}},
+		{frameMax: 300_000, gone: []string{"p-big"}, untouchedOK: []string{"p-small", wire.HeaderError}},
+		{frameMax: 240_000, gone: []string{"p-big", "p-small"}, untouchedOK: []string{wire.HeaderError}},
+		{frameMax: 200_000, gone: []string{"p-big", "p-small"}, cut: map[string]int{wire.HeaderError: MinDetailBytes}, untouchedOK: []string{wire.HeaderValidationErrors}},
+		{frameMax: 160_000, gone: []string{"p-big", "p-small", wire.HeaderValidationErrors}, cut: map[string]int{wire.HeaderError: MinDetailBytes}, untouchedOK: []string{"tracestate"}},
 		// Dropping the trace headers made room: the error text, cut and then
 		// dropped on the way, comes back (cut).
-		{frameMax: 100_000, gone: []string{"p-big", "p-small", HeaderValidationErrors, "traceparent", "tracestate"}, cut: map[string]int{HeaderError: MinDetailBytes}, untouchedOK: []string{"schema-version"}},
-		{frameMax: 50_000, gone: []string{"schema-version"}, untouchedOK: []string{HeaderOriginalRoutingKey}},
-		{frameMax: 8192, gone: []string{"schema-version"}, cut: map[string]int{HeaderOriginalRoutingKey: 255}, untouchedOK: []string{"fixed", HeaderClass}},
+		{frameMax: 100_000, gone: []string{"p-big", "p-small", wire.HeaderValidationErrors, "traceparent", "tracestate"}, cut: map[string]int{wire.HeaderError: MinDetailBytes}, untouchedOK: []string{"schema-version"}},
+		{frameMax: 50_000, gone: []string{"schema-version"}, untouchedOK: []string{wire.HeaderOriginalRoutingKey}},
+		{frameMax: 8192, gone: []string{"schema-version"}, cut: map[string]int{wire.HeaderOriginalRoutingKey: 255}, untouchedOK: []string{"fixed", wire.HeaderClass}},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprint(c.frameMax), func(t *testing.T) {
@@ -186,10 +187,10 @@ func TestFitShrinksInRankOrder(t *testing.T) {
 					t.Errorf("%s changed too early", k)
 				}
 			}
-			listed, _ := stringList(p.Headers[HeaderDropped])
-			notes, _ := stringList(p.Headers[HeaderNotes])
+			listed, _ := stringList(p.Headers[wire.HeaderDropped])
+			notes, _ := stringList(p.Headers[wire.HeaderNotes])
 			if len(listed) != len(changed) || len(notes) != 1 {
-				t.Fatalf("changed %v, %s %v, notes %v", changed, HeaderDropped, listed, notes)
+				t.Fatalf("changed %v, %s %v, notes %v", changed, wire.HeaderDropped, listed, notes)
 			}
 			for _, k := range append(c.gone, mapKeys(c.cut)...) {
 				if !strings.Contains(strings.Join(listed, " "), "header:"+k) {
@@ -216,15 +217,15 @@ func TestFitFailsRatherThanChangeAFixedHeader(t *testing.T) {
 	t.Parallel()
 	const lastError = "dlxbridge-last-error"
 	p := amqp.Publishing{Headers: amqp.Table{
-		"x-app-blob":   strings.Repeat("x", 131_000),
-		lastError:      strings.Repeat("e", 2000),
-		HeaderAttempts: int64(2),
+		"x-app-blob":        strings.Repeat("x", 131_000),
+		lastError:           strings.Repeat("e", 2000),
+		wire.HeaderAttempts: int64(2),
 	}}
 	rank := func(k string) Rank {
 		switch k {
 		case lastError:
 			return DetailHeader
-		case HeaderAttempts:
+		case wire.HeaderAttempts:
 			return EssentialHeader
 		}
 		return FixedHeader
@@ -244,10 +245,10 @@ func TestFitFailsRatherThanChangeAFixedHeader(t *testing.T) {
 func TestFitKeepsEarlierRecords(t *testing.T) {
 	t.Parallel()
 	p := amqp.Publishing{Headers: amqp.Table{
-		HeaderNotes:   `["from an earlier hop"]`,
-		HeaderDropped: `["header:tracestate"]`,
-		"x-app-blob":  strings.Repeat("x", 131_000),
-		HeaderClass:   "transient",
+		wire.HeaderNotes:   `["from an earlier hop"]`,
+		wire.HeaderDropped: `["header:tracestate"]`,
+		"x-app-blob":       strings.Repeat("x", 131_000),
+		wire.HeaderClass:   "transient",
 	}}
 	rank := func(k string) Rank {
 		if k == "x-app-blob" {
@@ -258,21 +259,21 @@ func TestFitKeepsEarlierRecords(t *testing.T) {
 	if _, err := Fit(&p, 0, rank); err != nil {
 		t.Fatal(err)
 	}
-	notes, _ := stringList(p.Headers[HeaderNotes])
-	listed, _ := stringList(p.Headers[HeaderDropped])
+	notes, _ := stringList(p.Headers[wire.HeaderNotes])
+	listed, _ := stringList(p.Headers[wire.HeaderDropped])
 	if len(notes) != 2 || notes[0] != "from an earlier hop" || !strings.Contains(notes[1], "header x-app-blob (131000 bytes) dropped") {
 		t.Fatalf("notes %q", notes)
 	}
 	if strings.Join(listed, ",") != "header:tracestate,header:x-app-blob" {
-		t.Fatalf("%s %v", HeaderDropped, listed)
+		t.Fatalf("%s %v", wire.HeaderDropped, listed)
 	}
 
-	p = amqp.Publishing{Headers: amqp.Table{HeaderNotes: strings.Repeat("n", 131_100)}}
+	p = amqp.Publishing{Headers: amqp.Table{wire.HeaderNotes: strings.Repeat("n", 131_100)}}
 	if _, err := Fit(&p, 0, func(string) Rank { return FixedHeader }); err != nil {
 		t.Fatal(err)
 	}
-	notes, _ = stringList(p.Headers[HeaderNotes])
-	if len(notes) != 1 || !strings.Contains(notes[0], "header "+HeaderNotes+" (131100 bytes) not a JSON array of strings; replaced") {
+	notes, _ = stringList(p.Headers[wire.HeaderNotes])
+	if len(notes) != 1 || !strings.Contains(notes[0], "header "+wire.HeaderNotes+" (131100 bytes) not a JSON array of strings; replaced") {
 		t.Fatalf("notes %q", notes)
 	}
 }
@@ -414,7 +415,7 @@ func fakeBroker(rw io.ReadWriter, frames chan<- []byte) {
 func TestReadReturnsTheDropRecord(t *testing.T) {
 	t.Parallel()
 	b, _ := json.Marshal([]string{"header:x-app-blob"})
-	d := amqp.Delivery{Headers: amqp.Table{HeaderEnvelope: int32(1), HeaderDropped: string(b)}}
+	d := amqp.Delivery{Headers: amqp.Table{wire.HeaderEnvelope: int32(1), wire.HeaderDropped: string(b)}}
 	env, ok := Read(&d)
 	if !ok || len(env.Dropped) != 1 || env.Dropped[0] != "header:x-app-blob" {
 		t.Fatalf("env.Dropped %v ok %v", env.Dropped, ok)

@@ -3,6 +3,7 @@ package quarantine
 import (
 	"context"
 	"errors"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func TestForgedNegativeRedriveCountKeepsTheBudget(t *testing.T) {
 	t.Parallel()
 	b := setupStore(t, func(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one })
 	h := envelopeHeaders(b.q.Name, "fp-neg", "failed", time.Now())
-	h[HeaderRedriveCount] = int64(-1000)
+	h[wire.HeaderRedriveCount] = int64(-1000)
 	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "neg", Type: "test.job", Headers: h, Body: []byte(validJob(1))})
 	b.keep(1)
 	res, err := b.replayer().Replay(context.Background(), ReplayOptions{Filter: Filter{Fingerprint: "fp-neg"}, DryRun: true})

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"reflect"
 	"runtime"
 	"slices"
@@ -19,7 +20,7 @@ import (
 // field the binary meta forgets shows.
 func fullDelivery() *amqp.Delivery {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
-	h := amqp.Table{"schema-version": "2", HeaderRedriveCount: int64(3), "x": everyType()}
+	h := amqp.Table{"schema-version": "2", wire.HeaderRedriveCount: int64(3), "x": everyType()}
 	e := Envelope{Source: SourceBridge, Class: "permanent", Reason: "handler refused it", Error: "boom ünï",
 		Fingerprint: "fp", Attempts: 5, FirstFailureAt: at.Add(-time.Hour), LastFailureAt: at.Add(-time.Minute),
 		QuarantinedAt: at, OriginalExchange: "ex", OriginalRouting: "k", OriginalQueue: "q",
@@ -28,7 +29,7 @@ func fullDelivery() *amqp.Delivery {
 		TraceID:    "0af7651916cd43dd8448eb211c80319c", WorkerHost: "host", WorkerVersion: "v1",
 		Redacted: []string{"header:secret"}, RedactionFailed: "not JSON", Notes: []string{"n1", "n2"}, Stack: "goroutine 1"}
 	e.Apply(h)
-	h[HeaderDropped] = `["header:big"]`
+	h[wire.HeaderDropped] = `["header:big"]`
 	h["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	return &amqp.Delivery{
 		Exchange: "dlx", RoutingKey: "rk", Headers: h, ContentType: "application/json", ContentEncoding: "gzip",

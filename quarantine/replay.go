@@ -405,7 +405,7 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 // exchange and routing key the message was first published with (the
 // queue is where the replay sends it, so the runtime sets that anew).
 var keptOnReplay = map[string]bool{
-	HeaderNotes: true, HeaderDropped: true, HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true,
+	wire.HeaderNotes: true, wire.HeaderDropped: true, wire.HeaderOriginalExchange: true, wire.HeaderOriginalRoutingKey: true,
 	wire.HeaderOriginalExpiration: true, wire.HeaderOriginalUserID: true,
 }
 
@@ -429,9 +429,9 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
 		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
 	}
-	h[HeaderRedriveCount] = int64(r.Redrives + 1)
-	h[HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
-	h[HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
+	h[wire.HeaderRedriveCount] = int64(r.Redrives + 1)
+	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
+	h[wire.HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
 	p := r.Properties
 	if p.Expiration != "" {
 		h[wire.HeaderOriginalExpiration] = p.Expiration

@@ -3,6 +3,7 @@ package quarantine
 import (
 	"context"
 	"errors"
+	"github.com/dlxbridge/dlxbridge/wire"
 	"sort"
 	"sync"
 	"testing"
@@ -111,12 +112,12 @@ func TestReplayOneFingerprintAtRate(t *testing.T) {
 	if n, has := d.Headers["x-delivery-count"]; has && n != int64(0) {
 		t.Errorf("replayed message carries x-delivery-count %v", n)
 	}
-	for _, k := range []string{"x-death", "dlxbridge-attempts", HeaderClass, HeaderFingerprint, HeaderEnvelope} {
+	for _, k := range []string{"x-death", "dlxbridge-attempts", wire.HeaderClass, wire.HeaderFingerprint, wire.HeaderEnvelope} {
 		if _, has := d.Headers[k]; has {
 			t.Errorf("replayed message still carries %s", k)
 		}
 	}
-	if d.Headers[HeaderRedriveCount] != int64(1) || d.Headers[HeaderRedriveReason] != "fixed the bug" || d.Headers[HeaderRedriveAt] == nil {
+	if d.Headers[wire.HeaderRedriveCount] != int64(1) || d.Headers[wire.HeaderRedriveReason] != "fixed the bug" || d.Headers[wire.HeaderRedriveAt] == nil {
 		t.Errorf("redrive headers %v", d.Headers)
 	}
 	if d.Type != "test.job" || d.MessageId == "" || d.Headers["schema-version"] != "1" {
@@ -284,7 +285,7 @@ func TestReplayChecksSchemaPatchAndBudget(t *testing.T) {
 	// A message that was replayed once comes back with redrive count 1; with
 	// max_redrives 1 it is refused.
 	h := envelopeHeaders(b.q.Name, "fp-again", "failed again", time.Now())
-	h[HeaderRedriveCount] = int64(1)
+	h[wire.HeaderRedriveCount] = int64(1)
 	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "again", Type: "test.job", Headers: h, Body: []byte(validJob(1))})
 	b.keep(1)
 	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-again"}})

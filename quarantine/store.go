@@ -401,7 +401,7 @@ func tooLarge(err error) bool {
 // redrives reads the redrive count a message carries: 0 when absent,
 // malformed or negative, and at most math.MaxInt32.
 func redrives(h map[string]any) int {
-	n, res := wire.Int(h[HeaderRedriveCount])
+	n, res := wire.Int(h[wire.HeaderRedriveCount])
 	if res != wire.IntOK && res != wire.IntOverflow || n < 0 {
 		return 0
 	}
