@@ -86,9 +86,9 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 	// fresh connection until confirmed.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pub := &faultPublisher{url: b.env.URL, name: b.env.Prefix + "/fault-publisher", exchange: b.queue.Exchange.Name, pace: 5 * time.Millisecond}
+	pub := &brokertest.Publisher{URL: b.env.URL, Name: b.env.Prefix + "/fault-publisher", Exchange: b.queue.Exchange.Name, Pace: 5 * time.Millisecond}
 	pubDone := make(chan error, 1)
-	go func() { pubDone <- pub.publishAll(ctx, faultN) }()
+	go func() { pubDone <- pub.PublishAll(ctx, faultN, faultMessage) }()
 
 	// Fault 1: a clean stop of the node, then start. Fault 2: SIGKILL, then
 	// start. Each is triggered by progress, so handlers, retry lanes and
@@ -114,7 +114,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 			<-b.consuming
 		}
 		before := snapshotDepths(t, b)
-		atFault, published := l.successCount(), pub.confirmed.Load()
+		atFault, published := l.successCount(), pub.Confirmed()
 		t0 := time.Now()
 		f.inject()
 		down := time.Now()
@@ -197,7 +197,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 	outcomesMu.Unlock()
 	t.Logf("N=%d: %d handler calls, %d ids succeeded (%d after a retry), %d ids quarantined; duplicates: %d ids succeeded more than once, %d quarantined more than once, %d both succeeded and quarantined; publisher: %d failed attempts retried, %d messages sent more than once; runtime reconnects %d; outcomes %v; total %s",
 		faultN, l.nCalls, countNonZero(l.successes), transientRetried, countNonZero(l.quarantined), dupSuccess, dupQuarantine, both,
-		pub.retried.Load(), pub.resent.Load(), reconnects.Load(), outs, time.Since(testStart).Round(time.Millisecond))
+		pub.Retried(), pub.Resent(), reconnects.Load(), outs, time.Since(testStart).Round(time.Millisecond))
 	if len(okQuarantined) > 0 {
 		t.Logf("quarantined although the handler would succeed (at-least-once side effect, not a loss): %v", okQuarantined)
 	}
@@ -393,86 +393,18 @@ func countNonZero(m map[string]int) int {
 	return n
 }
 
-// faultPublisher publishes m-0000… one at a time with confirm + mandatory,
-// and retries each on a fresh connection until the broker confirms it.
-type faultPublisher struct {
-	url, name, exchange string
-	pace                time.Duration // between messages
-	confirmed           atomic.Int64
-	retried             atomic.Int64 // failed attempts (dial, channel or publish) that were retried
-	resent              atomic.Int64 // messages sent again after a send that was not confirmed
-}
-
-func (p *faultPublisher) publishAll(ctx context.Context, n int) error {
-	var conn *amqp.Connection
-	var pub *amqpx.Publisher
-	drop := func() {
-		if pub != nil {
-			_ = pub.Close()
-			pub = nil
-		}
-		if conn != nil {
-			_ = conn.Close()
-			conn = nil
-		}
+// faultMessage is message i of the fault test: m-0000…, valid for the
+// test type.
+func faultMessage(i int) (string, amqp.Publishing) {
+	id := fmt.Sprintf("m-%04d", i)
+	return "job.fault", amqp.Publishing{
+		ContentType:  "application/json",
+		Type:         testType,
+		MessageId:    id,
+		DeliveryMode: amqp.Persistent,
+		Headers:      amqp.Table{"schema-version": "1"},
+		Body:         []byte(`{"id":"` + id + `"}`),
 	}
-	defer drop()
-	for i := range n {
-		select {
-		case <-time.After(p.pace):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		id := fmt.Sprintf("m-%04d", i)
-		msg := amqp.Publishing{
-			ContentType:  "application/json",
-			Type:         testType,
-			MessageId:    id,
-			DeliveryMode: amqp.Persistent,
-			Headers:      amqp.Table{"schema-version": "1"},
-			Body:         []byte(`{"id":"` + id + `"}`),
-		}
-		sent := false
-		for attempt := 0; ; attempt++ {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if attempt > 0 {
-				p.retried.Add(1)
-				select {
-				case <-time.After(100 * time.Millisecond): // the node may be down: don't spin
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			if pub == nil {
-				var err error
-				if conn, err = amqpx.Dial(p.url, p.name); err != nil {
-					conn = nil
-					continue
-				}
-				if pub, err = amqpx.NewPublisher(conn); err != nil {
-					drop()
-					continue
-				}
-			}
-			if sent {
-				p.resent.Add(1) // the broker may have it already: a possible duplicate
-			}
-			sent = true
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err := pub.Publish(pctx, p.exchange, "job.fault", msg)
-			cancel()
-			if err == nil {
-				p.confirmed.Add(1)
-				break
-			}
-			if !errors.Is(err, amqpx.ErrNacked) && !errors.Is(err, amqpx.ErrUnroutable) {
-				drop()
-			}
-		}
-	}
-	return nil
 }
 
 // readQuarantine consumes the quarantine (acking) and records each message

@@ -140,7 +140,7 @@ func TestConsumerKilledAndRestarted(t *testing.T) {
 		}
 		_ = child.Wait()
 		refresh()
-		t.Logf("SIGKILL %d: %d ids succeeded, %d published", k, w.ledger.successCount(), pub.confirmedCount())
+		t.Logf("SIGKILL %d: %d ids succeeded, %d published", k, w.ledger.successCount(), pub.Confirmed())
 		start()
 	}
 	if err := published(); err != nil {
@@ -162,7 +162,7 @@ func TestConsumerKilledAndRestarted(t *testing.T) {
 		t.Errorf("the last consumer process: %v", err)
 	}
 	refresh()
-	t.Logf("publisher: %d confirmed, %d sent again", pub.confirmedCount(), pub.resent)
+	t.Logf("publisher: %d confirmed, %d sent again", pub.Confirmed(), pub.Resent())
 	w.verify(time.Second, false)
 }
 
@@ -179,7 +179,7 @@ func TestNodeStopAppStartApp(t *testing.T) {
 		t.Fatalf("only %d ids succeeded before the fault", w.ledger.successCount())
 	}
 	t0 := time.Now()
-	at, sent := w.ledger.successCount(), pub.confirmedCount()
+	at, sent := w.ledger.successCount(), pub.Confirmed()
 	w.node.StopApp()
 	down := time.Since(t0)
 	w.node.StartApp()
@@ -215,7 +215,7 @@ func TestConnectionsForceClosedRepeatedly(t *testing.T) {
 		// The fault's rhythm, not a wait for a condition.
 		time.Sleep(2*time.Second + rand.N(3*time.Second))
 	}
-	t.Logf("%d rounds of close_all_connections over %s; %d ids succeeded, %d published meanwhile", closes, span, w.ledger.successCount(), pub.confirmedCount())
+	t.Logf("%d rounds of close_all_connections over %s; %d ids succeeded, %d published meanwhile", closes, span, w.ledger.successCount(), pub.Confirmed())
 	if err := published(); err != nil {
 		t.Fatalf("publisher: %v", err)
 	}
@@ -223,7 +223,7 @@ func TestConnectionsForceClosedRepeatedly(t *testing.T) {
 	if closes < 2 {
 		t.Errorf("only %d rounds of closes", closes)
 	}
-	t.Logf("publisher: %d sent again", pub.resent)
+	t.Logf("publisher: %d sent again", pub.Resent())
 }
 
 // The quarantine queue is deleted mid-stream, so that the runtime's

@@ -273,89 +273,17 @@ func (l *ledger) readSuccessFile(path string) error {
 	return sc.Err()
 }
 
-// publisher publishes ids 0..n-1 in order, pace apart, each with confirm +
-// mandatory, and publishes it again on a fresh connection until the broker
-// confirms it: through node restarts and forced closes the test's own
-// publisher loses nothing either.
-type publisher struct {
-	url, name, exchange string
-	pace                time.Duration
-	mu                  sync.Mutex
-	confirmed, resent   int
-}
-
-func (p *publisher) confirmedCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.confirmed
-}
-
-func (p *publisher) run(ctx context.Context, n int) error {
-	var conn *amqp.Connection
-	var pub *amqpx.Publisher
-	drop := func() {
-		if pub != nil {
-			_ = pub.Close()
-		}
-		if conn != nil {
-			_ = conn.Close()
-		}
-		pub, conn = nil, nil
-	}
-	defer drop()
-	for i := range n {
-		if p.pace > 0 {
-			select {
-			case <-time.After(p.pace):
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		msg := bench.Publishing(i, bench.Body(i, bodySize, bench.KindOf(scenario, i)))
-		for attempt := 0; ; attempt++ {
-			if attempt > 0 {
-				p.mu.Lock()
-				p.resent++ // the broker may have the earlier copy: a possible duplicate
-				p.mu.Unlock()
-				select {
-				case <-time.After(100 * time.Millisecond): // the node may be down: don't spin
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			if pub == nil {
-				var err error
-				if conn, err = amqpx.Dial(p.url, p.name); err != nil {
-					conn = nil
-					continue
-				}
-				if pub, err = amqpx.NewPublisher(conn); err != nil {
-					drop()
-					continue
-				}
-			}
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err := pub.Publish(pctx, p.exchange, bench.RoutingKey, msg)
-			cancel()
-			if err == nil {
-				p.mu.Lock()
-				p.confirmed++
-				p.mu.Unlock()
-				break
-			}
-			drop()
-		}
-	}
-	return nil
-}
-
 // publish starts a publisher of ids 0..w.n-1 in the background; the
 // returned function waits for it to finish.
-func (w *world) publish(pace time.Duration) (*publisher, func() error) {
-	p := &publisher{url: w.node.URL, name: w.env.Prefix + "/publisher", exchange: w.queue.Exchange.Name, pace: pace}
+func (w *world) publish(pace time.Duration) (*brokertest.Publisher, func() error) {
+	p := &brokertest.Publisher{URL: w.node.URL, Name: w.env.Prefix + "/publisher", Exchange: w.queue.Exchange.Name, Pace: pace}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	done := make(chan error, 1)
-	go func() { done <- p.run(ctx, w.n) }()
+	go func() {
+		done <- p.PublishAll(ctx, w.n, func(i int) (string, amqp.Publishing) {
+			return bench.RoutingKey, bench.Publishing(i, bench.Body(i, bodySize, bench.KindOf(scenario, i)))
+		})
+	}()
 	w.t.Cleanup(cancel)
 	return p, func() error { defer cancel(); return <-done }
 }
