@@ -171,6 +171,11 @@ func TestAbandonedHandlerIsNotRetriedImmediately(t *testing.T) {
 		}
 	})
 	rec := newRecorder()
+	reasons := make(chan string, 16)
+	b.cfg.OnSettled = func(s Settled) {
+		reasons <- s.Reason
+		b.settled <- s.Outcome
+	}
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 			rec.record(m)
@@ -182,6 +187,9 @@ func TestAbandonedHandlerIsNotRetriedImmediately(t *testing.T) {
 	})
 	b.publishJSON(map[string]any{"id": "i-3"}, amqp.Publishing{MessageId: "im-3"})
 	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	if r := <-reasons; !strings.Contains(r, "not retried in process: the handler was abandoned past its deadline") {
+		t.Errorf("reason %q does not say why the retry waits", r)
+	}
 	close(release)
 	b.waitOutcome(OutcomeAcked, 10*time.Second)
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -320,7 +319,7 @@ func (w *worker) process(d amqp.Delivery) {
 				// Decided again as if the immediate retries were spent:
 				// a delayed retry or, past a budget, the quarantine.
 				f = qr.failed(herr, attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
-				f.attempts.Notes = append(slices.Clip(f.attempts.Notes), "not retried in process: "+why)
+				f.verdict.Reason += "; not retried in process: " + why
 			} else {
 				// The next attempt counts this one as failed, and the
 				// budgets run from the first failure, here if this was it.
