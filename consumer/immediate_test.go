@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -331,5 +332,67 @@ func TestImmediateRetryIsASpanEvent(t *testing.T) {
 		if kv.Key == "dlxbridge.attempt" && kv.Value.AsInt64() != 3 {
 			t.Errorf("span attempt %d, want 3", kv.Value.AsInt64())
 		}
+	}
+}
+
+// Without a broker (the process bundle): the rules the runtime adds to
+// triage's.
+
+func immediateRetries(n int) func(*Config) {
+	return func(c *Config) { c.File.Queues[0].Retry.ImmediateRetries = n }
+}
+
+// A timeout whose handler returned (it honoured its deadline) is retried in
+// process, with a fresh deadline: only an abandoned one is not.
+func TestReturnedTimeoutIsRetriedImmediately(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	b := newProcessBundle(t, func(c *Config) {
+		immediateRetries(1)(c)
+		handlerTimeout(20 * time.Millisecond)(c)
+	}, func(ctx context.Context, m *Message) error {
+		calls.Add(1)
+		if m.Attempt == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return ctx.Err() // nil: a fresh deadline
+	})
+	b.w.process(b.delivery())
+	if st := b.waitSettled(t); st.Outcome != OutcomeAcked || st.Attempt != 2 || calls.Load() != 2 {
+		t.Fatalf("settled %s at attempt %d after %d calls; want acked at attempt 2 after 2", st.Outcome, st.Attempt, calls.Load())
+	}
+}
+
+// A stopping runtime, or a handler that signals its dependency is down,
+// takes the retry lane at once; the reason says why.
+func TestImmediateRetryBlockedByStopAndDependencySignal(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, why string
+		stop      bool
+		err       error
+	}{
+		{"stopping", "the runtime is stopping", true, errors.New("blip")},
+		{"dependency down", "the handler signalled its dependency is down", false, triage.DependencyDown(0, errors.New("503"))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int32
+			b := newProcessBundle(t, immediateRetries(2), func(ctx context.Context, m *Message) error {
+				calls.Add(1)
+				return tt.err
+			})
+			if tt.stop {
+				// As beginStop and the cancel-ok leave it.
+				close(b.w.s.stopping)
+				close(b.w.s.cancelled)
+			}
+			b.w.process(b.delivery())
+			st := b.waitSettled(t)
+			if st.Outcome != OutcomeRetried || calls.Load() != 1 || !strings.Contains(st.Reason, "not retried in process: "+tt.why) {
+				t.Fatalf("settled %s after %d calls, reason %q; want retried after 1, saying %q", st.Outcome, calls.Load(), st.Reason, tt.why)
+			}
+		})
 	}
 }
