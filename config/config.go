@@ -214,6 +214,14 @@ type Retry struct {
 	// a retry that would return after it quarantines instead. 0 disables the
 	// time budget. Defaults to 15m.
 	MaxElapsed *time.Duration `yaml:"max_elapsed"`
+	// ImmediateRetries is how many times a transient or timed-out handler
+	// attempt is retried at once, in process, on the same delivery, before
+	// the failure goes to a delayed retry; every delivery of the message
+	// gets its own. Each counts as an attempt toward MaxAttempts. A handler
+	// abandoned past its deadline, a panic, a Retry-After, an open breaker
+	// or a stopping runtime goes to a delayed retry at once. Must be >= 0.
+	// Defaults to 0 (off).
+	ImmediateRetries int `yaml:"immediate_retries"`
 }
 
 // Quarantine settings of one queue.
@@ -338,6 +346,7 @@ func (q *Queue) Policy() triage.Policy {
 		MaxAttempts:         q.Retry.MaxAttempts,
 		MaxElapsed:          q.Retry.MaxElapsedValue(),
 		CrashLoopDeliveries: q.Consumer.CrashLoopDeliveries,
+		ImmediateRetries:    q.Retry.ImmediateRetries,
 	}
 }
 

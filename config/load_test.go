@@ -62,6 +62,8 @@ func TestDefaults(t *testing.T) {
 	check("retry.lanes", q.Retry.Lanes, 4)
 	check("retry.max_attempts", q.Retry.MaxAttempts, 5)
 	check("retry.max_elapsed", q.Retry.MaxElapsedValue(), 15*time.Minute)
+	check("retry.immediate_retries", q.Retry.ImmediateRetries, 0)
+	check("policy.ImmediateRetries", q.Policy().ImmediateRetries, 0)
 	check("quarantine.queue", q.Quarantine.Queue, "orders.quarantine")
 	check("quarantine.retention", q.Quarantine.Retention, 336*time.Hour)
 	check("message.from", q.Message.From, "properties")
@@ -164,6 +166,7 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"max_attempts over triage's ceiling", queueDoc("retry: {max_attempts: 20000}"), "queues[0].retry.max_attempts", "must be in [1, 10000]"},
 		{"NaN jitter", queueDoc("retry: {jitter: .nan}"), "queues[0].retry.jitter", "must be in [0, 1]"},
 		{"max_elapsed", queueDoc("retry: {max_elapsed: -1m}"), "queues[0].retry.max_elapsed", "must be >= 0"},
+		{"immediate_retries", queueDoc("retry: {immediate_retries: -1}"), "queues[0].retry.immediate_retries", "must be >= 0 (0 disables it)"},
 		{"quarantine name", queueDoc("quarantine: {queue: 'amq.q'}"), "queues[0].quarantine.queue", "is not a name dlxbridge can declare"},
 		{"retention", queueDoc("quarantine: {retention: -1h}"), "queues[0].quarantine.retention", "must be >= 0"},
 		{"redact field", queueDoc("quarantine: {redact: {fields: [email]}}"), "queues[0].quarantine.redact.fields[0]", "is not a JSON pointer"},
@@ -340,5 +343,17 @@ func TestWrittenZeroIsRefusedWhereItWouldMislead(t *testing.T) {
 	}
 	if cfg.Queues[0].Retry.MaxAttempts != 1 {
 		t.Errorf("max_attempts: 1 gave %d", cfg.Queues[0].Retry.MaxAttempts)
+	}
+}
+
+// immediate_retries reaches the queue's retry policy as written.
+func TestImmediateRetriesReachThePolicy(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse([]byte(queueDoc("retry: {immediate_retries: 2, max_attempts: 5}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Queues[0].Policy(); p.ImmediateRetries != 2 || p.MaxAttempts != 5 {
+		t.Errorf("policy %+v, want 2 immediate retries of 5 attempts", p)
 	}
 }

@@ -112,6 +112,8 @@ var (
 		"Jitter":      ".retry.jitter",
 		"MaxAttempts": ".retry.max_attempts",
 		"MaxElapsed":  ".retry.max_elapsed",
+
+		"ImmediateRetries": ".retry.immediate_retries",
 	}
 	identityPaths = map[string]string{
 		"From":           "from",

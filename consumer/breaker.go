@@ -198,6 +198,9 @@ type admission struct {
 	qb     *queueBreaker
 	ticket triage.Ticket
 	open   bool // not recorded yet
+	// again: recorded, and the delivery may be retried in process; that
+	// attempt's outcome is recorded with the same ticket.
+	again bool
 }
 
 // take starts the admission of f.
@@ -205,19 +208,28 @@ func (a *admission) take(qb *queueBreaker, f fedDelivery) {
 	*a = admission{qb: qb, ticket: f.ticket, open: qb != nil && f.admitted}
 }
 
-// outcome records the handler's result: herr's outcome, or abandoned when
-// the session is ending (a handler cancelled by shutdown looks transient).
-func (w *worker) breakerOutcome(herr error) {
+// breakerOutcome records the handler's result: herr's outcome, or
+// abandoned when the session is ending (a handler cancelled by shutdown
+// looks transient). Each handler call of a delivery is recorded, immediate
+// retries included: each one is a call to the dependency. It reports
+// whether the breaker lets a failed delivery be retried in process: with no
+// breaker, yes; else only a delivery it admitted as closed (not a probe:
+// its one outcome is the probe's answer) while it is still closed after
+// this outcome. An open breaker asks for the queue to wait; retrying in
+// process would call the dependency it paused for.
+func (w *worker) breakerOutcome(herr error) (again bool) {
 	a := &w.admission
-	if !a.open {
-		return
+	if !a.open && !a.again {
+		return a.qb == nil
 	}
-	a.open = false
+	a.open, a.again = false, false
 	o := triage.OutcomeOf(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
 		o = triage.Outcome{Abandoned: true}
 	}
 	a.qb.record(a.ticket, o)
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
+	return a.again
 }
 
 // release records an admitted delivery that never reached its handler (the

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -30,6 +32,26 @@ type admitted struct {
 	raw bool
 	// reported is the gate's objection in report mode.
 	reported *schemas.ValidationError
+}
+
+// refresh decodes Data again from the text the gate read it from, as the
+// gate decodes (encoding/json with UseNumber), for another handler call on
+// the same delivery: a handler may change the maps and slices it was
+// handed. Scalars and absent data need nothing; neither does a message
+// whose text does not decode (a report-mode gate's objection), which keeps
+// what it has.
+func (a *admitted) refresh() {
+	switch a.Data.(type) {
+	case map[string]any, []any:
+	default:
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(a.Raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) == nil {
+		a.Data = v
+	}
 }
 
 // newGate builds q's schema gate; with the gate off there is none (nil).

@@ -25,12 +25,14 @@ const abandonGrace = time.Second
 // abandoned after abandonGrace: the delivery is settled as a timeout while
 // the goroutine keeps its slot (see queueRuntime.slots) until it returns, so
 // handlers never run more than Concurrency at once; the worker goes on with
-// a new handler goroutine.
-func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) error {
+// a new handler goroutine. abandoned reports that: such a delivery is never
+// retried in process. attempt is Message.Attempt, now the delivery's
+// receipt.
+func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempt int, now time.Time) (herr error, abandoned bool) {
 	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
-		return err
+		return err, false
 	}
 	m := &Message{
 		Queue:           qr.cfg.Name,
@@ -46,7 +48,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 		MessageID:      d.MessageId,
 		CorrelationID:  d.CorrelationId,
 		IdempotencyKey: idempotencyKey(d),
-		Attempt:        attempts.Failed + 1,
+		Attempt:        attempt,
 		ReceivedAt:     now,
 		GateError:      gm.reported,
 		raw:            gm.raw,
@@ -54,7 +56,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	select {
 	case qr.slots <- struct{}{}:
 	case <-w.s.handlerCtx.Done():
-		return w.s.handlerCtx.Err()
+		return w.s.handlerCtx.Err(), false
 	}
 	start := time.Now()
 	hctx := newCallCtx(ctx, start.Add(qr.cfg.Consumer.HandlerTimeout))
@@ -67,7 +69,6 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	}
 	run := w.run
 	run.jobs <- handlerJob{ctx: hctx, h: h, m: m, chain: chain}
-	var herr error
 	expired := false
 	for waiting := true; waiting; {
 		select {
@@ -94,6 +95,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 			run.retire()
 			w.run = nil
+			abandoned = true
 		}
 	}
 	if herr != nil && !time.Now().Before(hctx.deadline) {
@@ -112,7 +114,7 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 	} else {
 		qr.metrics.handlerOK.Observe(took)
 	}
-	return herr
+	return herr, abandoned
 }
 
 // handlerRunner is a worker's long-lived handler goroutine: a goroutine per

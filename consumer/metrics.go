@@ -25,6 +25,7 @@ type metrics struct {
 	deliveries       *prometheus.CounterVec
 	handlerDuration  *prometheus.HistogramVec
 	retries          *prometheus.CounterVec
+	immediate        *prometheus.CounterVec
 	quarantined      *prometheus.CounterVec
 	validation       *prometheus.CounterVec
 	attemptsSuccess  *prometheus.HistogramVec
@@ -51,6 +52,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_retries_total",
 			Help: "Delayed retries published (and confirmed), by queue and tier index.",
 		}, []string{"queue", "tier"}),
+		immediate: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_immediate_retries_total",
+			Help: "Handler attempts retried at once in process, on the same delivery (queues[].retry.immediate_retries), by queue.",
+		}, []string{"queue"}),
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_quarantined_total",
 			Help: "Messages quarantined by the bridge, by queue and failure class.",
@@ -88,7 +93,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.quarantined,
+	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
 		m.validation, m.attemptsSuccess, m.publishFailures, m.reconnects, m.abandonedHandler,
 		m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
@@ -105,6 +110,7 @@ func tierLabel(i int) string { return strconv.Itoa(i) }
 type queueMetrics struct {
 	handlerOK, handlerError prometheus.Observer
 	attemptsSuccess         prometheus.Observer
+	immediateRetries        prometheus.Counter
 	// firstAttempt observes a success on the first attempt, the common
 	// case, without a closure per message.
 	firstAttempt func()
@@ -118,8 +124,10 @@ func (m *metrics) forQueue(queue string) *queueMetrics {
 		handlerOK:       m.handlerDuration.WithLabelValues(queue, "ok"),
 		handlerError:    m.handlerDuration.WithLabelValues(queue, "error"),
 		attemptsSuccess: m.attemptsSuccess.WithLabelValues(queue),
-		queue:           queue,
-		deliveries:      m.deliveries,
+		// Resolved up front: a queue's series exists (at 0) from the start.
+		immediateRetries: m.immediate.WithLabelValues(queue),
+		queue:            queue,
+		deliveries:       m.deliveries,
 	}
 	qm.firstAttempt = func() { qm.attemptsSuccess.Observe(1) }
 	return qm

@@ -1,8 +1,10 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -193,6 +196,8 @@ type failure struct {
 	msgType    string
 	version    string
 	validation *schemas.ValidationError
+	// at is when it was decided (the verdict's Now).
+	at time.Time
 }
 
 // process takes one delivery from receipt to settlement, in order: the
@@ -275,7 +280,7 @@ func (w *worker) process(d amqp.Delivery) {
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
+		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, 0, "", ""))
 		return
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
@@ -283,27 +288,105 @@ func (w *worker) process(d amqp.Delivery) {
 		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
 	}
 
-	// 3. The handler.
-	herr := w.runHandler(ctx, &d, &msg, attempts, now)
-	w.breakerOutcome(herr)
-	if herr != nil && w.s.handlerCtx.Err() != nil {
-		// Shutdown passed its deadline (or the connection is gone): don't
-		// start a retry or quarantine publish; leave the message unsettled
-		// and the broker requeues it when the channel closes. A handler that
-		// succeeded is still acked below if the channel is open.
-		w.settled.Err = herr
-		w.record(OutcomeAbandoned)
-		span.SetStatus(codes.Error, "shutdown before settle")
-		return
-	}
-	if herr == nil {
-		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempts.Failed+1))
-		if recording {
-			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+	// 3. The handler, called again at once on the same delivery while
+	// triage answers ActionRetryNow (queues[].retry.immediate_retries) and
+	// the runtime can (see retryNowBlocked).
+	for immediate := 0; ; immediate++ {
+		attempt := attempts.Failed + 1
+		herr, abandoned := w.runHandler(ctx, &d, &msg, attempt, now)
+		again := w.breakerOutcome(herr)
+		if herr != nil && w.s.handlerCtx.Err() != nil {
+			// Shutdown passed its deadline (or the connection is gone): don't
+			// start a retry or quarantine publish; leave the message unsettled
+			// and the broker requeues it when the channel closes. A handler that
+			// succeeded is still acked below if the channel is open.
+			w.settled.Err = herr
+			w.record(OutcomeAbandoned)
+			span.SetStatus(codes.Error, "shutdown before settle")
+			return
 		}
+		if herr == nil {
+			w.settled.Attempt = attempt
+			w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempt))
+			if recording {
+				span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+			}
+			return
+		}
+		f := qr.failed(herr, attempts, immediate, msg.Type, msg.Version)
+		if f.verdict.Action == triage.ActionRetryNow {
+			if why := w.retryNowBlocked(herr, abandoned, again); why != "" {
+				// Decided again as if the immediate retries were spent:
+				// a delayed retry or, past a budget, the quarantine.
+				f = qr.failed(herr, attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
+				f.verdict.Reason += "; not retried in process: " + why
+			} else {
+				// The next attempt counts this one as failed, and the
+				// budgets run from the first failure, here if this was it.
+				attempts.Failed = f.verdict.Attempt
+				if attempts.FirstFailure.IsZero() {
+					attempts.FirstFailure = f.at
+				}
+				w.retryNow(span, recording, &d, &msg, f)
+				continue
+			}
+		}
+		spanHandedOff = w.settleFailure(ctx, span, a, &d, f)
 		return
 	}
-	spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+}
+
+// retryNowBlocked says why a failed delivery that triage would retry in
+// process can't be, "" if it can:
+//   - a handler abandoned past its deadline still runs and holds its
+//     concurrency slot (queueRuntime.slots): another call would wait for
+//     a slot, or run beside it on the same message;
+//   - the breaker is open or probing (breakerOutcome), or the handler
+//     signalled that its dependency is down: calling it again at once is
+//     what the signal asks not to do;
+//   - the runtime is stopping: the drain is for settling, not for new
+//     handler calls;
+//   - the consume channel is closed: the delivery can no longer be acked.
+func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
+	switch {
+	case abandoned:
+		return "the handler was abandoned past its deadline"
+	case !breakerAllows:
+		return "the queue's breaker is not closed"
+	}
+	if _, down := triage.IsDependencyDown(herr); down {
+		return "the handler signalled its dependency is down"
+	}
+	switch {
+	case w.s.isStopping() || w.s.handlerCtx.Err() != nil:
+		return "the runtime is stopping"
+	case w.s.ch != nil && w.s.ch.IsClosed():
+		return "the consume channel is closed"
+	}
+	return ""
+}
+
+// retryNow makes an immediate retry visible (metric, debug log, span
+// event) and gives the next call fresh data: a handler may have changed
+// the Data it was handed.
+func (w *worker) retryNow(span trace.Span, recording bool, d *amqp.Delivery, msg *admitted, f failure) {
+	qr := w.q
+	v := f.verdict
+	qr.metrics.immediateRetries.Inc()
+	if w.deps.log.Enabled(context.Background(), slog.LevelDebug) {
+		w.deps.log.Debug("retrying at once in process", "queue", qr.cfg.Name, "message_id", d.MessageId,
+			"class", v.Class, "attempt", v.Attempt, "reason", v.Reason, "error", errString(f.err))
+	}
+	if recording {
+		span.AddEvent("dlxbridge.immediate_retry", trace.WithAttributes(
+			attribute.Int("dlxbridge.attempt", v.Attempt),
+			attribute.String("dlxbridge.class", string(v.Class)),
+			attribute.String("exception.message", quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)),
+		))
+		span.SetAttributes(attribute.Int("dlxbridge.attempt", v.Attempt+1))
+	}
+	w.settled.Attempt = v.Attempt + 1
+	msg.refresh()
 }
 
 // consumerSpan starts a process span (one slice for every message).
@@ -311,15 +394,15 @@ var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindCons
 
 // failed classifies a failed attempt with triage.Classify, the one path for
 // every class (the gate's *schemas.ValidationError is ClassSchema), and
-// decides what follows. typ and version default to the ones the gate's error
-// names.
-func (qr *queueRuntime) failed(err error, attempts triage.Attempts, typ, version string) failure {
-	f := failure{attempts: attempts, err: err, msgType: typ, version: version}
+// decides what follows; immediate is how many immediate retries the
+// delivery had. typ and version default to the ones the gate's error names.
+func (qr *queueRuntime) failed(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
 	if errors.As(err, &f.validation) && typ == "" {
 		f.msgType, f.version = f.validation.Type, f.validation.Version
 	}
 	class, hint := triage.Classify(err)
-	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, Now: qr.deps.cfg.Now()}, randFunc(qr.deps.cfg.Rand))
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, ImmediateRetries: immediate, Now: f.at}, randFunc(qr.deps.cfg.Rand))
 	return f
 }
 

@@ -27,6 +27,11 @@ type Policy struct {
 	// read as Precheck says): the handler runs at most CrashLoopDeliveries
 	// times per hop. 0 disables the check.
 	CrashLoopDeliveries int
+	// ImmediateRetries is how many times, at most, a failed attempt is
+	// retried in process, on the same delivery, before the failure goes to
+	// a delayed retry (ActionRetryNow; see Decide). Immediate attempts count
+	// toward MaxAttempts like any other. 0 disables immediate retries.
+	ImmediateRetries int
 }
 
 // Validate reports the first rule the policy breaks (see Problems), naming
@@ -42,7 +47,7 @@ func (p Policy) Validate() error {
 // under its own field paths, so each rule is written here only.
 type PolicyProblem struct {
 	// Field is the Policy field: "Tiers", "Lanes", "Jitter", "MaxAttempts",
-	// "MaxElapsed" or "CrashLoopDeliveries".
+	// "MaxElapsed", "CrashLoopDeliveries" or "ImmediateRetries".
 	Field string
 	// Index is the tier's index when Field is "Tiers" and one tier is at
 	// fault; -1 otherwise.
@@ -101,6 +106,9 @@ func (p Policy) Problems() []PolicyProblem {
 	if p.CrashLoopDeliveries < 0 {
 		add("CrashLoopDeliveries", -1, p.CrashLoopDeliveries, "must be >= 0 (0 disables it)")
 	}
+	if p.ImmediateRetries < 0 {
+		add("ImmediateRetries", -1, p.ImmediateRetries, "must be >= 0 (0 disables it)")
+	}
 	return out
 }
 
@@ -108,8 +116,11 @@ func (p Policy) Problems() []PolicyProblem {
 type Action string
 
 const (
-	ActionDeliver    Action = "deliver"    // hand it to the handler
-	ActionRetry      Action = "retry"      // republish to a retry lane, then ack
+	ActionDeliver Action = "deliver" // hand it to the handler
+	ActionRetry   Action = "retry"   // republish to a retry lane, then ack
+	// ActionRetryNow (Decide only): call the handler again in process, on
+	// the same unsettled delivery, as attempt Verdict.Attempt+1.
+	ActionRetryNow   Action = "retry-now"
 	ActionQuarantine Action = "quarantine" // publish to the quarantine, then ack
 	// ActionReadmit (Precheck only): republish to the work queue itself,
 	// then ack, so that the copy's delivery count is the queue's own.
@@ -140,10 +151,19 @@ type Rand interface{ Float64() float64 }
 
 // Failure is a failed attempt to decide about.
 type Failure struct {
-	Class    Class
-	Hint     time.Duration // from RetryAfter, 0 if none
+	Class Class
+	Hint  time.Duration // from RetryAfter, 0 if none
+	// Attempts are the attempts that failed before this one: Failed counts
+	// every failed handler attempt of the message, immediate ones of this
+	// delivery included, and FirstFailure is when the first of them failed.
 	Attempts Attempts
-	Now      time.Time
+	// ImmediateRetries is how many immediate retries this delivery already
+	// had (ActionRetryNow verdicts carried out on it); 0 for the delivery's
+	// first attempt. A value >= Policy.ImmediateRetries leaves the delayed
+	// retry as the only one: the runtime sets it so when it cannot retry in
+	// process.
+	ImmediateRetries int
+	Now              time.Time
 }
 
 // Decide decides what follows a failed attempt:
@@ -152,17 +172,24 @@ type Failure struct {
 //  2. a class that is not Retryable quarantines after this delivery;
 //  3. attempt := Failed+1; attempt >= MaxAttempts quarantines
 //     ("attempt budget exhausted (attempt/max)");
-//  4. tier := min(attempt-1, len(Tiers)-1), or with Hint > 0 the smallest
+//  4. ActionRetryNow (retry in process, no delay) when all of these hold:
+//     ImmediateRetries < Policy.ImmediateRetries; the class is transient or
+//     timeout (a panic is a bug more often than a blip, and may have left
+//     the handler's state half-updated: it waits for a delayed retry); no
+//     Hint (a Retry-After asks for a delay); and, with MaxElapsed > 0,
+//     Now-first <= MaxElapsed (first as in rule 7). The retry is attempt
+//     attempt+1, within MaxAttempts by rule 3;
+//  5. tier := min(attempt-1, len(Tiers)-1), or with Hint > 0 the smallest
 //     tier with Tiers[tier] >= Hint (a Retry-After rounded up to an
 //     available delay, which may be shorter than the backoff schedule), or
 //     the largest tier if none is long enough (said in Reason);
-//  5. with u := rnd.Float64() in [0, 1), d := Tiers[tier]:
+//  6. with u := rnd.Float64() in [0, 1), d := Tiers[tier]:
 //     Delay = d × (1 + Jitter×u) and Lane = min(⌊u×Lanes⌋, Lanes-1), so
 //     Delay lies in the lane's range LaneBounds(d, Jitter, Lanes, Lane) =
 //     [d(1+J·lane/L), d(1+J·(lane+1)/L)];
-//  6. with first := Attempts.FirstFailure (Now if zero), MaxElapsed > 0 and
+//  7. with first := Attempts.FirstFailure (Now if zero), MaxElapsed > 0 and
 //     Now+Delay-first > MaxElapsed quarantines ("time budget exhausted");
-//  7. otherwise retry.
+//  8. otherwise retry after Delay.
 //
 // A nil rnd uses math/rand/v2's global source. Decide never panics.
 func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
@@ -178,6 +205,11 @@ func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
 	}
 	v = Verdict{Action: ActionQuarantine, Class: f.Class, Attempt: failed + 1}
 	defer func() { v.Notes = n.result() }()
+	immediate := f.ImmediateRetries
+	if immediate < 0 {
+		n.add("Failure.ImmediateRetries=%d treated as 0", immediate)
+		immediate = 0
+	}
 
 	if err := p.Validate(); err != nil {
 		v.Reason = "invalid policy: " + err.Error()
@@ -189,6 +221,19 @@ func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
 	}
 	if v.Attempt >= p.MaxAttempts {
 		v.Reason = fmt.Sprintf("attempt budget exhausted (%d/%d)", v.Attempt, p.MaxAttempts)
+		return v
+	}
+
+	first := f.Attempts.FirstFailure
+	if first.IsZero() {
+		first = f.Now
+	}
+	elapsed := f.Now.Sub(first)
+	if immediate < p.ImmediateRetries && (f.Class == ClassTransient || f.Class == ClassTimeout) &&
+		f.Hint <= 0 && (p.MaxElapsed == 0 || elapsed <= p.MaxElapsed) {
+		v.Action = ActionRetryNow
+		v.Reason = fmt.Sprintf("%s failure: immediate retry %d/%d (attempt %d/%d)",
+			f.Class, immediate+1, p.ImmediateRetries, v.Attempt+1, p.MaxAttempts)
 		return v
 	}
 
@@ -213,11 +258,7 @@ func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
 	delay := min(max(addDur(d, scale(d, p.Jitter*u)), lo), hi)
 
 	if p.MaxElapsed > 0 {
-		first := f.Attempts.FirstFailure
-		if first.IsZero() {
-			first = f.Now
-		}
-		if elapsed := f.Now.Sub(first); addDur(elapsed, delay) > p.MaxElapsed {
+		if addDur(elapsed, delay) > p.MaxElapsed {
 			v.Reason = fmt.Sprintf("time budget exhausted: %s since first failure + %s delay > %s",
 				elapsed.Round(time.Millisecond), delay.Round(time.Millisecond), p.MaxElapsed)
 			return v

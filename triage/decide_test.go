@@ -106,6 +106,108 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// Immediate retries: in process, before the delayed ones, inside both
+// budgets, only for transient and timeout failures without a Retry-After.
+func TestDecideImmediate(t *testing.T) {
+	t.Parallel()
+
+	p := withImmediate(defaultPolicy, 2)
+	now := func(f Failure, n int) Failure { f.ImmediateRetries = n; return f }
+	tests := []struct {
+		name   string
+		p      Policy
+		f      Failure
+		action Action
+		reason string
+	}{
+		{name: "off by default", p: defaultPolicy, f: failure(ClassTransient, 0), action: ActionRetry},
+		{name: "first failure retried now", p: p, f: failure(ClassTransient, 0), action: ActionRetryNow, reason: "transient failure: immediate retry 1/2 (attempt 2/5)"},
+		{name: "second immediate retry", p: p, f: now(failure(ClassTransient, 1), 1), action: ActionRetryNow, reason: "transient failure: immediate retry 2/2 (attempt 3/5)"},
+		{name: "immediate retries spent: delayed", p: p, f: now(failure(ClassTransient, 2), 2), action: ActionRetry, reason: "retry 4/5"},
+		{name: "more than spent: delayed", p: p, f: now(failure(ClassTransient, 2), 7), action: ActionRetry},
+		{name: "a later delivery gets its own", p: p, f: failure(ClassTransient, 2), action: ActionRetryNow, reason: "attempt 4/5"},
+		{name: "negative count treated as 0", p: p, f: now(failure(ClassTransient, 0), -3), action: ActionRetryNow},
+		{name: "timeout retried now", p: p, f: failure(ClassTimeout, 0), action: ActionRetryNow, reason: "timeout failure: immediate retry"},
+		{name: "panic waits for a delay", p: p, f: failure(ClassPanic, 0), action: ActionRetry},
+		{name: "Retry-After waits for a delay", p: p, f: withHint(failure(ClassTransient, 0), 3*time.Second), action: ActionRetry},
+		{name: "permanent never", p: p, f: failure(ClassPermanent, 0), action: ActionQuarantine, reason: "permanent failure"},
+		{name: "schema never", p: p, f: failure(ClassSchema, 0), action: ActionQuarantine},
+		{name: "crash-loop never", p: p, f: failure(ClassCrashLoop, 0), action: ActionQuarantine},
+		{name: "attempt budget: last attempt failed", p: p, f: failure(ClassTransient, 4), action: ActionQuarantine, reason: "attempt budget exhausted (5/5)"},
+		{name: "attempt budget: MaxAttempts 1", p: withMax(p, 1), f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "attempt budget exhausted (1/1)"},
+		{name: "attempt budget: the immediate retry is the last attempt", p: withMax(p, 2), f: failure(ClassTransient, 0), action: ActionRetryNow, reason: "attempt 2/2"},
+		{
+			name: "time budget spent", p: withElapsed(p, time.Minute),
+			f:      Failure{Class: ClassTransient, Attempts: Attempts{Failed: 1, FirstFailure: t0}, Now: t0.Add(time.Minute + time.Millisecond)},
+			action: ActionQuarantine, reason: "time budget exhausted",
+		},
+		{
+			name: "time budget reached exactly", p: withElapsed(p, time.Minute),
+			f:      Failure{Class: ClassTransient, Attempts: Attempts{Failed: 1, FirstFailure: t0}, Now: t0.Add(time.Minute)},
+			action: ActionRetryNow,
+		},
+		{
+			name: "a time budget shorter than every tier still retries now", p: withElapsed(p, 500*time.Millisecond),
+			f:      Failure{Class: ClassTransient, Now: t0},
+			action: ActionRetryNow,
+		},
+		{name: "invalid policy", p: withImmediate(p, -1), f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "invalid policy: triage: Policy.ImmediateRetries"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			v := Decide(tt.p, tt.f, fixedRand(0.5))
+			if v.Action != tt.action {
+				t.Fatalf("Action = %s (%s), want %s", v.Action, v.Reason, tt.action)
+			}
+			if want := max(tt.f.Attempts.Failed, 0) + 1; v.Attempt != want || v.Class != tt.f.Class {
+				t.Errorf("Attempt, Class = %d, %q, want %d, %q", v.Attempt, v.Class, want, tt.f.Class)
+			}
+			if tt.reason != "" && !strings.Contains(v.Reason, tt.reason) {
+				t.Errorf("Reason = %q, want it to contain %q", v.Reason, tt.reason)
+			}
+			if v.Action == ActionRetryNow && (v.Tier != 0 || v.Lane != 0 || v.Delay != 0) {
+				t.Errorf("an immediate retry with a tier, lane or delay: %+v", v)
+			}
+		})
+	}
+}
+
+// Across a message's life, immediate and delayed retries together run the
+// handler exactly MaxAttempts times: with 2 immediate retries and 5
+// attempts, 3 attempts on the first delivery, then 2 on the next (one
+// delayed retry, one immediate), then quarantine.
+func TestDecideImmediateThenDelayedKeepsTheBudget(t *testing.T) {
+	t.Parallel()
+
+	p := withImmediate(withElapsed(defaultPolicy, 0), 2)
+	failed, deliveries, calls := 0, 0, 0
+	var last Verdict
+	for deliveries < 10 {
+		deliveries++
+		for immediate := 0; ; immediate++ {
+			calls++ // the handler runs and fails
+			last = Decide(p, Failure{Class: ClassTransient, Attempts: Attempts{Failed: failed, FirstFailure: t0}, ImmediateRetries: immediate, Now: t0}, nil)
+			failed++
+			if last.Action != ActionRetryNow {
+				break
+			}
+		}
+		if last.Action != ActionRetry {
+			break
+		}
+		if last.Attempt != failed {
+			t.Fatalf("a delayed retry carries attempt %d after %d failed", last.Attempt, failed)
+		}
+	}
+	if calls != p.MaxAttempts || deliveries != 2 || last.Action != ActionQuarantine || last.Attempt != p.MaxAttempts {
+		t.Errorf("%d handler calls over %d deliveries, last %s at attempt %d; want %d calls over 2, quarantine at %d",
+			calls, deliveries, last.Action, last.Attempt, p.MaxAttempts, p.MaxAttempts)
+	}
+}
+
+func withImmediate(p Policy, n int) Policy { p.ImmediateRetries = n; return p }
+
 func withMax(p Policy, n int) Policy               { p.MaxAttempts = n; return p }
 func withLanes(p Policy, n int) Policy             { p.Lanes = n; return p }
 func withElapsed(p Policy, d time.Duration) Policy { p.MaxElapsed = d; return p }
@@ -166,6 +268,7 @@ func TestPolicyValidate(t *testing.T) {
 		{"zero attempts", func(p *Policy) { p.MaxAttempts = 0 }, "Policy.MaxAttempts: 0 must be in [1, 10000]"},
 		{"negative elapsed", func(p *Policy) { p.MaxElapsed = -1 }, "Policy.MaxElapsed"},
 		{"negative crash loop", func(p *Policy) { p.CrashLoopDeliveries = -1 }, "Policy.CrashLoopDeliveries"},
+		{"negative immediate retries", func(p *Policy) { p.ImmediateRetries = -1 }, "Policy.ImmediateRetries: -1 must be >= 0 (0 disables it)"},
 	}
 	for _, tt := range tests {
 		p := defaultPolicy

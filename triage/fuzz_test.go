@@ -136,13 +136,16 @@ func FuzzParseXDeath(f *testing.F) {
 }
 
 func FuzzDecide(f *testing.F) {
-	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5)
-	f.Add(false, int64(0), int64(-1), int64(math.MaxInt64), 0, math.NaN(), -1, int64(-1), "panic", int64(-5), -3, int64(0), int64(0), 2.0)
-	f.Add(true, int64(math.MaxInt64/2), int64(math.MaxInt64/2), int64(math.MaxInt64/2), 16, 1.0, MaxAttemptsCeiling, int64(0), "timeout", int64(math.MaxInt64), math.MaxInt, int64(math.MinInt64), int64(math.MaxInt64), 0.999999)
+	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5, 0, 0)
+	f.Add(false, int64(0), int64(-1), int64(math.MaxInt64), 0, math.NaN(), -1, int64(-1), "panic", int64(-5), -3, int64(0), int64(0), 2.0, -1, -1)
+	f.Add(true, int64(math.MaxInt64/2), int64(math.MaxInt64/2), int64(math.MaxInt64/2), 16, 1.0, MaxAttemptsCeiling, int64(0), "timeout", int64(math.MaxInt64), math.MaxInt, int64(math.MinInt64), int64(math.MaxInt64), 0.999999, math.MaxInt, math.MinInt)
+	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5, 2, 1)
+	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(time.Minute), "panic", int64(0), 0, int64(0), int64(0), 0.5, 3, 0)
 
 	f.Fuzz(func(t *testing.T, sane bool, d0, d1, d2 int64, lanes int, jitter float64, maxAttempts int,
-		maxElapsed int64, class string, hint int64, failed int, sinceFirst, untilNow int64, u float64) {
-		p := Policy{Lanes: lanes, Jitter: jitter, MaxAttempts: maxAttempts, MaxElapsed: time.Duration(maxElapsed)}
+		maxElapsed int64, class string, hint int64, failed int, sinceFirst, untilNow int64, u float64,
+		immediateRetries, immediate int) {
+		p := Policy{Lanes: lanes, Jitter: jitter, MaxAttempts: maxAttempts, MaxElapsed: time.Duration(maxElapsed), ImmediateRetries: immediateRetries}
 		if sane { // mostly valid policies, to reach the retry paths
 			var prev int64
 			for _, d := range []int64{d0, d1, d2} {
@@ -156,11 +159,12 @@ func FuzzDecide(f *testing.F) {
 			}
 			p.MaxAttempts = 1 + int(uint(maxAttempts)%20)
 			p.MaxElapsed = time.Duration(uint64(maxElapsed) % uint64(24*time.Hour))
+			p.ImmediateRetries = int(uint(immediateRetries) % 4)
 		} else {
 			p.Tiers = []time.Duration{time.Duration(d0), time.Duration(d1), time.Duration(d2)}[:int(uint(lanes)%4)]
 		}
 		now := t0.Add(time.Duration(untilNow % int64(100*365*24*time.Hour)))
-		fl := Failure{Class: Class(class), Hint: time.Duration(hint), Now: now,
+		fl := Failure{Class: Class(class), Hint: time.Duration(hint), Now: now, ImmediateRetries: immediate,
 			Attempts: Attempts{Failed: failed, FirstFailure: now.Add(-time.Duration(sinceFirst))}}
 		if sinceFirst == 0 {
 			fl.Attempts.FirstFailure = time.Time{}
@@ -178,12 +182,34 @@ func FuzzDecide(f *testing.F) {
 				t.Fatal("quarantine without a reason")
 			}
 			return
-		case ActionRetry:
+		case ActionRetry, ActionRetryNow:
 		default:
 			t.Fatalf("Action %q", v.Action)
 		}
 		if p.Validate() != nil || !fl.Class.Retryable() || attempt >= p.MaxAttempts {
-			t.Fatalf("retried: policy %v, class %q, attempt %d/%d", p.Validate(), fl.Class, attempt, p.MaxAttempts)
+			t.Fatalf("%s: policy %v, class %q, attempt %d/%d", v.Action, p.Validate(), fl.Class, attempt, p.MaxAttempts)
+		}
+		first := fl.Attempts.FirstFailure
+		if first.IsZero() {
+			first = now
+		}
+		if v.Action == ActionRetryNow {
+			// Never for a panic or a Retry-After, never past the immediate
+			// retries or the time budget, never with a delay.
+			if fl.Class == ClassPanic || fl.Hint > 0 || max(immediate, 0) >= p.ImmediateRetries {
+				t.Fatalf("retried now: class %q, hint %s, immediate %d/%d", fl.Class, fl.Hint, immediate, p.ImmediateRetries)
+			}
+			if p.MaxElapsed > 0 && now.Sub(first) > p.MaxElapsed {
+				t.Fatalf("retried now beyond the time budget")
+			}
+			if v.Tier != 0 || v.Lane != 0 || v.Delay != 0 {
+				t.Fatalf("retried now with tier %d lane %d delay %s", v.Tier, v.Lane, v.Delay)
+			}
+			return
+		}
+		if p.ImmediateRetries > max(immediate, 0) && fl.Hint <= 0 && fl.Class != ClassPanic &&
+			(p.MaxElapsed == 0 || now.Sub(first) <= p.MaxElapsed) {
+			t.Fatalf("delayed although an immediate retry was left: %+v", v)
 		}
 		if v.Tier < 0 || v.Tier >= len(p.Tiers) || v.Lane < 0 || v.Lane >= p.Lanes {
 			t.Fatalf("tier %d lane %d out of range", v.Tier, v.Lane)
@@ -197,10 +223,6 @@ func FuzzDecide(f *testing.F) {
 			t.Fatalf("hint %s not rounded up: tier %s", fl.Hint, d)
 		}
 		if p.MaxElapsed > 0 {
-			first := fl.Attempts.FirstFailure
-			if first.IsZero() {
-				first = now
-			}
 			if addDur(now.Sub(first), v.Delay) > p.MaxElapsed {
 				t.Fatalf("retry beyond the time budget")
 			}

@@ -110,6 +110,8 @@ type Options struct {
 	Idle        time.Duration
 	// Tiers are the retry tiers (two: 3 attempts); nil takes the defaults.
 	Tiers []time.Duration
+	// ImmediateRetries is the bridge's queues[].retry.immediate_retries.
+	ImmediateRetries int
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
@@ -177,6 +179,8 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 		o.Tiers = tiers
 		return nil
 	})
+	fs.IntVar(&o.ImmediateRetries, "immediate-retries", 0, "the bridge's in-process retries of a failed attempt before a delayed one "+
+		"(queues[].retry.immediate_retries; each counts toward its 3 attempts)")
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
 	fs.IntVar(&o.dup, "test-dup", 0, "")   // hidden: see Options.dup
 	fs.Usage = func() {
@@ -233,6 +237,8 @@ environment:
 		return usage("--prefetch must be at least 1")
 	case o.Concurrency < 0:
 		return usage("--concurrency must be at least 0")
+	case o.ImmediateRetries < 0:
+		return usage("--immediate-retries must be at least 0")
 	case o.Rounds < 1:
 		return usage("--rounds must be at least 1")
 	case o.Output != "text" && o.Output != "json":
@@ -301,7 +307,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	var exchanges []string
 	for _, s := range order {
 		prefix := fmt.Sprintf("%s-%s-r%d-%s", o.Prefix, sc, round, s)
-		cfg, err := (&sideSpec{Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers}).config()
+		cfg, err := (&sideSpec{Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}).config()
 		if err != nil {
 			return nil, err
 		}
@@ -347,7 +353,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	res := &roundResult{Round: round, Sides: map[string]*sideReport{}}
 	for _, s := range order {
 		spec := &sideSpec{URL: o.URL, Side: s, Scenario: sc, Prefix: prefixes[s], Count: o.Count, Size: o.Size,
-			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle, Tiers: o.Tiers}
+			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}
 		cpu0 := brokerCPU()
 		sr, err := spawnSide(ctx, spec, crcs, stderr)
 		if err != nil {
@@ -434,10 +440,19 @@ func spawnSide(ctx context.Context, spec *sideSpec, crcs []uint32, stderr io.Wri
 
 // config is the side's one-queue configuration.
 func (s *sideSpec) config() (*config.Config, error) {
-	if len(s.Tiers) == 0 {
-		return Config(s.Prefix, s.Prefetch, s.Concurrency)
+	tiers := s.Tiers
+	if len(tiers) == 0 {
+		tiers = defaultTiers
 	}
-	return ConfigTiers(s.Prefix, s.Prefetch, s.Concurrency, s.Tiers)
+	cfg, err := ConfigTiers(s.Prefix, s.Prefetch, s.Concurrency, tiers)
+	if err != nil || s.ImmediateRetries == 0 {
+		return cfg, err
+	}
+	cfg.Queues[0].Retry.ImmediateRetries = s.ImmediateRetries
+	if err := cfg.Complete(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
 }
 
 // BrokerPIDEnv, when set to the process id of a broker on this machine

@@ -322,6 +322,37 @@ func TestRetryTiersFlag(t *testing.T) {
 	}
 }
 
+// --immediate-retries reaches the bridge's config (0 by default, as the
+// config's own default); a negative count is a usage error; -h lists it.
+func TestImmediateRetriesFlag(t *testing.T) {
+	t.Parallel()
+	getenv := func(string) string { return "" }
+	var errs bytes.Buffer
+	for _, n := range []int{0, 2} {
+		o, _, ok := parseFlags([]string{"--immediate-retries", strconv.Itoa(n)}, &errs, getenv)
+		if !ok {
+			t.Fatalf("refused: %s", errs.String())
+		}
+		cfg, err := (&sideSpec{Prefix: "p", Prefetch: o.Prefetch, ImmediateRetries: o.ImmediateRetries}).config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Queues[0].Policy().ImmediateRetries; got != n {
+			t.Errorf("--immediate-retries %d: the policy has %d", n, got)
+		}
+	}
+	if o, _, _ := parseFlags(nil, &errs, getenv); o.ImmediateRetries != 0 {
+		t.Errorf("default %d, want 0", o.ImmediateRetries)
+	}
+	if _, code, ok := parseFlags([]string{"--immediate-retries", "-1"}, &errs, getenv); ok || code != exitUsage {
+		t.Errorf("--immediate-retries -1: ok %v, exit %d; want a usage error", ok, code)
+	}
+	errs.Reset()
+	if _, code, ok := parseFlags([]string{"-h"}, &errs, getenv); ok || code != exitOK || !strings.Contains(errs.String(), "--immediate-retries") {
+		t.Errorf("-h: exit %d, does not list --immediate-retries:\n%s", code, errs.String())
+	}
+}
+
 // The broker's CPU time is read from /proc for the process BrokerPIDEnv
 // names (here: this one, which has used some), and is unknown without it.
 func TestBrokerCPU(t *testing.T) {

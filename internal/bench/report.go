@@ -130,16 +130,18 @@ func tally(r *sideReport, s *sideSpec, handled []byte, quarantined, left []int) 
 
 // Report is a whole run: what the JSON line holds.
 type Report struct {
-	Broker      string           `json:"broker"`
-	Count       int              `json:"count"`
-	Size        int              `json:"size"`
-	Prefetch    int              `json:"prefetch"`
-	Concurrency int              `json:"concurrency"`
-	Rounds      int              `json:"rounds"`
-	CPUs        int              `json:"cpus"`
-	Load1       float64          `json:"load1"` // one-minute load average when the run ended
-	Scenarios   []scenarioReport `json:"scenarios"`
-	Reconciled  bool             `json:"reconciled"`
+	Broker      string `json:"broker"`
+	Count       int    `json:"count"`
+	Size        int    `json:"size"`
+	Prefetch    int    `json:"prefetch"`
+	Concurrency int    `json:"concurrency"`
+	// ImmediateRetries is the bridge's --immediate-retries.
+	ImmediateRetries int              `json:"immediate_retries"`
+	Rounds           int              `json:"rounds"`
+	CPUs             int              `json:"cpus"`
+	Load1            float64          `json:"load1"` // one-minute load average when the run ended
+	Scenarios        []scenarioReport `json:"scenarios"`
+	Reconciled       bool             `json:"reconciled"`
 	// Error is why the run stopped before its last round, if it did: then
 	// Reconciled is false, whatever the rounds that ran showed.
 	Error      string `json:"error,omitempty"`
@@ -181,7 +183,7 @@ func newReport(o *Options, conn *amqp.Connection) *Report {
 		}
 	}
 	return &Report{Broker: brokerVersion(conn), Count: o.Count, Size: o.Size, Prefetch: o.Prefetch,
-		Concurrency: concurrency, Rounds: o.Rounds, CPUs: numCPU(), Reconciled: true, opts: o}
+		Concurrency: concurrency, ImmediateRetries: o.ImmediateRetries, Rounds: o.Rounds, CPUs: numCPU(), Reconciled: true, opts: o}
 }
 
 func (rep *Report) add(scenario string, r *roundResult) {

@@ -41,6 +41,8 @@ type sideSpec struct {
 	Concurrency int             `json:"concurrency"`
 	Idle        time.Duration   `json:"idle"`            // give up after this long without progress
 	Tiers       []time.Duration `json:"tiers,omitempty"` // retry tiers; empty: the defaults
+	// ImmediateRetries is the bridge's queues[].retry.immediate_retries.
+	ImmediateRetries int `json:"immediate_retries,omitempty"`
 }
 
 // sideResult is what one side reports on stdout: timings and scalars. What

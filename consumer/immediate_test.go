@@ -1,0 +1,398 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
+)
+
+// Immediate retries (queues[].retry.immediate_retries): a failed attempt
+// is retried in process on the same delivery before it goes to a retry
+// lane; each counts as an attempt.
+
+// retriesPublished sums dlxbridge_retries_total over the queue's tiers:
+// the delayed retries whose lane publish the broker confirmed.
+func (b *testBundle) retriesPublished() float64 {
+	var n float64
+	for tier := range b.queue.Retry.Tiers {
+		n += testutil.ToFloat64(b.consumer.metrics.retries.WithLabelValues(b.queue.Name, tierLabel(tier)))
+	}
+	return n
+}
+
+func (b *testBundle) immediateRetries() float64 {
+	return testutil.ToFloat64(b.consumer.metrics.immediate.WithLabelValues(b.queue.Name))
+}
+
+// headerAttempts is the bridge's attempt header a handler call saw, 0 if
+// none.
+func headerAttempts(m *Message) int64 {
+	n, _ := wire.Int(m.Headers[wire.HeaderAttempts])
+	return n
+}
+
+// (a) A blip that passes on the next call never reaches the broker's retry
+// path: attempt 2 runs in process and succeeds.
+func TestImmediateRetrySucceedsWithoutARetryLane(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Retry.ImmediateRetries = 1 })
+	rec := newRecorder()
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			// A handler that changes its data must not see the change on
+			// its next call.
+			data := m.Data.(map[string]any)
+			if data["touched"] != nil {
+				return triage.Permanent(errors.New("the retry saw the first call's change to Data"))
+			}
+			data["touched"] = true
+			if m.Attempt == 1 {
+				return errors.New("connection reset by peer")
+			}
+			return nil
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-1"}, amqp.Publishing{MessageId: "im-1"})
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+
+	if n := rec.count(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+	for i, c := range rec.calls {
+		if c.attempt != i+1 || headerAttempts(c.msg) != 0 || c.msg.MessageID != "im-1" {
+			t.Errorf("call %d: attempt %d, attempt header %d, id %q; want attempt %d on the first delivery",
+				i, c.attempt, headerAttempts(c.msg), c.msg.MessageID, i+1)
+		}
+	}
+	if n := b.retriesPublished(); n != 0 {
+		t.Errorf("%v delayed retries published, want none", n)
+	}
+	if n := b.immediateRetries(); n != 1 {
+		t.Errorf("dlxbridge_immediate_retries_total = %v, want 1", n)
+	}
+	if got := testutil.ToFloat64(b.consumer.metrics.deliveries.WithLabelValues(b.queue.Name, OutcomeRetried)); got != 0 {
+		t.Errorf("%v deliveries settled as retried, want 0", got)
+	}
+	for _, q := range []string{b.queue.Name, b.wq.Quarantine} {
+		if d := b.queueDepth(q); d != 0 {
+			t.Errorf("%s holds %d messages, want 0", q, d)
+		}
+	}
+	for _, tier := range b.wq.Tiers {
+		for _, l := range tier.Lanes {
+			if d := b.queueDepth(l.Queue); d != 0 {
+				t.Errorf("retry lane %s holds %d messages, want 0", l.Queue, d)
+			}
+		}
+	}
+}
+
+// (b) Immediate and delayed retries share one attempt budget: with 2
+// immediate retries and 5 attempts, the first delivery runs the handler 3
+// times, its delayed retry carries attempt 3 and the first failure's time,
+// the next delivery runs it twice, and the quarantine says 5.
+func TestImmediateRetriesCountTowardTheAttemptBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = 2
+		q.Retry.MaxAttempts = 5
+	})
+	rec := newRecorder()
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			return errors.New("still down")
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-2"}, amqp.Publishing{MessageId: "im-2"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+
+	if n := rec.count(); n != 5 {
+		t.Fatalf("handler ran %d times, want 5", n)
+	}
+	// Calls 1-3 are the first delivery (no attempt header); 4 and 5 the
+	// delayed retry's, which carries the 3 failed attempts.
+	wantHeader := []int64{0, 0, 0, 3, 3}
+	for i, c := range rec.calls {
+		if c.attempt != i+1 || headerAttempts(c.msg) != wantHeader[i] {
+			t.Errorf("call %d: attempt %d, attempt header %d; want %d, %d", i, c.attempt, headerAttempts(c.msg), i+1, wantHeader[i])
+		}
+	}
+	env, ok := quarantine.Read(ptr(b.quarantined()))
+	if !ok {
+		t.Fatal("no envelope")
+	}
+	if env.Attempts != 5 || env.Class != triage.ClassTransient || !strings.Contains(env.Reason, "attempt budget exhausted (5/5)") {
+		t.Errorf("envelope: attempts %d, class %q, reason %q; want 5, transient, budget exhausted", env.Attempts, env.Class, env.Reason)
+	}
+	// The first failure is the first call's, not the delayed retry's
+	// publish after the third: the time budget runs from it.
+	if !env.FirstFailureAt.Before(rec.calls[1].at) {
+		t.Errorf("first failure at %s, after the second call began (%s)", env.FirstFailureAt, rec.calls[1].at)
+	}
+	if n := b.immediateRetries(); n != 3 {
+		t.Errorf("dlxbridge_immediate_retries_total = %v, want 3 (2 on the first delivery, 1 on the second)", n)
+	}
+	if n := b.retriesPublished(); n != 1 {
+		t.Errorf("%v delayed retries published, want 1", n)
+	}
+}
+
+// (c) A handler abandoned past its deadline still runs and holds its
+// concurrency slot: its delivery goes to a delayed retry, never an
+// immediate one.
+func TestAbandonedHandlerIsNotRetriedImmediately(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = 2
+		q.Consumer.HandlerTimeout = 50 * time.Millisecond
+	})
+	release := make(chan struct{})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	rec := newRecorder()
+	reasons := make(chan string, 16)
+	b.cfg.OnSettled = func(s Settled) {
+		reasons <- s.Reason
+		b.settled <- s.Outcome
+	}
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			if m.Attempt == 1 {
+				<-release // ignores its deadline
+			}
+			return nil
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-3"}, amqp.Publishing{MessageId: "im-3"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	if r := <-reasons; !strings.Contains(r, "not retried in process: the handler was abandoned past its deadline") {
+		t.Errorf("reason %q does not say why the retry waits", r)
+	}
+	close(release)
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+
+	if n := rec.count(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+	if c := rec.calls[1]; c.attempt != 2 || headerAttempts(c.msg) != 1 {
+		t.Errorf("second call: attempt %d, attempt header %d; want 2 from a delayed retry carrying 1", c.attempt, headerAttempts(c.msg))
+	}
+	if n := b.immediateRetries(); n != 0 {
+		t.Errorf("dlxbridge_immediate_retries_total = %v, want 0", n)
+	}
+	if got := testutil.ToFloat64(b.consumer.metrics.abandonedHandler.WithLabelValues(b.queue.Name)); got != 1 {
+		t.Errorf("abandoned handlers = %v, want 1", got)
+	}
+}
+
+// (d) A permanent failure is quarantined after its one call; a panic waits
+// for a delayed retry.
+func TestPermanentAndPanicAreNotRetriedImmediately(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Retry.ImmediateRetries = 3 })
+	rec := newRecorder()
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			switch {
+			case m.MessageID == "im-perm":
+				return triage.Permanent(errors.New("unknown customer"))
+			case m.Attempt == 1:
+				panic("nil map in the handler")
+			}
+			return nil
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-4"}, amqp.Publishing{MessageId: "im-perm"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	if n := rec.count(); n != 1 {
+		t.Fatalf("permanent: handler ran %d times, want 1", n)
+	}
+	env, _ := quarantine.Read(ptr(b.quarantined()))
+	if env.Attempts != 1 || env.Class != triage.ClassPermanent {
+		t.Errorf("permanent: envelope attempts %d class %q, want 1, permanent", env.Attempts, env.Class)
+	}
+
+	b.publishJSON(map[string]any{"id": "i-5"}, amqp.Publishing{MessageId: "im-panic"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+	if n := rec.count(); n != 3 {
+		t.Fatalf("panic: handler ran %d times in all, want 3", n)
+	}
+	if c := rec.calls[2]; c.attempt != 2 || headerAttempts(c.msg) != 1 {
+		t.Errorf("after the panic: attempt %d, attempt header %d; want 2 from a delayed retry carrying 1", c.attempt, headerAttempts(c.msg))
+	}
+	if n := b.immediateRetries(); n != 0 {
+		t.Errorf("dlxbridge_immediate_retries_total = %v, want 0", n)
+	}
+}
+
+// The breaker's count sees every call, immediate retries included, and once
+// it opens the delivery goes to a delayed retry: calling the dependency
+// again at once is what the pause is for avoiding.
+func TestOpenBreakerEndsImmediateRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = 3
+		q.Breaker.ConsecutiveFailures = 2
+		q.Breaker.MinOpen = time.Minute // stays open for the rest of the test
+	})
+	rec := newRecorder()
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			rec.record(m)
+			return errors.New("dependency unreachable")
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-6"}, amqp.Publishing{MessageId: "im-6"})
+	b.waitOutcome(OutcomeRetried, 10*time.Second)
+	if n := rec.count(); n != 2 {
+		t.Fatalf("handler ran %d times before the delayed retry, want 2 (the second call opened the breaker)", n)
+	}
+	if n := b.immediateRetries(); n != 1 {
+		t.Errorf("dlxbridge_immediate_retries_total = %v, want 1", n)
+	}
+	if st := b.consumer.Breakers(); len(st) != 1 || st[0].State != triage.BreakerOpen {
+		t.Errorf("breakers %+v, want the queue's open", st)
+	}
+}
+
+// The delivery's one consumer span records each immediate retry as an
+// event, and ends with the attempt that settled it.
+func TestImmediateRetryIsASpanEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Retry.ImmediateRetries = 2 })
+	exp := tracetest.NewInMemoryExporter()
+	ended := &endSignal{consumerSpans: make(chan struct{}, 64)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSpanProcessor(ended))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	b.cfg.TracerProvider = tp
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			if m.Attempt < 3 {
+				return errors.New("blip")
+			}
+			return nil
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "i-7"}, amqp.Publishing{MessageId: "im-7"})
+	b.waitOutcome(OutcomeAcked, 10*time.Second)
+	select {
+	case <-ended.consumerSpans:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the consumer span did not end")
+	}
+	var spans []sdktrace.ReadOnlySpan
+	for _, s := range exp.GetSpans().Snapshots() {
+		if s.SpanKind() == trace.SpanKindConsumer {
+			spans = append(spans, s)
+		}
+	}
+	if len(spans) != 1 {
+		t.Fatalf("%d consumer spans, want 1", len(spans))
+	}
+	var attempts []int64
+	for _, e := range spans[0].Events() {
+		if e.Name != "dlxbridge.immediate_retry" {
+			continue
+		}
+		for _, kv := range e.Attributes {
+			if kv.Key == "dlxbridge.attempt" {
+				attempts = append(attempts, kv.Value.AsInt64())
+			}
+		}
+	}
+	if len(attempts) != 2 || attempts[0] != 1 || attempts[1] != 2 {
+		t.Errorf("immediate retry events for failed attempts %v, want [1 2]", attempts)
+	}
+	for _, kv := range spans[0].Attributes() {
+		if kv.Key == "dlxbridge.attempt" && kv.Value.AsInt64() != 3 {
+			t.Errorf("span attempt %d, want 3", kv.Value.AsInt64())
+		}
+	}
+}
+
+// Without a broker (the process bundle): the rules the runtime adds to
+// triage's.
+
+func immediateRetries(n int) func(*Config) {
+	return func(c *Config) { c.File.Queues[0].Retry.ImmediateRetries = n }
+}
+
+// A timeout whose handler returned (it honoured its deadline) is retried in
+// process, with a fresh deadline: only an abandoned one is not.
+func TestReturnedTimeoutIsRetriedImmediately(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	b := newProcessBundle(t, func(c *Config) {
+		immediateRetries(1)(c)
+		handlerTimeout(20 * time.Millisecond)(c)
+	}, func(ctx context.Context, m *Message) error {
+		calls.Add(1)
+		if m.Attempt == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return ctx.Err() // nil: a fresh deadline
+	})
+	b.w.process(b.delivery())
+	if st := b.waitSettled(t); st.Outcome != OutcomeAcked || st.Attempt != 2 || calls.Load() != 2 {
+		t.Fatalf("settled %s at attempt %d after %d calls; want acked at attempt 2 after 2", st.Outcome, st.Attempt, calls.Load())
+	}
+}
+
+// A stopping runtime, or a handler that signals its dependency is down,
+// takes the retry lane at once; the reason says why.
+func TestImmediateRetryBlockedByStopAndDependencySignal(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, why string
+		stop      bool
+		err       error
+	}{
+		{"stopping", "the runtime is stopping", true, errors.New("blip")},
+		{"dependency down", "the handler signalled its dependency is down", false, triage.DependencyDown(0, errors.New("503"))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int32
+			b := newProcessBundle(t, immediateRetries(2), func(ctx context.Context, m *Message) error {
+				calls.Add(1)
+				return tt.err
+			})
+			if tt.stop {
+				// As beginStop and the cancel-ok leave it.
+				close(b.w.s.stopping)
+				close(b.w.s.cancelled)
+			}
+			b.w.process(b.delivery())
+			st := b.waitSettled(t)
+			if st.Outcome != OutcomeRetried || calls.Load() != 1 || !strings.Contains(st.Reason, "not retried in process: "+tt.why) {
+				t.Fatalf("settled %s after %d calls, reason %q; want retried after 1, saying %q", st.Outcome, calls.Load(), st.Reason, tt.why)
+			}
+		})
+	}
+}
