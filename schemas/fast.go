@@ -261,21 +261,30 @@ func (s *fastSchema) inEnum(v any) bool {
 
 // validInPlace applies the schemas that apply to v itself.
 func (s *fastSchema) validInPlace(v any) bool {
-	if s.ref != nil && !s.ref.valid(v) {
+	if s.ref == nil && s.not == nil && s.allOf == nil && s.anyOf == nil && s.oneOf == nil && s.ifS == nil {
+		return true
+	}
+	return s.inPlace(func(sub *fastSchema) bool { return sub.valid(v) })
+}
+
+// inPlace applies the schemas that apply to a value itself, through
+// valid, which applies one to that value (decoded, or tokens).
+func (s *fastSchema) inPlace(valid func(*fastSchema) bool) bool {
+	if s.ref != nil && !valid(s.ref) {
 		return false
 	}
-	if s.not != nil && s.not.valid(v) {
+	if s.not != nil && valid(s.not) {
 		return false
 	}
 	for _, sub := range s.allOf {
-		if !sub.valid(v) {
+		if !valid(sub) {
 			return false
 		}
 	}
 	if s.anyOf != nil {
 		ok := false
 		for _, sub := range s.anyOf {
-			if sub.valid(v) {
+			if valid(sub) {
 				ok = true
 				break
 			}
@@ -287,7 +296,7 @@ func (s *fastSchema) validInPlace(v any) bool {
 	if s.oneOf != nil {
 		n := 0
 		for _, sub := range s.oneOf {
-			if sub.valid(v) {
+			if valid(sub) {
 				if n++; n > 1 {
 					return false
 				}
@@ -298,11 +307,11 @@ func (s *fastSchema) validInPlace(v any) bool {
 		}
 	}
 	if s.ifS != nil {
-		if s.ifS.valid(v) {
-			if s.thenS != nil && !s.thenS.valid(v) {
+		if valid(s.ifS) {
+			if s.thenS != nil && !valid(s.thenS) {
 				return false
 			}
-		} else if s.elseS != nil && !s.elseS.valid(v) {
+		} else if s.elseS != nil && !valid(s.elseS) {
 			return false
 		}
 	}
