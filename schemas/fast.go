@@ -48,14 +48,19 @@ type fastSchema struct {
 	minProps, maxProps int
 	required           []string
 	props              []fastProp
-	propSet            map[string]bool // names in props; only with keyPass
-	patternProps       []fastPattern
-	additional         *fastSchema // additionalProperties as a schema
-	noAdditional       bool        // additionalProperties: false
-	keyPass            bool        // additional or pattern properties need a look at every member
-	propertyNames      *fastSchema
-	depRequired        []fastDepRequired
-	depSchemas         []fastDepSchema
+	// requiredInProps: every required name is in props, and nRequired
+	// of them are distinct, so the tokens' one pass over the members can
+	// count the required ones it meets.
+	requiredInProps bool
+	nRequired       int
+	propSet         map[string]bool // names in props; only with keyPass
+	patternProps    []fastPattern
+	additional      *fastSchema // additionalProperties as a schema
+	noAdditional    bool        // additionalProperties: false
+	keyPass         bool        // additional or pattern properties need a look at every member
+	propertyNames   *fastSchema
+	depRequired     []fastDepRequired
+	depSchemas      []fastDepSchema
 
 	// arrays
 	minItems, maxItems       int
@@ -101,8 +106,9 @@ var typeBits = map[string]uint8{
 }
 
 type fastProp struct {
-	name   string
-	schema *fastSchema
+	name     string
+	schema   *fastSchema
+	required bool // named in required (used when requiredInProps)
 }
 
 type fastPattern struct {
@@ -760,8 +766,22 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		names = append(names, name)
 	}
 	sort.Strings(names) // a stable layout; the verdict does not depend on it
+	req := map[string]bool{}
+	for _, name := range s.Required {
+		req[name] = true
+	}
 	for _, name := range names {
-		f.props = append(f.props, fastProp{name: name, schema: one(s.Properties[name])})
+		f.props = append(f.props, fastProp{name: name, schema: one(s.Properties[name]), required: req[name]})
+		delete(req, name)
+	}
+	f.requiredInProps, f.nRequired = len(req) == 0, len(f.required)
+	if f.requiredInProps {
+		f.nRequired = 0
+		for _, p := range f.props {
+			if p.required {
+				f.nRequired++
+			}
+		}
 	}
 	for re, sub := range s.PatternProperties {
 		f.patternProps = append(f.patternProps, fastPattern{re: re, schema: one(sub)})

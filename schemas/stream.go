@@ -3,7 +3,6 @@ package schemas
 import (
 	"encoding/json"
 	"math"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,9 +338,17 @@ func (s *fastSchema) validInPlaceTok(d *tokDoc, i int32) bool {
 
 // prop finds name in s.props (sorted by name).
 func (s *fastSchema) prop(name string) *fastProp {
-	j := sort.Search(len(s.props), func(k int) bool { return s.props[k].name >= name })
-	if j < len(s.props) && s.props[j].name == name {
-		return &s.props[j]
+	lo, hi := 0, len(s.props)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if s.props[m].name < name {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(s.props) && s.props[lo].name == name {
+		return &s.props[lo]
 	}
 	return nil
 }
@@ -351,16 +358,24 @@ func (s *fastSchema) validObjectTok(d *tokDoc, i int32) bool {
 	if s.minProps >= 0 && n < s.minProps || s.maxProps >= 0 && n > s.maxProps {
 		return false
 	}
-	for _, name := range s.required {
-		if d.member(i, name) < 0 {
-			return false
+	if !s.requiredInProps {
+		for _, name := range s.required {
+			if d.member(i, name) < 0 {
+				return false
+			}
 		}
 	}
+	required := 0 // required members met (keys are unique)
 	for j := i + 1; d.toks[j].kind == TokenKey; j = d.toks[j+1].next {
 		k := d.str(j)
 		p := s.prop(k)
-		if p != nil && !p.schema.validTok(d, j+1) {
-			return false
+		if p != nil {
+			if p.required {
+				required++
+			}
+			if !p.schema.validTok(d, j+1) {
+				return false
+			}
 		}
 		evaluated := p != nil
 		for _, pp := range s.patternProps {
@@ -377,6 +392,9 @@ func (s *fastSchema) validObjectTok(d *tokDoc, i int32) bool {
 		if s.propertyNames != nil && !s.propertyNames.validTok(d, j) {
 			return false
 		}
+	}
+	if s.requiredInProps && required != s.nRequired {
+		return false
 	}
 	for _, dr := range s.depRequired {
 		if d.member(i, dr.name) >= 0 {
