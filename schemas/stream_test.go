@@ -271,6 +271,9 @@ func FuzzStreamAgrees(f *testing.F) {
 // TestGateCheckAllocs holds the gate's happy path to a few allocations
 // per message: the tree is not built.
 func TestGateCheckAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled token lists at random")
+	}
 	stream, tree := gateTwins(t)
 	for _, ex := range examples(t) {
 		in := Input{ContentType: "application/json", Type: ex.Type, Headers: map[string]any{"schema-version": ex.Version}, Body: ex.Body}
