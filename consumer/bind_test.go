@@ -41,7 +41,7 @@ func TestBindDecodesTheValidatedTextOnce(t *testing.T) {
 			t.Fatal(verr)
 		}
 		// As runHandler builds it.
-		m := &Message{Type: gm.Type, Version: gm.Version, Data: gm.Data, text: gm.Raw, Body: tt.in.Body}
+		m := &Message{Type: gm.Type, Version: gm.Version, text: gm.Raw, gated: *gm, Body: tt.in.Body}
 		var got bindSMS
 		if err := m.Bind(&got); err != nil || got != want {
 			t.Fatalf("%s: Bind = %+v, %v; want %+v", tt.from, got, err, want)
@@ -61,7 +61,7 @@ func TestBindDecodesTheValidatedTextOnce(t *testing.T) {
 
 	// An upcaster's result has no text: Bind sees it, not the old body.
 	qr := &queueRuntime{deps: &deps{cfg: &Config{Registry: reg}}}
-	m := &Message{Type: "notifications.sms", Version: "1", OriginalVersion: "0", text: []byte(`{"text":"old"}`), Data: map[string]any{}}
+	m := &Message{Type: "notifications.sms", Version: "1", OriginalVersion: "0", text: []byte(`{"text":"old"}`), data: map[string]any{}, hasData: true}
 	upcast := upcaster{to: "1", fn: func(any) (any, error) {
 		return map[string]any{"notificationId": want.NotificationID, "to": want.To, "text": want.Text}, nil
 	}}

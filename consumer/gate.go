@@ -28,7 +28,7 @@ import (
 // admitted is what the gate lets through to the router.
 type admitted struct {
 	schemas.Message
-	// raw is set when the gate is off: Data was not decoded.
+	// raw is set when the gate is off: the body was not read.
 	raw bool
 	// reported is the gate's objection in report mode.
 	reported *schemas.ValidationError

@@ -38,11 +38,6 @@ type Message struct {
 	// the wire. With the queue's gate off they are the AMQP type property
 	// and the version header, "" when absent.
 	Type, Version, OriginalVersion string
-	// Data is the validated JSON value (numbers as json.Number); for
-	// envelope-style messages, the envelope's "data" member. It is the
-	// gate's decode of the body: read it rather than decoding Body again.
-	// nil when the queue's gate is off (Bind decodes Body then).
-	Data any
 	// Body is the payload as received. Treat it as read-only: it is the
 	// same slice the runtime republishes on a retry.
 	Body []byte
@@ -60,23 +55,61 @@ type Message struct {
 	// GateError is the schema gate's objection when the queue's gate is in
 	// report mode and the message failed it: the handler gets the message
 	// anyway, with Type, Version and Data as far as the gate read them
-	// (Data is nil if the body is not JSON). nil otherwise. Returning it,
+	// (Data fails, wrapping GateError, if the body is not JSON). nil
+	// otherwise. Returning it,
 	// or an error that wraps it, quarantines the message as a schema
 	// failure.
 	GateError *schemas.ValidationError
 
-	// raw: the queue's gate is off, Data was not decoded.
+	// raw: the queue's gate is off, nothing was decoded.
 	raw bool
-	// text is the JSON text the gate decoded Data from; nil once an
-	// upcaster replaced Data.
+	// text is the JSON text the gate validated; nil once an upcaster
+	// replaced the data.
 	text []byte
+	// gated is the gate's message, which decodes text on demand.
+	gated schemas.Message
+	// data is the value, once decoded or upcast (hasData).
+	data    any
+	hasData bool
+}
+
+// Data returns the validated JSON value, decoded as encoding/json does with
+// UseNumber (map[string]any, []any, string, json.Number, bool, nil); for
+// envelope-style messages, the envelope's "data" member; after an upcast,
+// the upcasters' result. The gate validates the body without decoding it
+// into a tree: the first call decodes the text the gate validated, later
+// calls return the same value (a handler may change it; Bind does not see
+// that). Like the rest of a Message, it is not safe for concurrent use. A
+// handler that decodes into a struct calls Bind instead, which is one pass.
+// It returns nil with the queue's gate off (Bind decodes Body then), and,
+// when a report-mode gate read no data (the body is not JSON), an error
+// that wraps GateError.
+func (m *Message) Data() (any, error) {
+	if m.hasData || m.raw {
+		return m.data, nil
+	}
+	if m.text == nil && m.GateError != nil {
+		return nil, fmt.Errorf("data %s: no data: %w", m.Type, m.GateError)
+	}
+	v, err := m.gated.Data()
+	if err != nil {
+		return nil, err
+	}
+	m.data, m.hasData = v, true
+	return v, nil
+}
+
+// setData replaces the message's data (an upcast's result, which has no
+// text).
+func (m *Message) setData(v any) {
+	m.data, m.hasData, m.text = v, true, nil
 }
 
 // Bind decodes the message's data into v (a struct pointer, typically) with
-// encoding/json, in one pass over the JSON text the gate decoded (Body, or
-// an envelope's "data" member); changes a handler makes to Data are not
-// seen. With the queue's gate off it decodes the whole body as received.
-// After an upcast, whose result has no text, it encodes Data and decodes
+// encoding/json, in one pass over the JSON text the gate validated (Body, or
+// an envelope's "data" member); changes a handler makes to Data's value are
+// not seen. With the queue's gate off it decodes the whole body as received.
+// After an upcast, whose result has no text, it encodes the data and decodes
 // that. When a report-mode gate read no data (the body is not JSON), Bind
 // returns an error that wraps GateError.
 func (m *Message) Bind(v any) error {
@@ -86,10 +119,14 @@ func (m *Message) Bind(v any) error {
 	if m.text != nil {
 		return json.Unmarshal(m.text, v)
 	}
-	if m.Data == nil && m.GateError != nil {
+	data, err := m.Data()
+	if m.GateError != nil && (err != nil || data == nil) {
 		return fmt.Errorf("bind %s: no data: %w", m.Type, m.GateError)
 	}
-	b, err := json.Marshal(m.Data)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", m.Type, err)
+	}
+	b, err := json.Marshal(data)
 	if err != nil {
 		return err
 	}
@@ -97,7 +134,7 @@ func (m *Message) Bind(v any) error {
 }
 
 // UpcastFunc turns a message's data of one schema version into the next.
-// data is the older version's Message.Data, decoded as encoding/json does
+// data is the older version's Message.Data value, decoded as encoding/json does
 // with UseNumber (map[string]any, []any, string, json.Number, bool, nil);
 // the result must be made of the same kinds of values (a struct is
 // refused), and the newer version's schema checks it before any handler

@@ -39,8 +39,8 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 		Type:            gm.Type,
 		Version:         version,
 		OriginalVersion: gm.Version,
-		Data:            gm.Data,
 		text:            gm.Raw,
+		gated:           gm.Message,
 		Body:            d.Body,
 		// A copy: an abandoned handler must not share a map the runtime
 		// reads when it republishes.
@@ -160,7 +160,7 @@ func (r *handlerRunner) call(qr *queueRuntime, j handlerJob) (err error) {
 // retire ends the goroutine once its job (if any) returns.
 func (r *handlerRunner) retire() { close(r.jobs) }
 
-// upcast runs the upcaster chain on m.Data and validates the result against
+// upcast runs the upcaster chain on m.Data() and validates the result against
 // the target version's schema. Its failures are permanent: the same input
 // always upcasts the same way. A message that failed a report-mode gate is
 // upcast as it is (a body that is not JSON can't be), and its result is not
@@ -169,10 +169,13 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	if len(chain) == 0 {
 		return nil
 	}
-	if m.Data == nil && m.GateError != nil {
+	data, err := m.Data() // the upcasters need the tree: decoded here
+	if m.GateError != nil && (err != nil || data == nil) {
 		return triage.Permanent(fmt.Errorf("upcast %s v%s: no data: %w", m.Type, m.OriginalVersion, m.GateError))
 	}
-	data := m.Data
+	if err != nil {
+		return triage.Permanent(fmt.Errorf("upcast %s v%s: %w", m.Type, m.OriginalVersion, err))
+	}
 	for _, u := range chain {
 		var err error
 		if data, err = u.fn(data); err != nil {
@@ -188,7 +191,7 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 			return triage.Permanent(fmt.Errorf("upcast %s v%s→v%s produced invalid data: %w", m.Type, m.OriginalVersion, m.Version, err))
 		}
 	}
-	m.Data, m.text = data, nil
+	m.setData(data)
 	return nil
 }
 

@@ -27,7 +27,8 @@ func ExampleGate_Check() {
 			"notificationId": "5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7b",
 			"to": "+4915112345678", "text": "Your parcel is on its way."}}`),
 	})
-	fmt.Println(msg.Type, msg.Version, msg.Data.(map[string]any)["text"], err)
+	data, _ := msg.Data() // decoded on first use; handlers that Bind never pay for it
+	fmt.Println(msg.Type, msg.Version, data.(map[string]any)["text"], err)
 
 	_, err = gate.Check(schemas.Input{
 		ContentType: "application/cloudevents+json",

@@ -48,14 +48,19 @@ type fastSchema struct {
 	minProps, maxProps int
 	required           []string
 	props              []fastProp
-	propSet            map[string]bool // names in props; only with keyPass
-	patternProps       []fastPattern
-	additional         *fastSchema // additionalProperties as a schema
-	noAdditional       bool        // additionalProperties: false
-	keyPass            bool        // additional or pattern properties need a look at every member
-	propertyNames      *fastSchema
-	depRequired        []fastDepRequired
-	depSchemas         []fastDepSchema
+	// requiredInProps: every required name is in props, and nRequired
+	// of them are distinct, so the tokens' one pass over the members can
+	// count the required ones it meets.
+	requiredInProps bool
+	nRequired       int
+	propSet         map[string]bool // names in props; only with keyPass
+	patternProps    []fastPattern
+	additional      *fastSchema // additionalProperties as a schema
+	noAdditional    bool        // additionalProperties: false
+	keyPass         bool        // additional or pattern properties need a look at every member
+	propertyNames   *fastSchema
+	depRequired     []fastDepRequired
+	depSchemas      []fastDepSchema
 
 	// arrays
 	minItems, maxItems       int
@@ -101,8 +106,9 @@ var typeBits = map[string]uint8{
 }
 
 type fastProp struct {
-	name   string
-	schema *fastSchema
+	name     string
+	schema   *fastSchema
+	required bool // named in required (used when requiredInProps)
 }
 
 type fastPattern struct {
@@ -261,21 +267,30 @@ func (s *fastSchema) inEnum(v any) bool {
 
 // validInPlace applies the schemas that apply to v itself.
 func (s *fastSchema) validInPlace(v any) bool {
-	if s.ref != nil && !s.ref.valid(v) {
+	if s.ref == nil && s.not == nil && s.allOf == nil && s.anyOf == nil && s.oneOf == nil && s.ifS == nil {
+		return true
+	}
+	return s.inPlace(func(sub *fastSchema) bool { return sub.valid(v) })
+}
+
+// inPlace applies the schemas that apply to a value itself, through
+// valid, which applies one to that value (decoded, or tokens).
+func (s *fastSchema) inPlace(valid func(*fastSchema) bool) bool {
+	if s.ref != nil && !valid(s.ref) {
 		return false
 	}
-	if s.not != nil && s.not.valid(v) {
+	if s.not != nil && valid(s.not) {
 		return false
 	}
 	for _, sub := range s.allOf {
-		if !sub.valid(v) {
+		if !valid(sub) {
 			return false
 		}
 	}
 	if s.anyOf != nil {
 		ok := false
 		for _, sub := range s.anyOf {
-			if sub.valid(v) {
+			if valid(sub) {
 				ok = true
 				break
 			}
@@ -287,7 +302,7 @@ func (s *fastSchema) validInPlace(v any) bool {
 	if s.oneOf != nil {
 		n := 0
 		for _, sub := range s.oneOf {
-			if sub.valid(v) {
+			if valid(sub) {
 				if n++; n > 1 {
 					return false
 				}
@@ -298,11 +313,11 @@ func (s *fastSchema) validInPlace(v any) bool {
 		}
 	}
 	if s.ifS != nil {
-		if s.ifS.valid(v) {
-			if s.thenS != nil && !s.thenS.valid(v) {
+		if valid(s.ifS) {
+			if s.thenS != nil && !valid(s.thenS) {
 				return false
 			}
-		} else if s.elseS != nil && !s.elseS.valid(v) {
+		} else if s.elseS != nil && !valid(s.elseS) {
 			return false
 		}
 	}
@@ -751,8 +766,22 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		names = append(names, name)
 	}
 	sort.Strings(names) // a stable layout; the verdict does not depend on it
+	req := map[string]bool{}
+	for _, name := range s.Required {
+		req[name] = true
+	}
 	for _, name := range names {
-		f.props = append(f.props, fastProp{name: name, schema: one(s.Properties[name])})
+		f.props = append(f.props, fastProp{name: name, schema: one(s.Properties[name]), required: req[name]})
+		delete(req, name)
+	}
+	f.requiredInProps, f.nRequired = len(req) == 0, len(f.required)
+	if f.requiredInProps {
+		f.nRequired = 0
+		for _, p := range f.props {
+			if p.required {
+				f.nRequired++
+			}
+		}
 	}
 	for re, sub := range s.PatternProperties {
 		f.patternProps = append(f.patternProps, fastPattern{re: re, schema: one(sub)})

@@ -44,6 +44,8 @@ type Gate struct {
 	accepts       map[string]map[string]bool
 	maxBody       int
 	maxViolations int
+	// noStream turns the tree-free path off (for tests that compare).
+	noStream bool
 }
 
 // NewGate validates cfg and returns a Gate.
@@ -117,19 +119,36 @@ type Input struct {
 type Message struct {
 	Type    string
 	Version string
-	// Data is the validated value, decoded as encoding/json does with
-	// UseNumber (map[string]any, []any, string, json.Number, bool, nil).
-	// For FromEnvelope it is the envelope's "data" member. It is the gate's
-	// only decode of the body: code that wants the parsed value reads it
-	// here rather than decoding the body again. Its strings and numbers
-	// share one copy of the body: keeping any of them keeps that copy (not
-	// Input.Body) alive.
-	Data any
-	// Raw is the JSON text Data was decoded from: Input.Body, or for
+	// Raw is the JSON text the gate validated: Input.Body, or for
 	// FromEnvelope the text of its "data" member (a subslice of
 	// Input.Body). Decoding it with json.Unmarshal into a struct is one
-	// pass, where encoding Data and decoding that would be two.
+	// pass. On a message the gate passes, it validates Raw without
+	// decoding it into a tree: Data does that, when asked.
 	Raw []byte
+
+	// data is the value of Raw, once decoded (hasData).
+	data    any
+	hasData bool
+}
+
+// Data returns the validated value, decoded from Raw as encoding/json does
+// with UseNumber (map[string]any, []any, string, json.Number, bool, nil).
+// The first call decodes Raw (unless the gate had decoded it already) and
+// later calls return the same value; like the rest of a Message, it is not
+// safe for concurrent use. For FromEnvelope it is the envelope's "data"
+// member. Its strings and numbers share one copy of Raw. It returns nil
+// when Raw is nil (CheckReport on a body that is not JSON), and an error
+// only when Raw is not JSON, which the gate never returns.
+func (m *Message) Data() (any, error) {
+	if m.hasData || m.Raw == nil {
+		return m.data, nil
+	}
+	v, derr := decodeJSON(m.Raw)
+	if derr != nil {
+		return nil, fmt.Errorf("schemas: Message.Raw: %w", derr)
+	}
+	m.data, m.hasData = v, true
+	return v, nil
 }
 
 // Check runs the gate. It returns the decoded, validated message, or a
@@ -165,6 +184,10 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		if verr := g.known(typ, version); verr != nil {
 			return nil, verr
 		}
+	}
+
+	if m, ok := g.checkStream(in.Body, typ, version); ok {
+		return m, nil
 	}
 
 	doc, raw, derr := g.decode(in.Body)
@@ -208,7 +231,50 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 			return nil, verr
 		}
 	}
-	return &Message{Type: typ, Version: version, Data: data, Raw: raw}, nil
+	return &Message{Type: typ, Version: version, Raw: raw, data: data, hasData: true}, nil
+}
+
+// checkStream runs the gate's tree-free path (see stream.go) on a body that
+// passed the size, content type and encoding checks; typ and version are
+// set for FromProperties. It returns a message the gate passes, or false:
+// the tree path then decides, and gives the error.
+func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, ok bool) {
+	if g.noStream {
+		return nil, false
+	}
+	d := getTokDoc()
+	defer d.release()
+	defer func() {
+		// A panic here is a bug, but the tree path still gives the
+		// right verdict.
+		if recover() != nil {
+			m, ok = nil, false
+		}
+	}()
+	if !d.tokenize(body) {
+		return nil, false
+	}
+	data, raw := int32(0), body
+	switch g.id.From {
+	case FromEnvelope:
+		if typ, version, data, ok = d.envelope(); !ok {
+			return nil, false
+		}
+		raw = d.text(data)
+	case FromPointer:
+		if typ, version, ok = d.identity(g.id.TypePointer, g.id.VersionPointer); !ok {
+			return nil, false
+		}
+	}
+	if g.id.From != FromProperties && g.known(typ, version) != nil {
+		return nil, false
+	}
+	schema, _ := g.reg.Lookup(typ, version)
+	f := g.reg.fast[schema]
+	if f == nil || !f.validTok(d, data) {
+		return nil, false
+	}
+	return &Message{Type: typ, Version: version, Raw: raw}, true
 }
 
 // decode decodes the body: the document, and the text of what the gate

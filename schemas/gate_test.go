@@ -132,8 +132,8 @@ func TestGateProperties(t *testing.T) {
 				if msg.Type != tt.in.Type || msg.Version != tt.version {
 					t.Errorf("message is %s v%s, want %s v%s", msg.Type, msg.Version, tt.in.Type, tt.version)
 				}
-				if _, ok := msg.Data.(map[string]any)["orderId"]; !ok {
-					t.Errorf("Data has no orderId: %#v", msg.Data)
+				if _, ok := dataOf(t, msg).(map[string]any)["orderId"]; !ok {
+					t.Errorf("Data has no orderId: %#v", dataOf(t, msg))
 				}
 				return
 			}
@@ -232,8 +232,8 @@ func TestGateEnvelope(t *testing.T) {
 				if msg.Type != "notifications.sms" || msg.Version != "1" {
 					t.Errorf("got %s v%s", msg.Type, msg.Version)
 				}
-				if _, ok := msg.Data.(map[string]any)["text"]; !ok {
-					t.Errorf("Data is not the envelope's data: %#v", msg.Data)
+				if _, ok := dataOf(t, msg).(map[string]any)["text"]; !ok {
+					t.Errorf("Data is not the envelope's data: %#v", dataOf(t, msg))
 				}
 				return
 			}

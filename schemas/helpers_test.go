@@ -62,3 +62,13 @@ const orderV1 = `{
 }`
 
 type jsonNumber = json.Number
+
+// dataOf is m.Data(), which must not fail on a message from the gate.
+func dataOf(t testing.TB, m *schemas.Message) any {
+	t.Helper()
+	v, err := m.Data()
+	if err != nil {
+		t.Fatalf("Data: %v", err)
+	}
+	return v
+}

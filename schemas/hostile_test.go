@@ -208,7 +208,7 @@ func TestHostileBigNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := msg.Data.(map[string]any)["totalCents"]; got != any(jsonNumber("123456789012345678901234567890123")) {
+	if got := dataOf(t, msg).(map[string]any)["totalCents"]; got != any(jsonNumber("123456789012345678901234567890123")) {
 		t.Errorf("totalCents = %#v, want the exact json.Number", got)
 	}
 }

@@ -66,7 +66,7 @@ func sameValue(t *testing.T, name string, m *schemas.Message) {
 	dec := json.NewDecoder(bytes.NewReader(m.Raw))
 	dec.UseNumber()
 	var again any
-	if err := dec.Decode(&again); err != nil || !reflect.DeepEqual(again, m.Data) {
-		t.Errorf("%s: Raw decodes to %v (%v), Data is %v", name, again, err, m.Data)
+	if err := dec.Decode(&again); err != nil || !reflect.DeepEqual(again, dataOf(t, m)) {
+		t.Errorf("%s: Raw decodes to %v (%v), Data is %v", name, again, err, dataOf(t, m))
 	}
 }

@@ -32,10 +32,10 @@ func (g *Gate) CheckReport(in Input) (*Message, error) {
 	if derr != nil {
 		return m, verr
 	}
-	m.Data, m.Raw = doc, text
+	m.Raw, m.data, m.hasData = text, doc, true
 	if g.id.From == FromEnvelope {
 		env, _ := doc.(map[string]any)
-		m.Data = env["data"]
+		m.data = env["data"]
 	}
 	return m, verr
 }

@@ -70,13 +70,13 @@ func TestCheckReport(t *testing.T) {
 				t.Errorf("message is %q v%q, want %q v%q", msg.Type, msg.Version, tt.typ, tt.version)
 			}
 			if tt.dataMustBeNil {
-				if msg.Data != nil {
-					t.Errorf("Data = %#v, want nil", msg.Data)
+				if dataOf(t, msg) != nil {
+					t.Errorf("Data = %#v, want nil", dataOf(t, msg))
 				}
 				return
 			}
-			if _, ok := msg.Data.(map[string]any)[tt.dataHas]; !ok {
-				t.Errorf("Data has no %q: %#v", tt.dataHas, msg.Data)
+			if _, ok := dataOf(t, msg).(map[string]any)[tt.dataHas]; !ok {
+				t.Errorf("Data has no %q: %#v", tt.dataHas, dataOf(t, msg))
 			}
 		})
 	}
