@@ -1,8 +1,6 @@
 package consumer
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -34,24 +32,16 @@ type admitted struct {
 	reported *schemas.ValidationError
 }
 
-// refresh decodes Data again from the text the gate read it from, as the
-// gate decodes (encoding/json with UseNumber), for another handler call on
-// the same delivery: a handler may change the maps and slices it was
-// handed. Scalars and absent data need nothing; neither does a message
-// whose text does not decode (a report-mode gate's objection), which keeps
-// what it has.
+// refresh drops whatever tree the gate decoded, for another handler call
+// on the same delivery: a handler may change the maps and slices Data
+// handed it, and the next call's Data decodes Raw afresh (as the gate
+// decodes: encoding/json with UseNumber). A message with no text (a
+// report-mode gate's objection to a body that is not JSON) has no tree.
 func (a *admitted) refresh() {
-	switch a.Data.(type) {
-	case map[string]any, []any:
-	default:
+	if a.Raw == nil {
 		return
 	}
-	dec := json.NewDecoder(bytes.NewReader(a.Raw))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) == nil {
-		a.Data = v
-	}
+	a.Message = schemas.Message{Type: a.Type, Version: a.Version, Raw: a.Raw}
 }
 
 // newGate builds q's schema gate; with the gate off there is none (nil).

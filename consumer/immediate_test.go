@@ -56,7 +56,11 @@ func TestImmediateRetrySucceedsWithoutARetryLane(t *testing.T) {
 			rec.record(m)
 			// A handler that changes its data must not see the change on
 			// its next call.
-			data := m.Data.(map[string]any)
+			v, err := m.Data()
+			if err != nil {
+				return triage.Permanent(err)
+			}
+			data := v.(map[string]any)
 			if data["touched"] != nil {
 				return triage.Permanent(errors.New("the retry saw the first call's change to Data"))
 			}
