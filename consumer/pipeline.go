@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -24,9 +25,9 @@ type worker struct {
 	q    *queueRuntime
 	s    *queueSession
 	out  confirmer
-	// run is the handler goroutine, started on first use (see
-	// handlerRunner).
-	run *handlerRunner
+	// looping: the worker runs its loop (work), which a goroutine that
+	// takes over from an abandoned handler call goes on with (takeOver).
+	looping bool
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -49,7 +50,8 @@ type worker struct {
 	// idle times the wait for a next delivery before waiting acks are
 	// written.
 	idle *time.Timer
-	// watch ends handler calls at their deadlines (see callCtx).
+	// watch ends handler calls at their deadlines and abandons those
+	// that ignore them (see callCtx, runHandler).
 	watch *watchdog
 	// isRetry says whether a queue is one of the session's retry queues.
 	isRetry func(queue string) bool
@@ -167,16 +169,12 @@ func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 // close finishes what the worker started: the settlements awaiting
 // confirms (the pipeline fails them at the drain deadline, see
 // watchConfirms), then the acks waiting in the window; then it ends its
-// settler, handler goroutine and publisher.
+// settler, watchdog and publisher.
 func (w *worker) close() {
 	w.settling.Wait()
 	close(w.confirmed)
 	<-w.settlerDone
 	w.s.acks.flush(true)
-	if w.run != nil {
-		w.run.retire()
-		w.run = nil
-	}
 	if w.watch != nil {
 		w.watch.stop()
 	}
@@ -199,8 +197,10 @@ type failure struct {
 // bridge's signature and attempt count, the crash-loop guard, the schema
 // gate, the handler (invoke.go), then the ack or the verdict's settlement
 // (settle.go: build the retry or quarantine publishing, publish with
-// confirm, and only then ack).
-func (w *worker) process(d amqp.Delivery) {
+// confirm, and only then ack). It reports false when the handler call was
+// abandoned: the calling goroutine is then no longer the worker's (see
+// runHandler) and must touch nothing of it.
+func (w *worker) process(d amqp.Delivery) bool {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
@@ -264,7 +264,7 @@ func (w *worker) process(d amqp.Delivery) {
 			if v.Action == triage.ActionReadmit {
 				w.settleInOrder()
 			}
-			return
+			return true
 		}
 		// A re-admission that cannot fit one frame was not sent: the
 		// message is handled here, with the count it arrived with (the
@@ -276,15 +276,29 @@ func (w *worker) process(d amqp.Delivery) {
 	msg, err := qr.admit(&d)
 	if err != nil {
 		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, "", ""))
-		return
+		return true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
 	if recording {
 		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
 	}
 
-	// 3. The handler.
-	herr := w.runHandler(ctx, &d, &msg, attempts, now)
+	// 3. The handler, on this goroutine. If it is abandoned, the goroutine
+	// that takes over settles the delivery and ends the span.
+	herr, ok := w.runHandler(ctx, span, a, &d, &msg, attempts, now)
+	if !ok {
+		spanHandedOff = true
+		return false
+	}
+	spanHandedOff = w.handled(ctx, span, a, &d, &msg, attempts, herr)
+	return true
+}
+
+// handled settles a delivery after its handler returned herr (or was
+// abandoned: a timeout); it reports whether settleFailure took the span up.
+func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts triage.Attempts, herr error) (spanHandedOff bool) {
+	qr := w.q
+	recording := span.IsRecording()
 	w.breakerOutcome(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
 		// Shutdown passed its deadline (or the connection is gone): don't
@@ -294,16 +308,16 @@ func (w *worker) process(d amqp.Delivery) {
 		w.settled.Err = herr
 		w.record(OutcomeAbandoned)
 		span.SetStatus(codes.Error, "shutdown before settle")
-		return
+		return false
 	}
 	if herr == nil {
 		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempts.Failed+1))
 		if recording {
 			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
-		return
+		return false
 	}
-	spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(herr, attempts, msg.Type, msg.Version))
+	return w.settleFailure(ctx, span, a, d, qr.failed(herr, attempts, msg.Type, msg.Version))
 }
 
 // consumerSpan starts a process span (one slice for every message).
