@@ -38,11 +38,11 @@ type handlerCall struct {
 	graced atomic.Bool // the grace period before abandonment has begun
 	start  time.Time
 
-	ctx      context.Context
-	span     trace.Span
-	a        acker
-	d        *amqp.Delivery
-	msg      *admitted
+	ctx  context.Context
+	span trace.Span
+	d    *amqp.Delivery
+	// msg is a copy: a pointer would move process's to the heap.
+	msg      admitted
 	attempts triage.Attempts
 }
 
@@ -59,7 +59,7 @@ type handlerCall struct {
 // queueRuntime.slots) until the handler returns, so handlers never run more
 // than Concurrency at once; then it discards the result, frees the slot and
 // ends, touching nothing of the worker's: ok false tells process so.
-func (w *worker) runHandler(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) (herr error, ok bool) {
+func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) (herr error, ok bool) {
 	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
@@ -93,7 +93,7 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, a acker, d *am
 			return w.s.handlerCtx.Err(), true
 		}
 	}
-	c := &handlerCall{start: time.Now(), ctx: ctx, span: span, a: a, d: d, msg: gm, attempts: attempts}
+	c := &handlerCall{start: time.Now(), ctx: ctx, span: span, d: d, msg: *gm, attempts: attempts}
 	c.callCtx.init(ctx, c.start.Add(qr.cfg.Consumer.HandlerTimeout))
 	if w.watch == nil {
 		w.watch = newWatchdog(w.s.handlerCtx, w.takeOver)
@@ -146,7 +146,8 @@ func (w *worker) takeOver(c *handlerCall) {
 	w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
 		"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
 	herr := w.handlerReturned(c, fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded))
-	if !w.handled(c.ctx, c.span, c.a, c.d, c.msg, c.attempts, herr) {
+	// The delivery settles through its session, as process settles it.
+	if !w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, c.attempts, herr) {
 		c.span.End()
 	}
 	w.admission.release()

@@ -285,7 +285,7 @@ func (w *worker) process(d amqp.Delivery) bool {
 
 	// 3. The handler, on this goroutine. If it is abandoned, the goroutine
 	// that takes over settles the delivery and ends the span.
-	herr, ok := w.runHandler(ctx, span, a, &d, &msg, attempts, now)
+	herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now)
 	if !ok {
 		spanHandedOff = true
 		return false
