@@ -109,6 +109,9 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		return nil, false
 	}
 	w.watch.finish()
+	// A handler may keep its context (c) after it returns: it must not
+	// keep the delivery and its decoded body alive with it.
+	c.ctx, c.span, c.d, c.msg = nil, nil, nil, admitted{}
 	return w.handlerReturned(c, herr), true
 }
 
