@@ -45,10 +45,17 @@ var closedChan = func() chan struct{} {
 // that must end by deadline (or the parent's, if earlier, as
 // context.WithDeadline does).
 func newCallCtx(ctx context.Context, deadline time.Time) *callCtx {
+	c := &callCtx{}
+	c.init(ctx, deadline)
+	return c
+}
+
+// init makes c newCallCtx(ctx, deadline) in place (see handlerCall).
+func (c *callCtx) init(ctx context.Context, deadline time.Time) {
 	if pd, ok := ctx.Deadline(); ok && pd.Before(deadline) {
 		deadline = pd
 	}
-	return &callCtx{values: context.WithoutCancel(ctx), deadline: deadline}
+	c.values, c.deadline = context.WithoutCancel(ctx), deadline
 }
 
 func (c *callCtx) Deadline() (time.Time, bool) { return c.deadline, true }
@@ -130,30 +137,53 @@ func (c *callCtx) String() string { return "dlxbridge handler context" }
 // timer set for an earlier call's deadline is left as it is, and when it
 // fires it sets itself again for the call then in hand, if that call's
 // deadline is still ahead. With the usual 30 s timeout it fires about
-// every 30 s while the worker is busy, however many calls it runs.
+// every 30 s while the worker is busy, however many calls it runs. It also
+// ends the call in hand when the session's handlers are cancelled (the
+// drain deadline), on one context.AfterFunc for the worker's life.
+//
+// A call it ended that is still running abandonGrace later is abandoned:
+// abandon (the worker's takeOver) then runs on a goroutine of its own.
 type watchdog struct {
-	mu    sync.Mutex
-	t     *time.Timer
-	at    time.Time // when t fires, if armed
-	armed bool
-	call  *callCtx // the call in hand; nil between calls
-	// expired receives each call the watchdog ended; one the worker did
-	// not take (the handler's result came first) is stale, and is skipped
-	// or replaced.
-	expired chan *callCtx
+	mu        sync.Mutex
+	t         *time.Timer
+	at        time.Time // when t fires, if armed
+	armed     bool
+	call      *handlerCall // the call in hand; nil between calls and once ended
+	cancelled bool         // the session's handlers were cancelled
+	session   context.Context
+	abandon   func(*handlerCall)
+	// stopCancel unregisters the AfterFunc on the session.
+	stopCancel func() bool
 }
 
-func newWatchdog() *watchdog { return &watchdog{expired: make(chan *callCtx, 1)} }
+func newWatchdog(session context.Context, abandon func(*handlerCall)) *watchdog {
+	wd := &watchdog{session: session, abandon: abandon}
+	wd.stopCancel = context.AfterFunc(session, func() {
+		wd.mu.Lock()
+		wd.cancelled = true
+		c := wd.call
+		wd.call = nil
+		wd.mu.Unlock()
+		if c != nil {
+			wd.expire(c, session.Err())
+		}
+	})
+	return wd
+}
 
 // start watches c until finish.
-func (wd *watchdog) start(c *callCtx) {
+func (wd *watchdog) start(c *handlerCall) {
 	wd.mu.Lock()
-	defer wd.mu.Unlock()
-	wd.call = c
-	if wd.armed && !c.deadline.Before(wd.at) {
-		return // it fires first and sets itself again
+	if wd.cancelled {
+		wd.mu.Unlock()
+		wd.expire(c, wd.session.Err())
+		return
 	}
-	wd.arm(c.deadline)
+	wd.call = c
+	if !wd.armed || c.deadline.Before(wd.at) {
+		wd.arm(c.deadline)
+	} // else it fires first and sets itself again
+	wd.mu.Unlock()
 }
 
 // arm sets the timer for at. Called with mu held.
@@ -182,21 +212,25 @@ func (wd *watchdog) fire() {
 	}
 	wd.call = nil
 	wd.mu.Unlock()
-	c.end(context.DeadlineExceeded)
-	for {
-		select {
-		case wd.expired <- c:
-			return
-		default: // a stale one waits (its call returned first): replace it
-			select {
-			case <-wd.expired:
-			default:
-			}
-		}
-	}
+	wd.expire(c, context.DeadlineExceeded)
 }
 
-// finish stops watching the call in hand.
+// expire ends call c with err and, the first time, starts its grace
+// period: if it is still running at the end, it is abandoned.
+func (wd *watchdog) expire(c *handlerCall, err error) {
+	c.end(err)
+	if c.state.Load() != callRunning || !c.graced.CompareAndSwap(false, true) {
+		return
+	}
+	time.AfterFunc(abandonGrace, func() {
+		if c.state.CompareAndSwap(callRunning, callAbandoned) {
+			wd.abandon(c)
+		}
+	})
+}
+
+// finish stops watching the call in hand. Only the goroutine that is the
+// worker calls it: one whose call was abandoned no longer is.
 func (wd *watchdog) finish() {
 	wd.mu.Lock()
 	wd.call = nil
@@ -205,6 +239,7 @@ func (wd *watchdog) finish() {
 
 // stop ends the watchdog (the worker's end).
 func (wd *watchdog) stop() {
+	wd.stopCancel()
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
 	wd.call = nil

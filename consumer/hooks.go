@@ -24,4 +24,7 @@ type testHooks struct {
 	breaker func(queue string, t triage.Transition)
 	// maxHold, if set, replaces maxHold.
 	maxHold time.Duration
+	// abandonedReturned: the handler of an abandoned call returned, and
+	// its goroutine let go of it (slot freed, result discarded).
+	abandonedReturned func()
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -18,21 +20,50 @@ import (
 // the worker stops waiting for it.
 const abandonGrace = time.Second
 
-// runHandler routes, upcasts and calls the handler with a deadline. The
-// upcasters and the handler run on the worker's handler goroutine (see
-// handlerRunner) under recover, so a panic in either is a classified
-// failure, never a crashed process. A handler that ignores its deadline is
-// abandoned after abandonGrace: the delivery is settled as a timeout while
-// the goroutine keeps its slot (see queueRuntime.slots) until it returns, so
-// handlers never run more than Concurrency at once; the worker goes on with
-// a new handler goroutine. abandoned reports that: such a delivery is never
-// retried in process. attempt is Message.Attempt, now the delivery's
-// receipt.
-func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted, attempt int, now time.Time) (herr error, abandoned bool) {
+// The states of a handler call. The goroutine that runs the handler and the
+// watchdog race to move a call out of callRunning; only the winner settles
+// the delivery.
+const (
+	callRunning int32 = iota
+	callReturned
+	callAbandoned
+)
+
+// handlerCall is one handler call: its context, and what the goroutine that
+// takes over from the worker needs to settle the delivery if the call is
+// abandoned (see takeOver).
+type handlerCall struct {
+	callCtx
+	state  atomic.Int32
+	graced atomic.Bool // the grace period before abandonment has begun
+	start  time.Time
+
+	ctx  context.Context
+	span trace.Span
+	d    *amqp.Delivery
+	// msg is a copy: a pointer would move process's to the heap.
+	msg      admitted
+	attempts triage.Attempts
+}
+
+// runHandler routes, upcasts and calls the handler with a deadline, on the
+// worker's own goroutine: no hand-off to another goroutine and back for
+// each delivery. The upcasters and the handler run under recover, so a panic
+// in either is a classified failure, never a crashed process.
+//
+// A handler that ignores its deadline (or the session's cancel) is
+// abandoned after abandonGrace: the worker's watchdog marks the call
+// abandoned, and its goroutine takes over as the worker (takeOver): it
+// settles the delivery as a timeout and goes on with the next ones. The
+// goroutine left in the handler keeps its concurrency slot (see
+// queueRuntime.slots) until the handler returns, so handlers never run more
+// than Concurrency at once; then it discards the result, frees the slot and
+// ends, touching nothing of the worker's: ok false tells process so.
+func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) (herr error, ok bool) {
 	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
-		return err, false
+		return err, true
 	}
 	m := &Message{
 		Queue:           qr.cfg.Name,
@@ -48,119 +79,103 @@ func (w *worker) runHandler(ctx context.Context, d *amqp.Delivery, gm *admitted,
 		MessageID:      d.MessageId,
 		CorrelationID:  d.CorrelationId,
 		IdempotencyKey: idempotencyKey(d),
-		Attempt:        attempt,
+		Attempt:        attempts.Failed + 1,
 		ReceivedAt:     now,
 		GateError:      gm.reported,
 		raw:            gm.raw,
 	}
 	select {
 	case qr.slots <- struct{}{}:
-	case <-w.s.handlerCtx.Done():
-		return w.s.handlerCtx.Err(), false
-	}
-	start := time.Now()
-	hctx := newCallCtx(ctx, start.Add(qr.cfg.Consumer.HandlerTimeout))
-	if w.watch == nil {
-		w.watch = newWatchdog()
-	}
-	w.watch.start(hctx)
-	if w.run == nil {
-		w.run = newHandlerRunner(qr)
-	}
-	run := w.run
-	run.jobs <- handlerJob{ctx: hctx, h: h, m: m, chain: chain}
-	expired := false
-	for waiting := true; waiting; {
+	default: // every slot is taken: wait for one
 		select {
-		case herr = <-run.done:
-			waiting = false
-		case c := <-w.watch.expired:
-			// One the watchdog ended as this call's predecessor returned
-			// is skipped.
-			expired = c == hctx
-			waiting = !expired
-		case <-ctx.Done():
-			hctx.end(ctx.Err())
-			expired, waiting = true, false
+		case qr.slots <- struct{}{}:
+		case <-w.s.handlerCtx.Done():
+			return w.s.handlerCtx.Err(), true
 		}
+	}
+	c := &handlerCall{start: time.Now(), ctx: ctx, span: span, d: d, msg: *gm, attempts: attempts}
+	c.callCtx.init(ctx, c.start.Add(qr.cfg.Consumer.HandlerTimeout))
+	if w.watch == nil {
+		w.watch = newWatchdog(w.s.handlerCtx, w.takeOver)
+	}
+	w.watch.start(c)
+	herr = qr.call(&c.callCtx, h, m, chain)
+	if !c.state.CompareAndSwap(callRunning, callReturned) {
+		// Abandoned: another goroutine is the worker now, and it has
+		// settled the delivery. Nothing here is this goroutine's any more.
+		if h := qr.deps.cfg.hooks; h != nil && h.abandonedReturned != nil {
+			h.abandonedReturned()
+		}
+		return nil, false
 	}
 	w.watch.finish()
-	if expired {
-		select {
-		case herr = <-run.done:
-		case <-time.After(abandonGrace):
-			w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
-			w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
-				"queue", qr.cfg.Name, "type", gm.Type, "message_id", d.MessageId)
-			herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
-			run.retire()
-			w.run = nil
-			abandoned = true
-		}
-	}
-	if herr != nil && !time.Now().Before(hctx.deadline) {
+	// A handler may keep its context (c) after it returns: it must not
+	// keep the delivery and its decoded body alive with it.
+	c.ctx, c.span, c.d, c.msg = nil, nil, nil, admitted{}
+	return w.handlerReturned(c, herr), true
+}
+
+// handlerReturned ends call c with the handler's result herr (or the
+// abandonment's) and observes its duration; it returns herr as the
+// delivery's outcome: a handler that returns some error after its deadline
+// passed timed out.
+func (w *worker) handlerReturned(c *handlerCall, herr error) error {
+	qr := w.q
+	if herr != nil && !time.Now().Before(c.deadline) {
 		// Its deadline passed as it returned: the worker saw the result
 		// first, the handler may have seen its context end.
-		hctx.end(context.DeadlineExceeded)
+		c.end(context.DeadlineExceeded)
 	}
-	// A handler that returns some error after its deadline passed timed out.
-	if herr != nil && hctx.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
+	if herr != nil && c.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
 		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
 	}
-	hctx.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
-	took := time.Since(start).Seconds()
+	c.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
+	took := time.Since(c.start).Seconds()
 	if herr != nil {
 		qr.metrics.handlerError.Observe(took)
 	} else {
 		qr.metrics.handlerOK.Observe(took)
 	}
-	return herr, abandoned
+	return herr
 }
 
-// handlerRunner is a worker's long-lived handler goroutine: a goroutine per
-// message would grow a fresh stack for every handler. It runs one job at a
-// time and is replaced only when a handler is abandoned past its deadline.
-type handlerRunner struct {
-	jobs chan handlerJob
-	done chan error // buffered: an abandoned handler's result is dropped
+// takeOver runs on the watchdog's goroutine once call c is abandoned (its
+// handler ignored its deadline for abandonGrace more): the worker's own
+// goroutine is still in the handler, so this one settles the delivery as a
+// timeout, as the worker would have, and then goes on as the worker.
+func (w *worker) takeOver(c *handlerCall) {
+	qr := w.q
+	w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+	w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+		"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
+	herr := w.handlerReturned(c, fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded))
+	// The delivery settles through its session, as process settles it.
+	// Abandoned: never retried in process (its handler still holds a slot).
+	if handedOff, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true); !handedOff {
+		c.span.End()
+	}
+	w.admission.release()
+	if w.looping {
+		w.work()
+	}
 }
 
-type handlerJob struct {
-	ctx   context.Context
-	h     Handler
-	m     *Message
-	chain []upcaster
-}
-
-func newHandlerRunner(qr *queueRuntime) *handlerRunner {
-	r := &handlerRunner{jobs: make(chan handlerJob), done: make(chan error, 1)}
-	go func() {
-		for j := range r.jobs {
-			r.done <- r.call(qr, j)
-		}
-	}()
-	return r
-}
-
-// call runs one job under recover and frees its concurrency slot when the
-// handler returns.
-func (r *handlerRunner) call(qr *queueRuntime, j handlerJob) (err error) {
-	defer func() { <-qr.slots }()
+// call runs the upcasters and the handler under recover, and frees the
+// concurrency slot when the handler returns.
+func (qr *queueRuntime) call(ctx context.Context, h Handler, m *Message, chain []upcaster) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &triage.PanicError{Value: v, Stack: debug.Stack()}
 		}
+		<-qr.slots
 	}()
-	if err := qr.upcast(j.m, j.chain); err != nil {
+	if err := qr.upcast(m, chain); err != nil {
 		return err
 	}
-	return j.h.Handle(j.ctx, j.m)
+	return h.Handle(ctx, m)
 }
 
-// retire ends the goroutine once its job (if any) returns.
-func (r *handlerRunner) retire() { close(r.jobs) }
-
-// upcast runs the upcaster chain on m.Data() and validates the result against
+// upcast runs the upcaster chain on m.Data and validates the result against
 // the target version's schema. Its failures are permanent: the same input
 // always upcasts the same way. A message that failed a report-mode gate is
 // upcast as it is (a body that is not JSON can't be), and its result is not

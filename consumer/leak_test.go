@@ -16,7 +16,7 @@ import (
 )
 
 // Many reconnects with retry publishes awaiting confirms leave no
-// goroutine behind: each session's workers, settlers, handler goroutines,
+// goroutine behind: each session's workers, settlers,
 // confirm pipelines and their watchers end with it. Not parallel: the
 // count is the process's.
 func TestReconnectsLeakNoGoroutines(t *testing.T) {

@@ -27,9 +27,9 @@ type worker struct {
 	q    *queueRuntime
 	s    *queueSession
 	out  confirmer
-	// run is the handler goroutine, started on first use (see
-	// handlerRunner).
-	run *handlerRunner
+	// looping: the worker runs its loop (work), which a goroutine that
+	// takes over from an abandoned handler call goes on with (takeOver).
+	looping bool
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
@@ -52,7 +52,8 @@ type worker struct {
 	// idle times the wait for a next delivery before waiting acks are
 	// written.
 	idle *time.Timer
-	// watch ends handler calls at their deadlines (see callCtx).
+	// watch ends handler calls at their deadlines and abandons those
+	// that ignore them (see callCtx, runHandler).
 	watch *watchdog
 	// isRetry says whether a queue is one of the session's retry queues.
 	isRetry func(queue string) bool
@@ -170,16 +171,12 @@ func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 // close finishes what the worker started: the settlements awaiting
 // confirms (the pipeline fails them at the drain deadline, see
 // watchConfirms), then the acks waiting in the window; then it ends its
-// settler, handler goroutine and publisher.
+// settler, watchdog and publisher.
 func (w *worker) close() {
 	w.settling.Wait()
 	close(w.confirmed)
 	<-w.settlerDone
 	w.s.acks.flush(true)
-	if w.run != nil {
-		w.run.retire()
-		w.run = nil
-	}
 	if w.watch != nil {
 		w.watch.stop()
 	}
@@ -204,8 +201,10 @@ type failure struct {
 // bridge's signature and attempt count, the crash-loop guard, the schema
 // gate, the handler (invoke.go), then the ack or the verdict's settlement
 // (settle.go: build the retry or quarantine publishing, publish with
-// confirm, and only then ack).
-func (w *worker) process(d amqp.Delivery) {
+// confirm, and only then ack). It reports false when the handler call was
+// abandoned: the calling goroutine is then no longer the worker's (see
+// runHandler) and must touch nothing of it.
+func (w *worker) process(d amqp.Delivery) bool {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
@@ -269,7 +268,7 @@ func (w *worker) process(d amqp.Delivery) {
 			if v.Action == triage.ActionReadmit {
 				w.settleInOrder()
 			}
-			return
+			return true
 		}
 		// A re-admission that cannot fit one frame was not sent: the
 		// message is handled here, with the count it arrived with (the
@@ -281,59 +280,80 @@ func (w *worker) process(d amqp.Delivery) {
 	msg, err := qr.admit(&d)
 	if err != nil {
 		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, 0, "", ""))
-		return
+		return true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
 	if recording {
 		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
 	}
 
-	// 3. The handler, called again at once on the same delivery while
-	// triage answers ActionRetryNow (queues[].retry.immediate_retries) and
-	// the runtime can (see retryNowBlocked).
+	// 3. The handler, on this goroutine, called again at once on the same
+	// delivery while triage answers ActionRetryNow
+	// (queues[].retry.immediate_retries) and the runtime can (see
+	// retryNowBlocked). If a call is abandoned, the goroutine that takes
+	// over settles the delivery and ends the span.
 	for immediate := 0; ; immediate++ {
-		attempt := attempts.Failed + 1
-		herr, abandoned := w.runHandler(ctx, &d, &msg, attempt, now)
-		again := w.breakerOutcome(herr)
-		if herr != nil && w.s.handlerCtx.Err() != nil {
-			// Shutdown passed its deadline (or the connection is gone): don't
-			// start a retry or quarantine publish; leave the message unsettled
-			// and the broker requeues it when the channel closes. A handler that
-			// succeeded is still acked below if the channel is open.
-			w.settled.Err = herr
-			w.record(OutcomeAbandoned)
-			span.SetStatus(codes.Error, "shutdown before settle")
-			return
+		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now)
+		if !ok {
+			spanHandedOff = true
+			return false
 		}
-		if herr == nil {
-			w.settled.Attempt = attempt
-			w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempt))
-			if recording {
-				span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
-			}
-			return
+		var again bool
+		spanHandedOff, again = w.handled(ctx, span, a, &d, &msg, &attempts, immediate, herr, false)
+		if !again {
+			return true
 		}
-		f := qr.failed(herr, attempts, immediate, msg.Type, msg.Version)
-		if f.verdict.Action == triage.ActionRetryNow {
-			if why := w.retryNowBlocked(herr, abandoned, again); why != "" {
-				// Decided again as if the immediate retries were spent:
-				// a delayed retry or, past a budget, the quarantine.
-				f = qr.failed(herr, attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
-				f.verdict.Reason += "; not retried in process: " + why
-			} else {
-				// The next attempt counts this one as failed, and the
-				// budgets run from the first failure, here if this was it.
-				attempts.Failed = f.verdict.Attempt
-				if attempts.FirstFailure.IsZero() {
-					attempts.FirstFailure = f.at
-				}
-				w.retryNow(span, recording, &d, &msg, f)
-				continue
-			}
-		}
-		spanHandedOff = w.settleFailure(ctx, span, a, &d, f)
-		return
 	}
+}
+
+// handled settles a delivery after its handler returned herr, or was
+// abandoned (a timeout, settled by the goroutine that took over). Unless
+// it was abandoned, a failure triage would retry in process is not settled:
+// handled counts the attempt in attempts, prepares msg for the next call
+// and reports again, and the caller calls the handler once more. Otherwise
+// it reports whether settleFailure took the span up.
+func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (spanHandedOff, again bool) {
+	qr := w.q
+	recording := span.IsRecording()
+	attempt := attempts.Failed + 1
+	breakerAllows := w.breakerOutcome(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
+		w.record(OutcomeAbandoned)
+		span.SetStatus(codes.Error, "shutdown before settle")
+		return false, false
+	}
+	if herr == nil {
+		w.settled.Attempt = attempt
+		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempt))
+		if recording {
+			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+		}
+		return false, false
+	}
+	f := qr.failed(herr, *attempts, immediate, msg.Type, msg.Version)
+	if f.verdict.Action == triage.ActionRetryNow {
+		if why := w.retryNowBlocked(herr, abandoned, breakerAllows); why != "" {
+			// Decided again as if the immediate retries were spent: a
+			// delayed retry or, past a budget, the quarantine.
+			f = qr.failed(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
+			f.verdict.Reason += "; not retried in process: " + why
+		} else {
+			// The next attempt counts this one as failed, and the budgets
+			// run from the first failure, here if this was it.
+			attempts.Failed = f.verdict.Attempt
+			if attempts.FirstFailure.IsZero() {
+				attempts.FirstFailure = f.at
+			}
+			w.retryNow(span, recording, d, msg, f)
+			return false, true
+		}
+	}
+	return w.settleFailure(ctx, span, a, d, f), false
 }
 
 // retryNowBlocked says why a failed delivery that triage would retry in

@@ -164,7 +164,7 @@ func processBody(size int) []byte {
 func BenchmarkProcess(b *testing.B) {
 	pb := newProcessBundle(b, nil, nil)
 	d := pb.delivery()
-	pb.w.process(d) // warm: handler goroutine, metric children
+	pb.w.process(d) // warm: watchdog, metric children
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu := startCPU()
@@ -190,7 +190,7 @@ const runtimeAllocs = 15
 // Not parallel: testing.AllocsPerRun refuses to run in a parallel test.
 func TestProcessAllocs(t *testing.T) {
 	b := newProcessBundle(t, nil, nil)
-	b.w.process(b.delivery()) // warm: handler goroutine, timer, metric children
+	b.w.process(b.delivery()) // warm: watchdog timer, metric children
 	got := testing.AllocsPerRun(200, func() { b.w.process(b.delivery()) })
 	b.w.s.acks.flush(true)
 	if b.acked.Load() != 202 { // AllocsPerRun runs it once more to warm up

@@ -255,29 +255,38 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	}()
 	for i := 0; i < qr.cfg.Consumer.Concurrency; i++ {
 		qs.workers.Add(1)
-		go func() {
-			defer qs.workers.Done()
-			w := newWorker(qs, &sessionPublisher{s: qs})
-			defer w.close()
-			// After a stop's basic.cancel the client closes deliveries
-			// once it has handed over what came before the cancel-ok: all
-			// of it is handled, not returned to the queue.
-			for {
-				f, ok := w.next(qs.fed)
-				if !ok {
-					return
-				}
-				w.admission.take(qr.breaker, f)
-				if qs.handlerCtx.Err() != nil {
-					w.admission.release()
-					return // past the drain deadline: left for the channel close to requeue
-				}
-				w.process(f.d)
-				w.admission.release() // if it never reached the handler
-			}
-		}()
+		go newWorker(qs, &sessionPublisher{s: qs}).work()
 	}
 	return qs, nil
+}
+
+// work runs the worker's loop until there is no delivery to take, then
+// closes the worker and marks it done in qs.workers. After a stop's
+// basic.cancel the client closes deliveries once it has handed over what
+// came before the cancel-ok: all of it is handled, not returned to the
+// queue. A goroutine whose handler call is abandoned leaves the loop
+// without touching the worker: the goroutine that took over goes on with it
+// (see takeOver), so one goroutine at a time is the worker.
+func (w *worker) work() {
+	qs := w.s
+	w.looping = true
+	for {
+		f, ok := w.next(qs.fed)
+		if !ok {
+			break
+		}
+		w.admission.take(w.q.breaker, f)
+		if qs.handlerCtx.Err() != nil {
+			w.admission.release()
+			break // past the drain deadline: left for the channel close to requeue
+		}
+		if !w.process(f.d) {
+			return // abandoned in its handler
+		}
+		w.admission.release() // if it never reached the handler
+	}
+	w.close()
+	qs.workers.Done()
 }
 
 // received notes that the feeder took d up; deliveries the client dropped
