@@ -128,7 +128,11 @@ func (p *Plan) WriteText(w io.Writer) error {
 func (t Totals) writeText(b *strings.Builder) {
 	fmt.Fprintf(b, "totals: %d quorum queues, %d streams, %d exchanges, %d bindings for %d work queue(s)\n", t.QuorumQueues, t.Streams, t.Exchanges, t.Bindings, t.WorkQueues)
 	for _, w := range t.PerWorkQueue {
-		fmt.Fprintf(b, "  %s: %d quorum queues (%d retry lanes), %d streams, %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, w.Streams, w.Exchanges, w.Bindings)
+		lanes := "retry lanes"
+		if w.RetryLanes == 1 {
+			lanes = "retry lane"
+		}
+		fmt.Fprintf(b, "  %s: %d quorum queues (%d %s), %d streams, %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, lanes, w.Streams, w.Exchanges, w.Bindings)
 	}
 }
 
