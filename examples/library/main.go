@@ -24,7 +24,7 @@ import (
 	"maps"
 	"os"
 	"sync"
-	"time"
+	"time" // for the config written in code, further down
 
 	"github.com/prometheus/client_golang/prometheus"
 
