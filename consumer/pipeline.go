@@ -297,7 +297,12 @@ func (w *worker) process(d amqp.Delivery) bool {
 	// retryNowBlocked). If a call is abandoned, the goroutine that takes
 	// over settles the delivery and ends the span.
 	for immediate := 0; ; immediate++ {
+		// Set across the call: a handler that calls runtime.Goexit
+		// unwinds this goroutine through the deferred span.End, and the
+		// goroutine that takes over ends the span when it has settled.
+		spanHandedOff = true
 		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now)
+		spanHandedOff = false
 		if !ok {
 			spanHandedOff = true
 			return false
