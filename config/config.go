@@ -218,8 +218,10 @@ type Retry struct {
 	// attempt is retried at once, in process, on the same delivery, before
 	// the failure goes to a delayed retry; every delivery of the message
 	// gets its own. Each counts as an attempt toward MaxAttempts. A handler
-	// abandoned past its deadline, a panic, a Retry-After, an open breaker
-	// or a stopping runtime goes to a delayed retry at once. Must be >= 0.
+	// abandoned past its deadline, a panic, a Retry-After, an open breaker,
+	// a stopping runtime or a delivery held so long that another call could
+	// keep it unacked past 10 minutes (the broker's consumer_timeout)
+	// goes to a delayed retry at once. Must be >= 0.
 	// Defaults to 0 (off).
 	ImmediateRetries int `yaml:"immediate_retries"`
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,5 +129,34 @@ func TestAbandonedAtDrainDeadlineEndsTheLoop(t *testing.T) {
 	<-returned
 	if n := len(b.w.q.slots); n != 0 {
 		t.Fatalf("%d slots held after the handler returned, want 0", n)
+	}
+}
+
+// A handler that calls runtime.Goexit (t.FailNow in a test's handler) ends
+// the worker's goroutine: the delivery is settled at once as a panic by the
+// goroutine that takes over, which goes on with the next delivery. Before,
+// it waited for the deadline and its grace (an hour here: no outcome) and
+// was then counted a timeout.
+func TestHandlerGoexitIsSettledAtOnceAsAPanic(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	b := newProcessBundle(t, handlerTimeout(time.Hour), func(ctx context.Context, m *Message) error {
+		if calls.Add(1) == 1 {
+			runtime.Goexit()
+		}
+		return nil
+	})
+	fed, stop := b.loopWorker(t)
+	fed <- fedDelivery{d: b.delivery()}
+	if st := b.waitSettled(t); st.Outcome != OutcomeRetried || st.Class != triage.ClassPanic {
+		t.Fatalf("settled %s, class %q; want retried, panic", st.Outcome, st.Class)
+	}
+	fed <- fedDelivery{d: b.delivery()}
+	if st := b.waitSettled(t); st.Outcome != OutcomeAcked {
+		t.Fatalf("the next delivery settled %s, want acked", st.Outcome)
+	}
+	stop()
+	if n := len(b.w.q.slots); n != 0 {
+		t.Fatalf("%d slots held after stop, want 0", n)
 	}
 }

@@ -151,12 +151,12 @@ type watchdog struct {
 	call      *handlerCall // the call in hand; nil between calls and once ended
 	cancelled bool         // the session's handlers were cancelled
 	session   context.Context
-	abandon   func(*handlerCall)
+	abandon   func(*handlerCall, error)
 	// stopCancel unregisters the AfterFunc on the session.
 	stopCancel func() bool
 }
 
-func newWatchdog(session context.Context, abandon func(*handlerCall)) *watchdog {
+func newWatchdog(session context.Context, abandon func(*handlerCall, error)) *watchdog {
 	wd := &watchdog{session: session, abandon: abandon}
 	wd.stopCancel = context.AfterFunc(session, func() {
 		wd.mu.Lock()
@@ -224,7 +224,7 @@ func (wd *watchdog) expire(c *handlerCall, err error) {
 	}
 	time.AfterFunc(abandonGrace, func() {
 		if c.state.CompareAndSwap(callRunning, callAbandoned) {
-			wd.abandon(c)
+			wd.abandon(c, nil)
 		}
 	})
 }

@@ -400,3 +400,28 @@ func TestImmediateRetryBlockedByStopAndDependencySignal(t *testing.T) {
 		})
 	}
 }
+
+// Immediate retries hold the delivery unacked: once another call could
+// hold it past maxHold (the broker's consumer_timeout closes the channel
+// and requeues every delivery on it), the failure takes a retry lane. The
+// clock moves 6 minutes per call: the second call's failure, 12 minutes in,
+// is not retried in process.
+func TestImmediateRetriesStopBeforeTheConsumerTimeout(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	var clock atomic.Int64
+	t0 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	b := newProcessBundle(t, func(c *Config) {
+		immediateRetries(3)(c)
+		c.Now = func() time.Time { return t0.Add(time.Duration(clock.Load())) }
+	}, func(ctx context.Context, m *Message) error {
+		calls.Add(1)
+		clock.Add(int64(6 * time.Minute))
+		return errors.New("blip")
+	})
+	b.w.process(b.delivery())
+	st := b.waitSettled(t)
+	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "consumer_timeout") {
+		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the consumer_timeout", st.Outcome, calls.Load(), st.Reason)
+	}
+}

@@ -99,7 +99,18 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		w.watch = newWatchdog(w.s.handlerCtx, w.takeOver)
 	}
 	w.watch.start(c)
+	// A handler (or upcaster) that calls runtime.Goexit (t.FailNow in a
+	// test's handler does) ends this goroutine: recover can't stop it. The
+	// call is then taken over at once, as an abandoned one would be after
+	// its deadline and grace, and settled as a panic.
+	goexit := true
+	defer func() {
+		if goexit && c.state.CompareAndSwap(callRunning, callAbandoned) {
+			go w.takeOver(c, &triage.PanicError{Value: "the handler called runtime.Goexit"})
+		}
+	}()
 	herr = qr.call(&c.callCtx, h, m, chain)
+	goexit = false
 	if !c.state.CompareAndSwap(callRunning, callReturned) {
 		// Abandoned: another goroutine is the worker now, and it has
 		// settled the delivery. Nothing here is this goroutine's any more.
@@ -143,12 +154,24 @@ func (w *worker) handlerReturned(c *handlerCall, herr error) error {
 // handler ignored its deadline for abandonGrace more): the worker's own
 // goroutine is still in the handler, so this one settles the delivery as a
 // timeout, as the worker would have, and then goes on as the worker.
-func (w *worker) takeOver(c *handlerCall) {
+//
+// With exited set (a *triage.PanicError), the worker's goroutine did not
+// stay in the handler: it called runtime.Goexit, and is gone. The delivery
+// settles with exited as its failure.
+func (w *worker) takeOver(c *handlerCall, exited error) {
 	qr := w.q
-	w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
-	w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
-		"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
-	herr := w.handlerReturned(c, fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded))
+	herr := exited
+	if exited == nil {
+		w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+		w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
+		herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+	} else {
+		w.deps.log.Error("handler called runtime.Goexit; another goroutine goes on as the worker",
+			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
+		w.watch.finish()
+	}
+	herr = w.handlerReturned(c, herr)
 	// The delivery settles through its session, as process settles it.
 	// Abandoned: never retried in process (its handler still holds a slot).
 	if handedOff, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true); !handedOff {

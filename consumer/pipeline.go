@@ -36,6 +36,9 @@ type worker struct {
 	// settled is what process has learned of the delivery in hand; record
 	// reports it to Config.OnSettled.
 	settled Settled
+	// received is when process took the delivery in hand up (its clock's
+	// Now): immediate retries hold it unacked from then on.
+	received time.Time
 	// admission is the delivery's breaker ticket (breaker.go).
 	admission admission
 	// The settlements awaiting a confirm: awaiting holds a token for each
@@ -208,6 +211,7 @@ func (w *worker) process(d amqp.Delivery) bool {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
+	w.received = now
 	headers := map[string]any(d.Headers)
 	a := sessionDelivery{s: w.s, d: &d}
 
@@ -293,7 +297,12 @@ func (w *worker) process(d amqp.Delivery) bool {
 	// retryNowBlocked). If a call is abandoned, the goroutine that takes
 	// over settles the delivery and ends the span.
 	for immediate := 0; ; immediate++ {
+		// Set across the call: a handler that calls runtime.Goexit
+		// unwinds this goroutine through the deferred span.End, and the
+		// goroutine that takes over ends the span when it has settled.
+		spanHandedOff = true
 		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now)
+		spanHandedOff = false
 		if !ok {
 			spanHandedOff = true
 			return false
@@ -366,7 +375,12 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 //     what the signal asks not to do;
 //   - the runtime is stopping: the drain is for settling, not for new
 //     handler calls;
-//   - the consume channel is closed: the delivery can no longer be acked.
+//   - the consume channel is closed: the delivery can no longer be acked;
+//   - the delivery has been held so long that another call, if it ran to
+//     its deadline and grace, would hold it past maxHold: the broker's
+//     consumer_timeout (30 minutes by default) closes a channel whose
+//     delivery stays unacked, requeueing every delivery on it and raising
+//     their delivery counts (a crash loop the guard then quarantines).
 func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
 	switch {
 	case abandoned:
@@ -382,6 +396,10 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) stri
 		return "the runtime is stopping"
 	case w.s.ch != nil && w.s.ch.IsClosed():
 		return "the consume channel is closed"
+	}
+	if held := w.deps.cfg.Now().Sub(w.received); held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > maxHold {
+		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s (the broker's consumer_timeout)",
+			held.Round(time.Second), maxHold)
 	}
 	return ""
 }

@@ -24,8 +24,11 @@ type Policy struct {
 	MaxElapsed time.Duration
 	// CrashLoopDeliveries quarantines a message before the handler runs
 	// once this queue has requeued it that many times (its x-delivery-count,
-	// read as Precheck says): the handler runs at most CrashLoopDeliveries
-	// times per hop. 0 disables the check.
+	// read as Precheck says): the handler runs on at most
+	// CrashLoopDeliveries deliveries per hop, each with its immediate
+	// retries (up to ImmediateRetries+1 calls, whose failures a crash
+	// forgets: the redelivery carries the hop's attempt count). 0 disables
+	// the check.
 	CrashLoopDeliveries int
 	// ImmediateRetries is how many times, at most, a failed attempt is
 	// retried in process, on the same delivery, before the failure goes to
