@@ -39,7 +39,9 @@ type Message struct {
 	// and the version header, "" when absent.
 	Type, Version, OriginalVersion string
 	// Body is the payload as received. Treat it as read-only: it is the
-	// same slice the runtime republishes on a retry.
+	// same slice the runtime republishes on a retry, and Bind and Data read
+	// from it. With queues[].retry.immediate_retries set, each call gets a
+	// copy of its own, since another call on the same delivery may follow.
 	Body []byte
 	// Headers are a copy of the AMQP headers as received.
 	Headers amqp.Table

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -423,5 +424,49 @@ func TestImmediateRetriesStopBeforeTheConsumerTimeout(t *testing.T) {
 	st := b.waitSettled(t)
 	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "consumer_timeout") {
 		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the consumer_timeout", st.Outcome, calls.Load(), st.Reason)
+	}
+}
+
+// A handler that writes into Body and then fails must not change what the
+// next immediate call binds (the text the gate validated) nor what the
+// quarantine keeps (the payload as received): each call gets its own copy.
+// With the body shared, the second call bound the first call's bytes, which
+// no gate had checked.
+func TestImmediateRetryDoesNotSeeBytesTheHandlerWrote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = 1
+		q.Retry.MaxAttempts = 2
+	})
+	var calls atomic.Int32
+	bound := make(chan string, 2)
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			var v struct {
+				ID string `json:"id"`
+			}
+			if err := m.Bind(&v); err != nil {
+				bound <- "bind: " + err.Error()
+			} else {
+				bound <- v.ID
+			}
+			if calls.Add(1) == 1 {
+				// Same length, so the text the gate validated would be
+				// overwritten in place: a different id.
+				copy(m.Body, bytes.ReplaceAll(m.Body, []byte("body-1"), []byte("evil-1")))
+			}
+			return errors.New("connection reset by peer")
+		})))
+	})
+	sent := b.publishJSON(map[string]any{"id": "body-1"}, amqp.Publishing{MessageId: "im-body"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+
+	for call := 1; call <= 2; call++ {
+		if got := <-bound; got != "body-1" {
+			t.Errorf("call %d bound id %q, want body-1", call, got)
+		}
+	}
+	if q := b.quarantined(); !bytes.Equal(q.Body, sent) {
+		t.Errorf("quarantined body %q, want the body as published %q", q.Body, sent)
 	}
 }

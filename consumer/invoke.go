@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -65,6 +66,14 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 	if err != nil {
 		return err, true
 	}
+	body := d.Body
+	if qr.policy.ImmediateRetries > 0 {
+		// Another call may follow on this delivery: the handler gets a
+		// copy, so bytes it writes into Body can't reach the next call's
+		// Bind and Data (which read the text the gate validated, a part of
+		// d.Body) or the retry and quarantine copies (d.Body, as received).
+		body = bytes.Clone(d.Body)
+	}
 	m := &Message{
 		Queue:           qr.cfg.Name,
 		Type:            gm.Type,
@@ -72,7 +81,7 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		OriginalVersion: gm.Version,
 		text:            gm.Raw,
 		gated:           gm.Message,
-		Body:            d.Body,
+		Body:            body,
 		// A copy: an abandoned handler must not share a map the runtime
 		// reads when it republishes.
 		Headers:        maps.Clone(d.Headers),
