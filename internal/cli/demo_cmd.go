@@ -363,8 +363,10 @@ func demoWatchQuarantine(ctx context.Context, in *quarantine.Inspector, tr *demo
 	for ctx.Err() == nil {
 		if snap, err := in.Snapshot(ctx); err == nil {
 			for _, r := range snap.Records {
-				class := string(r.Envelope.Class)
-				tr.set(r.Properties.MessageID, "quarantined ("+class+")", true, func(m *demoMessage) { m.class = class })
+				class, attempts := string(r.Envelope.Class), r.Envelope.Attempts
+				// The record's count: a schema failure never reached a
+				// handler, and its one attempt is the gate's.
+				tr.set(r.Properties.MessageID, "quarantined ("+class+")", true, func(m *demoMessage) { m.class, m.attempts = class, attempts })
 			}
 		}
 		select {

@@ -160,8 +160,10 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	mux := h.mux(reg)
+	paths := "/metrics /healthz /readyz"
 	if o.Page != nil {
 		o.Page.Mount(mux)
+		paths += " /quarantine"
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
@@ -175,7 +177,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		return nil
 	}
-	log.Info("serving", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	log.Info("serving", "addr", ln.Addr().String(), "paths", paths)
 	if o.Started != nil {
 		o.Started(ln.Addr().String())
 	}
@@ -186,7 +188,11 @@ func Run(ctx context.Context, o Options) error {
 	h.topologyOK.Store(true)
 
 	runErr := c.Run(ctx)
-	log.Info("stopped consuming", "error", runErr)
+	if runErr != nil {
+		log.Error("stopped consuming", "error", runErr)
+	} else {
+		log.Info("stopped consuming")
+	}
 	return errors.Join(runErr, stopServer())
 }
 
