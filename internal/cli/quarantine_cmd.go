@@ -24,6 +24,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // runQuarantine: dlxbridge quarantine list|show|stats|replay|purge|audit.
@@ -430,6 +431,9 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if k == wire.HeaderStack && e.Stack != "" {
+			continue // printed below as lines
+		}
 		row("header "+k, fmt.Sprintf("%v", headers[k]))
 	}
 	for _, h := range hist {
@@ -437,6 +441,15 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if e.Stack != "" {
+		// One indented line per stack line, each escaped on its own: a
+		// forged stack's newline starts another indented line, never a row
+		// or the payload heading.
+		fmt.Fprintln(w, "stack:")
+		for _, line := range strings.Split(e.Stack, "\n") {
+			fmt.Fprintf(w, "  %s\n", printable(line, "\t"))
+		}
 	}
 	_, err := fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Body), printable(string(r.Body), "\n\t"))
 	return err

@@ -60,3 +60,45 @@ func TestReplayRefusesNegativeMaxAndRate(t *testing.T) {
 		}
 	}
 }
+
+// show prints a panic's stack as indented lines, not as one header value
+// with escaped newlines and tabs. Each line is escaped on its own and
+// indented: a forged stack (published straight into the quarantine) can
+// neither reach the terminal with a control character nor fake a row.
+func TestQuarantineShowPrintsStackAsLines(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, nil)
+	q := &cfg.Queues[0]
+	const esc = "\x1b[2K\x1b]52;c;aGk=\x07"
+	stack := "goroutine 7 [running]:\nmain.handle(...)\n\t/src/h.go:12 +0x1d\nevil" + esc + "\r\nstate\treplayed"
+	h := amqp.Table{"schema-version": "1"}
+	(&quarantine.Envelope{Source: quarantine.SourceBridge, Class: "panic", Reason: "handler panicked", Error: "boom",
+		Fingerprint: "fp", Attempts: 1, OriginalQueue: q.Name, Stack: stack}).Apply(h)
+	ch := b.env.Channel("panicker")
+	if err := ch.PublishWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+		Type: "test.event", Headers: h, Body: []byte(`{"n":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	keep(t, b.env, cfg, 1)
+	cfgFlag := []string{"--config", b.config}
+	list := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "list"}, cfgFlag...)...)
+	id := strings.Fields(strings.Split(list, "\n")[1])[0]
+	out := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id}, cfgFlag...)...)
+	want := "\nstack:\n  goroutine 7 [running]:\n  main.handle(...)\n  \t/src/h.go:12 +0x1d\n" +
+		`  evil\x1b[2K\x1b]52;c;aGk=\a\r` + "\n  state\treplayed\npayload (7 bytes):\n"
+	if !strings.Contains(out, want) {
+		t.Errorf("show does not print the stack as escaped, indented lines; want\n%q\nin\n%q", want, out)
+	}
+	if i := strings.IndexAny(out, "\x1b\x07\r\x00"); i >= 0 {
+		t.Errorf("show prints a control character at %d:\n%q", i, out)
+	}
+	states := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "state") {
+			states++
+		}
+	}
+	if states != 1 {
+		t.Errorf("show prints %d state rows, want 1 (a stack line faked one):\n%s", states, out)
+	}
+}
