@@ -43,7 +43,9 @@ type Message struct {
 	// from it. With queues[].retry.immediate_retries set, each call gets a
 	// copy of its own, since another call on the same delivery may follow.
 	Body []byte
-	// Headers are a copy of the AMQP headers as received.
+	// Headers are a copy of the AMQP headers as received, nested tables,
+	// arrays and byte arrays included: writing into it changes nothing the
+	// runtime republishes or another call reads.
 	Headers amqp.Table
 	// MessageID, CorrelationID: AMQP properties.
 	MessageID, CorrelationID string
