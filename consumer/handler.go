@@ -60,9 +60,8 @@ type Message struct {
 	// report mode and the message failed it: the handler gets the message
 	// anyway, with Type, Version and Data as far as the gate read them
 	// (Data fails, wrapping GateError, if the body is not JSON). nil
-	// otherwise. Returning it,
-	// or an error that wraps it, quarantines the message as a schema
-	// failure.
+	// otherwise. Each call gets a copy of its own. Returning it, or an
+	// error that wraps it, quarantines the message as a schema failure.
 	GateError *schemas.ValidationError
 
 	// raw: the queue's gate is off, nothing was decoded.

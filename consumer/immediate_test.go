@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -524,5 +525,46 @@ func TestImmediateRetryDoesNotSeeHeadersTheHandlerWrote(t *testing.T) {
 	// 4.0.5 may hand a byte array back as a string.
 	if raw := fmt.Sprint(q.Headers["raw"]); raw != "abc" && raw != fmt.Sprint([]byte("abc")) {
 		t.Errorf("quarantined raw header %v, want abc", q.Headers["raw"])
+	}
+}
+
+// In report mode a handler that writes into GateError (say, to drop a
+// violation it tolerates) and then fails must not change the objection the
+// next immediate call gets: the gate's objection is the gate's, not a
+// previous call's.
+func TestImmediateRetryDoesNotSeeAGateErrorTheHandlerWrote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Gate = config.GateReport
+		q.Retry.ImmediateRetries = 1
+		q.Retry.MaxAttempts = 2
+	})
+	var calls atomic.Int32
+	seen := make(chan string, 2)
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			ge := m.GateError
+			if ge == nil || len(ge.Violations) == 0 {
+				seen <- fmt.Sprintf("gate error %v", ge)
+				return errors.New("connection reset by peer")
+			}
+			seen <- fmt.Sprintf("%s %d %s", ge.Reason, len(ge.Violations), ge.Violations[0].Pointer)
+			if calls.Add(1) == 1 {
+				ge.Reason = "evil"
+				ge.Violations[0].Pointer = "/evil"
+				ge.Violations = ge.Violations[:0]
+			}
+			return errors.New("connection reset by peer")
+		})))
+	})
+	b.publish([]byte(`{"id": 42}`), amqp.Publishing{MessageId: "im-gate-error"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+
+	first := <-seen
+	if !strings.HasPrefix(first, string(schemas.ReasonInvalid)+" ") {
+		t.Fatalf("call 1 saw %q, want an invalid-message objection", first)
+	}
+	if second := <-seen; second != first {
+		t.Errorf("call 2 saw %q, want the gate's objection %q", second, first)
 	}
 }

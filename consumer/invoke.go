@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -93,7 +95,7 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		IdempotencyKey: idempotencyKey(d),
 		Attempt:        attempts.Failed + 1,
 		ReceivedAt:     now,
-		GateError:      gm.reported,
+		GateError:      cloneGateError(gm.reported),
 		raw:            gm.raw,
 	}
 	select {
@@ -243,6 +245,18 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	}
 	m.setData(data)
 	return nil
+}
+
+// cloneGateError copies a report-mode gate's objection for one handler
+// call: a handler that writes into it must not change what the next call
+// on the delivery gets, nor the objection Config.OnSettled reports.
+func cloneGateError(e *schemas.ValidationError) *schemas.ValidationError {
+	if e == nil {
+		return nil
+	}
+	c := *e
+	c.Violations = slices.Clone(e.Violations)
+	return &c
 }
 
 // cloneHeaders copies h and every table, array and byte array in it (the
