@@ -43,7 +43,9 @@ type Message struct {
 	// from it. With queues[].retry.immediate_retries set, each call gets a
 	// copy of its own, since another call on the same delivery may follow.
 	Body []byte
-	// Headers are a copy of the AMQP headers as received.
+	// Headers are a copy of the AMQP headers as received, nested tables,
+	// arrays and byte arrays included: writing into it changes nothing the
+	// runtime republishes or another call reads.
 	Headers amqp.Table
 	// MessageID, CorrelationID: AMQP properties.
 	MessageID, CorrelationID string
@@ -58,9 +60,8 @@ type Message struct {
 	// report mode and the message failed it: the handler gets the message
 	// anyway, with Type, Version and Data as far as the gate read them
 	// (Data fails, wrapping GateError, if the body is not JSON). nil
-	// otherwise. Returning it,
-	// or an error that wraps it, quarantines the message as a schema
-	// failure.
+	// otherwise. Each call gets a copy of its own. Returning it, or an
+	// error that wraps it, quarantines the message as a schema failure.
 	GateError *schemas.ValidationError
 
 	// raw: the queue's gate is off, nothing was decoded.

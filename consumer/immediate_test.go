@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -468,5 +470,101 @@ func TestImmediateRetryDoesNotSeeBytesTheHandlerWrote(t *testing.T) {
 	}
 	if q := b.quarantined(); !bytes.Equal(q.Body, sent) {
 		t.Errorf("quarantined body %q, want the body as published %q", q.Body, sent)
+	}
+}
+
+// A handler that writes into a table or an array nested in Headers (Headers
+// is a copy, but a shallow one) and then fails must not change what the next
+// immediate call reads nor what the quarantine keeps as received. With the
+// nested values shared, the second call read the first call's writes and the
+// quarantine published them as the producer's headers.
+func TestImmediateRetryDoesNotSeeHeadersTheHandlerWrote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = 1
+		q.Retry.MaxAttempts = 2
+	})
+	var calls atomic.Int32
+	seen := make(chan string, 2)
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			meta, _ := m.Headers["meta"].(amqp.Table)
+			list, _ := m.Headers["list"].([]any)
+			raw, _ := m.Headers["raw"].([]byte)
+			if meta == nil || len(list) != 1 || len(raw) != 3 {
+				seen <- fmt.Sprintf("headers %v", m.Headers)
+				return errors.New("connection reset by peer")
+			}
+			seen <- fmt.Sprintf("%v %v %s", meta["tenant"], list[0], raw)
+			if calls.Add(1) == 1 {
+				meta["tenant"] = "evil"
+				list[0] = "evil"
+				copy(raw, "bad")
+			}
+			return errors.New("connection reset by peer")
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "h-1"}, amqp.Publishing{MessageId: "im-headers", Headers: amqp.Table{
+		"meta": amqp.Table{"tenant": "acme"},
+		"list": []any{"first"},
+		"raw":  []byte("abc"),
+	}})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+
+	for call := 1; call <= 2; call++ {
+		if got := <-seen; got != "acme first abc" {
+			t.Errorf("call %d saw %q, want %q", call, got, "acme first abc")
+		}
+	}
+	q := b.quarantined()
+	meta, _ := q.Headers["meta"].(amqp.Table)
+	list, _ := q.Headers["list"].([]any)
+	if meta["tenant"] != "acme" || len(list) != 1 || list[0] != "first" {
+		t.Errorf("quarantined headers meta=%v list=%v, want the ones published", meta, list)
+	}
+	// 4.0.5 may hand a byte array back as a string.
+	if raw := fmt.Sprint(q.Headers["raw"]); raw != "abc" && raw != fmt.Sprint([]byte("abc")) {
+		t.Errorf("quarantined raw header %v, want abc", q.Headers["raw"])
+	}
+}
+
+// In report mode a handler that writes into GateError (say, to drop a
+// violation it tolerates) and then fails must not change the objection the
+// next immediate call gets: the gate's objection is the gate's, not a
+// previous call's.
+func TestImmediateRetryDoesNotSeeAGateErrorTheHandlerWrote(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) {
+		q.Gate = config.GateReport
+		q.Retry.ImmediateRetries = 1
+		q.Retry.MaxAttempts = 2
+	})
+	var calls atomic.Int32
+	seen := make(chan string, 2)
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			ge := m.GateError
+			if ge == nil || len(ge.Violations) == 0 {
+				seen <- fmt.Sprintf("gate error %v", ge)
+				return errors.New("connection reset by peer")
+			}
+			seen <- fmt.Sprintf("%s %d %s", ge.Reason, len(ge.Violations), ge.Violations[0].Pointer)
+			if calls.Add(1) == 1 {
+				ge.Reason = "evil"
+				ge.Violations[0].Pointer = "/evil"
+				ge.Violations = ge.Violations[:0]
+			}
+			return errors.New("connection reset by peer")
+		})))
+	})
+	b.publish([]byte(`{"id": 42}`), amqp.Publishing{MessageId: "im-gate-error"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+
+	first := <-seen
+	if !strings.HasPrefix(first, string(schemas.ReasonInvalid)+" ") {
+		t.Fatalf("call 1 saw %q, want an invalid-message objection", first)
+	}
+	if second := <-seen; second != first {
+		t.Errorf("call 2 saw %q, want the gate's objection %q", second, first)
 	}
 }

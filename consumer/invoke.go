@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -82,15 +84,18 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		text:            gm.Raw,
 		gated:           gm.Message,
 		Body:            body,
-		// A copy: an abandoned handler must not share a map the runtime
-		// reads when it republishes.
-		Headers:        maps.Clone(d.Headers),
+		// A deep copy: the tables, arrays and byte arrays nested in it
+		// too. The runtime republishes d.Headers (the retry, the
+		// quarantine's record as received) and the next immediate call
+		// reads them; an abandoned handler must not write into what the
+		// takeover encodes.
+		Headers:        cloneHeaders(d.Headers),
 		MessageID:      d.MessageId,
 		CorrelationID:  d.CorrelationId,
 		IdempotencyKey: idempotencyKey(d),
 		Attempt:        attempts.Failed + 1,
 		ReceivedAt:     now,
-		GateError:      gm.reported,
+		GateError:      cloneGateError(gm.reported),
 		raw:            gm.raw,
 	}
 	select {
@@ -240,6 +245,67 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	}
 	m.setData(data)
 	return nil
+}
+
+// cloneGateError copies a report-mode gate's objection for one handler
+// call: a handler that writes into it must not change what the next call
+// on the delivery gets, nor the objection Config.OnSettled reports.
+func cloneGateError(e *schemas.ValidationError) *schemas.ValidationError {
+	if e == nil {
+		return nil
+	}
+	c := *e
+	c.Violations = slices.Clone(e.Violations)
+	return &c
+}
+
+// cloneHeaders copies h and every table, array and byte array in it (the
+// values amqp091-go decodes a field table into), so nothing a handler
+// writes reaches h. Scalars are shared: they are immutable.
+func cloneHeaders(h amqp.Table) amqp.Table {
+	out := maps.Clone(h)
+	for k, v := range out {
+		switch v.(type) {
+		case amqp.Table, map[string]any, []any, []byte:
+			out[k] = cloneHeaderValue(v)
+		}
+	}
+	return out
+}
+
+func cloneHeaderValue(v any) any {
+	switch v := v.(type) {
+	case amqp.Table:
+		if v == nil {
+			return v
+		}
+		out := make(amqp.Table, len(v))
+		for k, e := range v {
+			out[k] = cloneHeaderValue(e)
+		}
+		return out
+	case map[string]any:
+		if v == nil {
+			return v
+		}
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = cloneHeaderValue(e)
+		}
+		return out
+	case []any:
+		if v == nil {
+			return v
+		}
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = cloneHeaderValue(e)
+		}
+		return out
+	case []byte:
+		return bytes.Clone(v)
+	}
+	return v
 }
 
 // panicStack is the truncated stack of a handler or upcaster panic, or "".
