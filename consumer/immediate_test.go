@@ -411,22 +411,36 @@ func TestImmediateRetryBlockedByStopAndDependencySignal(t *testing.T) {
 // is not retried in process.
 func TestImmediateRetriesStopBeforeTheConsumerTimeout(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int32
-	var clock atomic.Int64
-	t0 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	b := newProcessBundle(t, func(c *Config) {
-		immediateRetries(3)(c)
-		c.Now = func() time.Time { return t0.Add(time.Duration(clock.Load())) }
-	}, func(ctx context.Context, m *Message) error {
-		calls.Add(1)
-		clock.Add(int64(6 * time.Minute))
-		return errors.New("blip")
-	})
+	// Nothing prefetched behind it: only the delivery's own hold.
+	b, calls := clockedRetries(t, 3, 0, 1, 1, 6*time.Minute)
 	b.w.process(b.delivery())
 	st := b.waitSettled(t)
 	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "consumer_timeout") {
 		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the consumer_timeout", st.Outcome, calls.Load(), st.Reason)
 	}
+}
+
+// clockedRetries is a process bundle whose handler fails and moves the
+// runtime's clock step forward on each call, with immediate retries, and
+// max attempts (0: the default), prefetch and concurrency set.
+func clockedRetries(t *testing.T, immediate, maxAttempts, prefetch, concurrency int, step time.Duration) (*processBundle, *atomic.Int32) {
+	var calls atomic.Int32
+	var clock atomic.Int64
+	t0 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	b := newProcessBundle(t, func(c *Config) {
+		immediateRetries(immediate)(c)
+		q := &c.File.Queues[0]
+		if maxAttempts > 0 {
+			q.Retry.MaxAttempts = maxAttempts
+		}
+		q.Consumer.Prefetch, q.Consumer.Concurrency = prefetch, concurrency
+		c.Now = func() time.Time { return t0.Add(time.Duration(clock.Load())) }
+	}, func(ctx context.Context, m *Message) error {
+		calls.Add(1)
+		clock.Add(int64(step))
+		return errors.New("blip")
+	})
+	return b, &calls
 }
 
 // A handler that writes into Body and then fails must not change what the
@@ -566,5 +580,22 @@ func TestImmediateRetryDoesNotSeeAGateErrorTheHandlerWrote(t *testing.T) {
 	}
 	if second := <-seen; second != first {
 		t.Errorf("call 2 saw %q, want the gate's objection %q", second, first)
+	}
+}
+
+// The deliveries prefetched behind one that is retried in process wait,
+// unacked, meanwhile: with prefetch 20 and concurrency 4, five can wait for
+// a worker, and a delivery is retried in process for at most a fifth of
+// maxHold (2 minutes); the last of the five then waits at most maxHold
+// more, not (immediate retries + 1) handler timeouts each. Without the
+// share, a handler failing every minute was called 20 times on one
+// delivery.
+func TestImmediateRetriesLeaveTimeForTheDeliveriesBehind(t *testing.T) {
+	t.Parallel()
+	b, calls := clockedRetries(t, 19, 20, 20, 4, time.Minute)
+	b.w.process(b.delivery())
+	st := b.waitSettled(t)
+	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "5 per worker") {
+		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the 5 deliveries per worker", st.Outcome, calls.Load(), st.Reason)
 	}
 }

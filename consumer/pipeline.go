@@ -380,7 +380,9 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 //     its deadline and grace, would hold it past maxHold: the broker's
 //     consumer_timeout (30 minutes by default) closes a channel whose
 //     delivery stays unacked, requeueing every delivery on it and raising
-//     their delivery counts (a crash loop the guard then quarantines).
+//     their delivery counts (a crash loop the guard then quarantines);
+//   - the delivery has been retried in process for its share of maxHold
+//     (immediateHold): the deliveries prefetched behind it wait too.
 func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
 	switch {
 	case abandoned:
@@ -397,11 +399,33 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) stri
 	case w.s.ch != nil && w.s.ch.IsClosed():
 		return "the consume channel is closed"
 	}
-	if held := w.deps.cfg.Now().Sub(w.received); held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > maxHold {
+	held := w.deps.cfg.Now().Sub(w.received)
+	if held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > maxHold {
 		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s (the broker's consumer_timeout)",
 			held.Round(time.Second), maxHold)
 	}
+	if budget := w.q.immediateHold(); held >= budget {
+		return fmt.Sprintf("the delivery has been retried in process for %s; the deliveries prefetched behind it, %d per worker, would wait longer than %s each (toward the broker's consumer_timeout)",
+			held.Round(time.Millisecond), w.q.queuedPerWorker(), budget)
+	}
 	return ""
+}
+
+// queuedPerWorker is how many prefetched deliveries may wait for each of
+// the queue's workers.
+func (qr *queueRuntime) queuedPerWorker() int {
+	c := qr.cfg.Consumer
+	return max(1, (c.Prefetch+c.Concurrency-1)/max(1, c.Concurrency))
+}
+
+// immediateHold is how long, at most, a worker retries one delivery in
+// process: the deliveries prefetched behind it wait meanwhile, unacked
+// (the broker's consumer_timeout counts from their delivery), and no
+// client clock shows when they arrived. maxHold shared among the
+// deliveries that can wait for one worker bounds what immediate retries
+// add to the last one's wait to maxHold, whatever the retry count.
+func (qr *queueRuntime) immediateHold() time.Duration {
+	return maxHold / time.Duration(qr.queuedPerWorker())
 }
 
 // retryNow makes an immediate retry visible (metric, debug log, span
