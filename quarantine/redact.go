@@ -1,6 +1,8 @@
 package quarantine
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,7 +20,8 @@ const redactedJSON = `"` + Redacted + `"`
 
 // Redaction says what to scrub before a message is quarantined.
 type Redaction struct {
-	// Headers are header names (case-insensitive) whose values are replaced.
+	// Headers are header names (case-insensitive) whose values are
+	// replaced, also as keys of tables nested in a header's value.
 	Headers []string
 	// Fields are RFC 6901 JSON pointers into the body whose values are
 	// replaced.
@@ -43,6 +46,65 @@ type RedactResult struct {
 	Failed string
 }
 
+// headerNamed reports whether a header or nested table key is one of the
+// names to redact.
+func (r Redaction) headerNamed(k string) bool {
+	for _, name := range r.Headers {
+		if strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxRedactDepth bounds the walk into nested header tables and arrays; AMQP
+// lets a producer nest them deeply, and the record keeps no deeper value
+// (see storable).
+const maxRedactDepth = 64
+
+// redactNested returns a copy of v (an AMQP table or array, at any depth)
+// with the values of keys named in r.Headers replaced, noting each as
+// path.key in changed; ok is false when nothing in v matched (v is then
+// not copied). A secret a producer nests in a table header is scrubbed as
+// a top-level one is.
+func (r Redaction) redactNested(v any, path string, changed *[]string, depth int) (any, bool) {
+	if depth > maxRedactDepth {
+		return nil, false
+	}
+	switch t := v.(type) {
+	case amqp.Table:
+		var out amqp.Table
+		for k, inner := range t {
+			nv, hit := inner, false
+			if r.headerNamed(k) {
+				nv, hit = Redacted, true
+				*changed = append(*changed, path+"."+k)
+			} else {
+				nv, hit = r.redactNested(inner, path+"."+k, changed, depth+1)
+			}
+			if hit {
+				if out == nil {
+					out = maps.Clone(t)
+				}
+				out[k] = nv
+			}
+		}
+		return out, out != nil
+	case []any:
+		var out []any
+		for i, inner := range t {
+			if nv, hit := r.redactNested(inner, path+"["+strconv.Itoa(i)+"]", changed, depth+1); hit {
+				if out == nil {
+					out = slices.Clone(t)
+				}
+				out[i] = nv
+			}
+		}
+		return out, out != nil
+	}
+	return nil, false
+}
+
 // Apply returns scrubbed copies of headers and body; the inputs are not
 // modified.
 //
@@ -60,13 +122,16 @@ func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 	for k, v := range headers {
 		res.Headers[k] = v
 	}
-	for _, name := range r.Headers {
-		for k := range res.Headers {
-			if strings.EqualFold(k, name) {
+	if len(r.Headers) > 0 {
+		for k, v := range res.Headers {
+			if r.headerNamed(k) {
 				res.Headers[k] = Redacted
 				res.Changed = append(res.Changed, "header:"+k)
+			} else if nv, ok := r.redactNested(v, "header:"+k, &res.Changed, 1); ok {
+				res.Headers[k] = nv
 			}
 		}
+		slices.Sort(res.Changed) // map order is random; the list is not
 	}
 	if len(r.Fields) == 0 {
 		return res

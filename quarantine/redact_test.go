@@ -147,3 +147,31 @@ func TestRedactionMemoryIsBoundedByTheBody(t *testing.T) {
 		}
 	}
 }
+
+// A header name to redact is redacted as a key of a table nested in a
+// header too (AMQP tables nest, and a producer may put a token there), in
+// a copy: the input is not changed.
+func TestRedactionScrubsNestedHeaderTables(t *testing.T) {
+	t.Parallel()
+	r := Redaction{Headers: []string{"token"}}
+	inner := amqp.Table{"Token": "s3cret", "user": "ada"}
+	h := amqp.Table{
+		"auth":  inner,
+		"list":  []any{"a", amqp.Table{"token": "s3cret-2"}},
+		"plain": "kept",
+	}
+	res := r.Apply(h, nil)
+	if got := fmt.Sprint(res.Headers); strings.Contains(got, "s3cret") {
+		t.Fatalf("a nested secret survived: %v", got)
+	}
+	if res.Headers["auth"].(amqp.Table)["user"] != "ada" || res.Headers["plain"] != "kept" {
+		t.Errorf("kept values lost: %v", res.Headers)
+	}
+	if inner["Token"] != "s3cret" || h["list"].([]any)[1].(amqp.Table)["token"] != "s3cret-2" {
+		t.Errorf("the input was changed: %v", h)
+	}
+	want := []string{"header:auth.Token", "header:list[1].token"}
+	if fmt.Sprint(res.Changed) != fmt.Sprint(want) {
+		t.Errorf("changed %v, want %v", res.Changed, want)
+	}
+}
