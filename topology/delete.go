@@ -99,7 +99,9 @@ func (r *DeleteReport) add(s DeleteStep) {
 // 540 NOT_IMPLEMENTED, which closes the whole connection, and is ignored on
 // streams, which are deleted with their data (seen on 3.10.8). So the check
 // and the delete are two steps: stop producers and the bridge first. A
-// queue with consumers is always kept.
+// queue with consumers is always kept, and so is a queue that a kept queue
+// dead-letters into by name (a retry lane's work queue). Every queue is
+// checked before any is deleted.
 //
 // An exchange is deleted with if-unused, so one that still routes to a
 // queue outside the topology (another consumer bound to E) is kept; so is
@@ -108,14 +110,47 @@ func (r *DeleteReport) add(s DeleteStep) {
 // an error.
 func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
-	keptQueue := map[string]bool{}
-	for _, q := range t.Queues {
+	steps := make([]DeleteStep, len(t.Queues))
+	index := map[string]int{}
+	for i, q := range t.Queues {
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		s, err := in.deleteQueue(ctx, q, opts)
+		s, err := in.checkQueue(ctx, q, opts)
 		if err != nil {
 			return r, err
+		}
+		steps[i], index[q.Name] = s, i
+	}
+	// A kept queue that dead-letters through the default exchange (a retry
+	// lane, back to its work queue) keeps its target: its messages return
+	// there.
+	for changed := true; changed; {
+		changed = false
+		for i, q := range t.Queues {
+			dlx, ok := q.Args[ArgDeadLetterExchange].(string)
+			target, _ := q.Args[ArgDeadLetterRK].(string)
+			j, known := index[target]
+			if steps[i].Action != DeleteKept || !ok || dlx != "" || !known || steps[j].Action != DeleteWould {
+				continue
+			}
+			steps[j].Action, steps[j].Reason = DeleteKept, fmt.Sprintf("kept %s dead-letters into it", queueObject(q.Name))
+			changed = true
+		}
+	}
+	keptQueue := map[string]bool{}
+	for i, q := range t.Queues {
+		s := steps[i]
+		if s.Action == DeleteWould && !opts.DryRun {
+			// Never if-empty or if-unused: see above.
+			err := withChannel(in.Conn, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(q.Name, false, false, false)
+				return err
+			})
+			if err != nil {
+				return r, fmt.Errorf("delete %s: %w", s.Object, err)
+			}
+			s.Action = DeleteDeleted
 		}
 		if s.Action == DeleteKept {
 			keptQueue[q.Name] = true
@@ -148,7 +183,9 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	return r, nil
 }
 
-func (in *Inspector) deleteQueue(ctx context.Context, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
+// checkQueue says whether q is kept (and why), absent, or to be deleted
+// (DeleteWould).
+func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
 	s := DeleteStep{Kind: KindQueue, Object: queueObject(q.Name)}
 	var st amqp.Queue
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error {
@@ -183,19 +220,8 @@ func (in *Inspector) deleteQueue(ctx context.Context, q QueueSpec, opts DeleteOp
 	case s.Messages > 0 && !opts.IncludeData:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("holds %d message(s); --include-data deletes it", s.Messages)
 		return s, nil
-	case opts.DryRun:
-		s.Action = DeleteWould
-		return s, nil
 	}
-	// Never if-empty or if-unused: see Delete.
-	err = withChannel(in.Conn, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDelete(q.Name, false, false, false)
-		return err
-	})
-	if err != nil {
-		return s, fmt.Errorf("delete %s: %w", s.Object, err)
-	}
-	s.Action = DeleteDeleted
+	s.Action = DeleteWould
 	return s, nil
 }
 

@@ -23,16 +23,28 @@ type deleteBundle struct {
 	exchange, dead, retry       string
 }
 
-func setupDelete(t *testing.T) *deleteBundle {
+// setupDelete applies a topology with one lane per tier.
+func setupDelete(t *testing.T, tiers ...time.Duration) *deleteBundle {
 	t.Helper()
-	b := setupTopology(t, "")
+	if len(tiers) == 0 {
+		tiers = []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}
+	}
+	var yaml []string
+	for _, d := range tiers {
+		yaml = append(yaml, d.String())
+	}
+	b := setupTopology(t, "tiers: ["+strings.Join(yaml, ", ")+"]\n      jitter: 0")
 	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
 	q := config.Quarantine{Queue: b.work + config.QuarantineSuffix}
+	var lanes []string
+	for _, d := range tiers {
+		lanes = append(lanes, topology.RetryQueueName(b.work, d, 0))
+	}
 	return &deleteBundle{
 		topoBundle: b,
 		conn:       b.env.Dial("look"),
 		quarantine: q.Queue, records: q.RecordsStream(), events: q.EventsStream(),
-		lanes:    []string{topology.RetryQueueName(b.work, 200*time.Millisecond, 0), topology.RetryQueueName(b.work, 400*time.Millisecond, 0)},
+		lanes:    lanes,
 		exchange: b.env.Name("ex"), dead: topology.DeadExchangeName(b.work), retry: topology.RetryExchangeName(b.work),
 	}
 }
@@ -221,5 +233,22 @@ func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
 	d.want(t, "delete --include-data", d.work, d.exchange, d.dead)
 	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 messages): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
 		t.Errorf("delete does not report the work queue kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+	}
+}
+
+// A retry waiting in a lane returns to its work queue: the kept lane keeps
+// the work queue, which keeps E and Q.dead; Q.retry, bound to the lane,
+// stays too. Only the empty quarantine goes.
+func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t, time.Hour)
+	d.publish(t, "", d.lanes[0])
+	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--config", d.config)
+	d.want(t, "delete", d.work, d.lanes[0], d.records, d.events, d.exchange, d.dead, d.retry)
+	if want := "kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it"; !strings.Contains(out, want) {
+		t.Errorf("delete lacks %q:\n%s", want, out)
+	}
+	if !strings.Contains(errOut, "kept queue '"+d.work+"', queue '"+d.lanes[0]+"'") {
+		t.Errorf("delete's error does not name the work queue and the lane:\n%s", errOut)
 	}
 }
