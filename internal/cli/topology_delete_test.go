@@ -192,6 +192,13 @@ func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
 	}
 	_ = ch.Close()
 
+	if d.env.ManagementURL != "" {
+		out := d.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", d.config)
+		if want := "kept         exchange '" + d.exchange + "': in use: bound to queue '" + foreign + "'"; !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+		d.want(t, "dry run", append(append(d.queues(), d.exchanges()...), foreign)...)
+	}
 	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
 	d.want(t, "delete --include-data", d.exchange)
 	if !strings.Contains(out, "kept         exchange '"+d.exchange+"': in use") || !strings.Contains(errOut, "kept exchange '"+d.exchange+"'") {
