@@ -44,7 +44,7 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"topology":   {"plan, apply or verify the broker topology", runTopology},
+		"topology":   {"plan, apply, verify or delete the broker topology", runTopology},
 		"schemas":    {"list, lint and validate against the schema registry", runSchemas},
 		"quarantine": {"list, show, stats, replay, purge and audit quarantined messages", runQuarantine},
 		"bench":      {"the runtime beside a plain amqp091-go consumer, every id reconciled", runBench},

@@ -7,31 +7,43 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
-// runTopology: dlxbridge topology plan|apply|verify.
+// runTopology: dlxbridge topology plan|apply|verify|delete.
 //
 // The config is loaded and validated before anything dials the broker, so a
 // bad file (exit 2) declares nothing; so does a URL that does not parse
 // (exit 2). Exit 1: verify found drift, plan found a conflicting object (so
 // apply would refuse), apply was refused, or the broker could not be
-// reached or refused the login. Exit 3: plan or verify could not check
+// reached or refused the login, or delete kept (or, with --dry-run, would
+// keep) a queue that holds data or an exchange in use. Exit 3: plan or verify could not check
 // everything (no management API) and found nothing wrong in what it could. A configured management API that
 // does not answer is warned about, and the command goes on over AMQP.
 func runTopology(ctx context.Context, env *Env, args []string) int {
 	sub, rest, code, ok := subcommand(env, "topology", args,
 		subcmd{"plan", "what apply would create, what exists, what conflicts; declares nothing"},
 		subcmd{"apply", "declare everything that is missing; refuses if an object conflicts"},
-		subcmd{"verify", "report drift between the broker and the config"})
+		subcmd{"verify", "report drift between the broker and the config"},
+		subcmd{"delete", "delete the config's queues and exchanges; keeps any that hold data unless --include-data"})
 	if !ok {
 		return code
 	}
-	fs := newFlagSet(env, "topology "+sub, "topology "+sub+" [--config config.yaml] [--url amqp://...] [--output text|json]")
+	usageLine := "topology " + sub + " [--config config.yaml] [--url amqp://...] [--output text|json]"
+	if sub == "delete" {
+		usageLine = "topology delete [--dry-run] [--include-data] [--config config.yaml] [--url amqp://...] [--output text|json]"
+	}
+	fs := newFlagSet(env, "topology "+sub, usageLine)
 	var c common
 	c.register(fs, env)
+	var del topology.DeleteOptions
+	if sub == "delete" {
+		fs.BoolVar(&del.DryRun, "dry-run", false, "print what would be deleted or kept (with message counts); delete nothing")
+		fs.BoolVar(&del.IncludeData, "include-data", false, "also delete queues that hold messages and the quarantine's streams (its records and audit trail)")
+	}
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK
@@ -108,6 +120,20 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		}
 		if err != nil {
 			return fail("%v", err)
+		}
+		return ExitOK
+	case "delete":
+		r, err := in.Delete(ctx, topo, del)
+		if r != nil {
+			if rerr := render(env.Stdout, c.output, r, r.WriteText); rerr != nil {
+				return fail("%v", rerr)
+			}
+		}
+		if err != nil {
+			return fail("%v", err)
+		}
+		if !r.OK() {
+			return fail("kept %s", strings.Join(r.Kept(), ", "))
 		}
 		return ExitOK
 	default: // verify

@@ -1,0 +1,261 @@
+package cli_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/topology"
+)
+
+// deleteBundle is an applied topology and one connection to look at it.
+type deleteBundle struct {
+	*topoBundle
+	conn                        *amqp.Connection
+	quarantine, records, events string
+	lanes                       []string
+	exchange, dead, retry       string
+}
+
+// setupDelete applies a topology with one lane per tier.
+func setupDelete(t *testing.T, tiers ...time.Duration) *deleteBundle {
+	t.Helper()
+	if len(tiers) == 0 {
+		tiers = []time.Duration{200 * time.Millisecond, 400 * time.Millisecond}
+	}
+	var yaml []string
+	for _, d := range tiers {
+		yaml = append(yaml, d.String())
+	}
+	b := setupTopology(t, "tiers: ["+strings.Join(yaml, ", ")+"]\n      jitter: 0")
+	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
+	q := config.Quarantine{Queue: b.work + config.QuarantineSuffix}
+	var lanes []string
+	for _, d := range tiers {
+		lanes = append(lanes, topology.RetryQueueName(b.work, d, 0))
+	}
+	return &deleteBundle{
+		topoBundle: b,
+		conn:       b.env.Dial("look"),
+		quarantine: q.Queue, records: q.RecordsStream(), events: q.EventsStream(),
+		lanes:    lanes,
+		exchange: b.env.Name("ex"), dead: topology.DeadExchangeName(b.work), retry: topology.RetryExchangeName(b.work),
+	}
+}
+
+// exists checks a queue or an exchange with a passive declare on its own
+// channel (a 404 closes it).
+func (d *deleteBundle) exists(t *testing.T, kind topology.Kind, name string) bool {
+	t.Helper()
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if kind == topology.KindQueue {
+		_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	} else {
+		err = ch.ExchangeDeclarePassive(name, "direct", true, false, false, false, nil)
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return false
+	}
+	if err != nil && kind == topology.KindQueue {
+		t.Fatalf("passive declare %s: %v", name, err)
+	}
+	return true // an exchange of another type answers 406: it exists
+}
+
+func (d *deleteBundle) queues() []string {
+	return append([]string{d.work, d.quarantine, d.records, d.events}, d.lanes...)
+}
+
+func (d *deleteBundle) exchanges() []string { return []string{d.exchange, d.dead, d.retry} }
+
+// want fails the test unless exactly the named objects are left of the
+// topology.
+func (d *deleteBundle) want(t *testing.T, step string, left ...string) {
+	t.Helper()
+	keep := map[string]bool{}
+	for _, n := range left {
+		keep[n] = true
+	}
+	for _, q := range d.queues() {
+		if got := d.exists(t, topology.KindQueue, q); got != keep[q] {
+			t.Errorf("%s: queue %s exists = %t, want %t", step, q, got, keep[q])
+		}
+	}
+	for _, x := range d.exchanges() {
+		if got := d.exists(t, topology.KindExchange, x); got != keep[x] {
+			t.Errorf("%s: exchange %s exists = %t, want %t", step, x, got, keep[x])
+		}
+	}
+}
+
+func (d *deleteBundle) publish(t *testing.T, exchange, key string) {
+	t.Helper()
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	c, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false, amqp.Publishing{Body: []byte("keep me")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.WaitContext(context.Background()); !ok || err != nil {
+		t.Fatalf("publish to %q/%q not confirmed: %v", exchange, key, err)
+	}
+	select { // a return arrives before the confirm
+	case r := <-returns:
+		t.Fatalf("publish to %q/%q returned: %s", exchange, key, r.ReplyText)
+	default:
+	}
+}
+
+// A message in the quarantine intake keeps it, its streams and the
+// dead-letter exchange that feeds it; everything empty goes; the command
+// exits 1 naming what it kept. --include-data then deletes the rest, and
+// a third run finds everything absent.
+func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	d.publish(t, "", d.quarantine)
+
+	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--dry-run", "--config", d.config)
+	d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
+	for _, line := range []string{
+		"kept         queue '" + d.quarantine + "' (1 messages): holds 1 message(s)",
+		"would delete queue '" + d.work + "' (0 messages)",
+		"kept         queue '" + d.records + "' (stream)",
+		"kept         exchange '" + d.dead + "': leads to kept queue '" + d.quarantine + "'",
+		"would delete exchange '" + d.retry + "'",
+		"delete --dry-run: 5 would delete, 4 kept, 0 absent",
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("dry run lacks %q:\n%s", line, out)
+		}
+	}
+	if !strings.Contains(errOut, "kept queue '"+d.quarantine+"'") {
+		t.Errorf("dry run's error does not name the quarantine:\n%s", errOut)
+	}
+
+	out, errOut = d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--config", d.config)
+	d.want(t, "delete", d.quarantine, d.records, d.events, d.dead)
+	for _, n := range []string{d.quarantine, d.records, d.events} {
+		if !strings.Contains(errOut, "queue '"+n+"'") {
+			t.Errorf("delete's error does not name %s:\n%s", n, errOut)
+		}
+	}
+	if !strings.Contains(out, "delete: 5 deleted, 4 kept, 0 absent") {
+		t.Errorf("delete:\n%s", out)
+	}
+
+	out = d.mustRun(t, cli.ExitOK, "topology", "delete", "--include-data", "--config", d.config)
+	d.want(t, "delete --include-data")
+	if !strings.Contains(out, "delete: 4 deleted, 0 kept, 5 absent") {
+		t.Errorf("delete --include-data:\n%s", out)
+	}
+	out = d.mustRun(t, cli.ExitOK, "topology", "delete", "--config", d.config)
+	if !strings.Contains(out, "delete: 0 deleted, 0 kept, 9 absent") || !strings.Contains(out, "absent       queue '"+d.work+"'") {
+		t.Errorf("delete of a deleted topology:\n%s", out)
+	}
+}
+
+// The producers' exchange E routes to a queue outside the topology: delete
+// keeps E (and that queue and its binding), even with --include-data.
+func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	foreign := d.env.Name("foreign")
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(foreign, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.env.TrackQueue(foreign)
+	if err := ch.QueueBind(foreign, "other", d.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+
+	if d.env.ManagementURL != "" {
+		out := d.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", d.config)
+		if want := "kept         exchange '" + d.exchange + "': in use: bound to queue '" + foreign + "'"; !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+		d.want(t, "dry run", append(append(d.queues(), d.exchanges()...), foreign)...)
+	}
+	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	d.want(t, "delete --include-data", d.exchange)
+	if !strings.Contains(out, "kept         exchange '"+d.exchange+"': in use") || !strings.Contains(errOut, "kept exchange '"+d.exchange+"'") {
+		t.Errorf("delete does not report E kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+	}
+	if d.env.ManagementURL != "" && !strings.Contains(out, "bound to queue '"+foreign+"'") {
+		t.Errorf("delete does not name the foreign binding:\n%s", out)
+	}
+	if !d.exists(t, topology.KindQueue, foreign) {
+		t.Fatal("the foreign queue is gone")
+	}
+	d.publish(t, d.exchange, "other") // mandatory: fails unless still bound
+}
+
+// A consumer holding a message unacked leaves the work queue's count at 0:
+// the consumer, not the count, is what keeps the queue (and E, which feeds
+// it, and Q.dead, its dead-letter exchange), even with --include-data.
+func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	d.publish(t, d.exchange, "k")
+	ch, err := d.env.Dial("consumer").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(d.work, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-deliveries: // held, unacked
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	d.want(t, "delete --include-data", d.work, d.exchange, d.dead)
+	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 messages): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
+		t.Errorf("delete does not report the work queue kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+	}
+}
+
+// A retry waiting in a lane returns to its work queue: the kept lane keeps
+// the work queue, which keeps E and Q.dead; Q.retry, bound to the lane,
+// stays too. Only the empty quarantine goes.
+func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t, time.Hour)
+	d.publish(t, "", d.lanes[0])
+	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--config", d.config)
+	d.want(t, "delete", d.work, d.lanes[0], d.records, d.events, d.exchange, d.dead, d.retry)
+	if want := "kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it"; !strings.Contains(out, want) {
+		t.Errorf("delete lacks %q:\n%s", want, out)
+	}
+	if !strings.Contains(errOut, "kept queue '"+d.work+"', queue '"+d.lanes[0]+"'") {
+		t.Errorf("delete's error does not name the work queue and the lane:\n%s", errOut)
+	}
+}

@@ -1,0 +1,323 @@
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// DeleteOptions says how far Delete may go.
+type DeleteOptions struct {
+	// DryRun checks every object and reports what Delete would do, and
+	// deletes nothing.
+	DryRun bool
+	// IncludeData also deletes queues that hold messages, and the
+	// quarantine's streams (the quarantine records and their audit trail).
+	// Defaults to false: those are kept and reported.
+	IncludeData bool
+}
+
+// DeleteAction is what Delete did (or, in a dry run, would do) with one
+// object.
+type DeleteAction string
+
+const (
+	DeleteDeleted DeleteAction = "deleted"
+	DeleteWould   DeleteAction = "would delete"
+	DeleteKept    DeleteAction = "kept"
+	DeleteAbsent  DeleteAction = "absent"
+)
+
+// DeleteStep is one queue or exchange of the topology.
+type DeleteStep struct {
+	Kind   Kind         `json:"kind"`
+	Object string       `json:"object"`
+	Action DeleteAction `json:"action"`
+	// Messages is the queue's ready message count from a passive declare
+	// (-1 for a stream: AMQP cannot count one reliably).
+	Messages  int `json:"messages"`
+	Consumers int `json:"consumers"`
+	// Reason says why an object is kept.
+	Reason string `json:"reason,omitempty"`
+}
+
+// DeleteSummary counts steps by action; a dry run counts "would delete"
+// as Deleted.
+type DeleteSummary struct {
+	Deleted int `json:"deleted"`
+	Kept    int `json:"kept"`
+	Absent  int `json:"absent"`
+}
+
+// DeleteReport is what Delete found and did.
+type DeleteReport struct {
+	BrokerVersion string        `json:"broker_version"`
+	DryRun        bool          `json:"dry_run"`
+	IncludeData   bool          `json:"include_data"`
+	Steps         []DeleteStep  `json:"steps"`
+	Summary       DeleteSummary `json:"summary"`
+}
+
+// OK reports whether nothing was (or would be) kept.
+func (r *DeleteReport) OK() bool { return r.Summary.Kept == 0 }
+
+// Kept names the kept objects.
+func (r *DeleteReport) Kept() []string {
+	var ks []string
+	for _, s := range r.Steps {
+		if s.Action == DeleteKept {
+			ks = append(ks, s.Object)
+		}
+	}
+	return ks
+}
+
+func (r *DeleteReport) add(s DeleteStep) {
+	r.Steps = append(r.Steps, s)
+	switch s.Action {
+	case DeleteDeleted, DeleteWould:
+		r.Summary.Deleted++
+	case DeleteKept:
+		r.Summary.Kept++
+	case DeleteAbsent:
+		r.Summary.Absent++
+	}
+}
+
+// Delete deletes the queues and exchanges of t, and nothing else: queues
+// first (which removes their bindings), then exchanges.
+//
+// Data is kept unless opts.IncludeData: a queue whose passive declare
+// counts messages, and every stream (the quarantine's records and events:
+// a stream's count over AMQP lags, 0 right after a publish, so emptiness
+// cannot be proven). The broker's own guards cannot be used for this:
+// queue.delete with if-empty or if-unused is refused on quorum queues with
+// 540 NOT_IMPLEMENTED, which closes the whole connection, and is ignored on
+// streams, which are deleted with their data (seen on 3.10.8). So the check
+// and the delete are two steps: stop producers and the bridge first. A
+// queue with consumers is always kept, and so is a queue that a kept queue
+// dead-letters into by name (a retry lane's work queue). Every queue is
+// checked before any is deleted.
+//
+// An exchange is deleted with if-unused, so one that still routes to a
+// queue outside the topology (another consumer bound to E) is kept; so is
+// the dead-letter exchange of a kept queue. Each delete runs on its own
+// channel, since a refused one closes it. Deleting what is absent is not
+// an error.
+func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
+	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
+	steps := make([]DeleteStep, len(t.Queues))
+	index := map[string]int{}
+	for i, q := range t.Queues {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		s, err := in.checkQueue(ctx, q, opts)
+		if err != nil {
+			return r, err
+		}
+		steps[i], index[q.Name] = s, i
+	}
+	// A kept queue that dead-letters through the default exchange (a retry
+	// lane, back to its work queue) keeps its target: its messages return
+	// there.
+	for changed := true; changed; {
+		changed = false
+		for i, q := range t.Queues {
+			dlx, ok := q.Args[ArgDeadLetterExchange].(string)
+			target, _ := q.Args[ArgDeadLetterRK].(string)
+			j, known := index[target]
+			if steps[i].Action != DeleteKept || !ok || dlx != "" || !known || steps[j].Action != DeleteWould {
+				continue
+			}
+			steps[j].Action, steps[j].Reason = DeleteKept, fmt.Sprintf("kept %s dead-letters into it", queueObject(q.Name))
+			changed = true
+		}
+	}
+	keptQueue := map[string]bool{}
+	for i, q := range t.Queues {
+		s := steps[i]
+		if s.Action == DeleteWould && !opts.DryRun {
+			// Never if-empty or if-unused: see above.
+			err := withChannel(in.Conn, func(ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(q.Name, false, false, false)
+				return err
+			})
+			if err != nil {
+				return r, fmt.Errorf("delete %s: %w", s.Object, err)
+			}
+			s.Action = DeleteDeleted
+		}
+		if s.Action == DeleteKept {
+			keptQueue[q.Name] = true
+		}
+		r.add(s)
+	}
+	// An exchange that leads to a kept queue stays: a binding to it (if-
+	// unused refuses anyway) or its dead-letter exchange (not a binding).
+	feeds := map[string]string{}
+	for _, b := range t.Bindings {
+		if keptQueue[b.Queue] {
+			feeds[b.Exchange] = b.Queue
+		}
+	}
+	for _, q := range t.Queues {
+		if dlx, ok := q.Args[ArgDeadLetterExchange].(string); ok && dlx != "" && keptQueue[q.Name] {
+			feeds[dlx] = q.Name
+		}
+	}
+	for _, x := range t.Exchanges {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		s, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
+		if err != nil {
+			return r, err
+		}
+		r.add(s)
+	}
+	return r, nil
+}
+
+// checkQueue says whether q is kept (and why), absent, or to be deleted
+// (DeleteWould).
+func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
+	s := DeleteStep{Kind: KindQueue, Object: queueObject(q.Name)}
+	var st amqp.Queue
+	err := withChannel(in.Conn, func(ch *amqp.Channel) error {
+		var err error
+		st, err = ch.QueueDeclarePassive(q.Name, true, false, false, false, nil)
+		return err
+	})
+	if pr, _, err := classify(s.Object, err); err != nil {
+		return s, err
+	} else if pr == probeMissing {
+		s.Action = DeleteAbsent
+		return s, nil
+	}
+	s.Messages, s.Consumers = st.Messages, st.Consumers
+	stream := q.queueType() == QueueTypeStream
+	if in.Mgmt != nil {
+		// The config may say quorum where the broker has a stream.
+		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil && mq.Type == QueueTypeStream {
+			stream = true
+		}
+	}
+	if stream {
+		s.Messages = -1
+	}
+	switch {
+	case s.Consumers > 0:
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
+		return s, nil
+	case stream && !opts.IncludeData:
+		s.Action, s.Reason = DeleteKept, "a stream (quarantine records or their audit trail) whose emptiness AMQP cannot prove; --include-data deletes it"
+		return s, nil
+	case s.Messages > 0 && !opts.IncludeData:
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("holds %d message(s); --include-data deletes it", s.Messages)
+		return s, nil
+	}
+	s.Action = DeleteWould
+	return s, nil
+}
+
+func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (DeleteStep, error) {
+	s := DeleteStep{Kind: KindExchange, Object: exchangeObject(x.Name)}
+	err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
+	if pr, _, err := classify(s.Object, err); err != nil {
+		return s, err
+	} else if pr == probeMissing {
+		s.Action = DeleteAbsent
+		return s, nil
+	}
+	if feeds != "" {
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))
+		return s, nil
+	}
+	if opts.DryRun {
+		s.Action = DeleteWould
+		if in.Mgmt == nil {
+			s.Reason = "unless a queue outside the topology is bound to it (AMQP cannot list bindings)"
+			return s, nil
+		}
+		bs, err := in.Mgmt.ExchangeBindings(ctx, x.Name)
+		if err != nil {
+			return s, err
+		}
+		ours := map[string]bool{}
+		for _, q := range t.Queues {
+			ours[q.Name] = !keptQueue[q.Name]
+		}
+		if other := foreignBindings(bs, ours); len(other) > 0 {
+			s.Action, s.Reason = DeleteKept, "in use: bound to "+strings.Join(other, ", ")
+		}
+		return s, nil
+	}
+	err = withChannel(in.Conn, func(ch *amqp.Channel) error {
+		const ifUnused, noWait = true, false
+		return ch.ExchangeDelete(x.Name, ifUnused, noWait)
+	})
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+		s.Action = DeleteDeleted
+	case errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed:
+		s.Action, s.Reason = DeleteKept, "in use: something outside the topology is bound to it"
+		if in.Mgmt != nil {
+			if bs, err := in.Mgmt.ExchangeBindings(ctx, x.Name); err == nil {
+				if other := foreignBindings(bs, nil); len(other) > 0 {
+					s.Reason = "in use: bound to " + strings.Join(other, ", ")
+				}
+			}
+		}
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+		s.Action = DeleteAbsent
+	default:
+		return s, fmt.Errorf("delete %s: %w", s.Object, err)
+	}
+	return s, nil
+}
+
+// foreignBindings names the destinations of bs that gone does not mark as
+// about to be deleted.
+func foreignBindings(bs []MgmtBinding, gone map[string]bool) []string {
+	var out []string
+	for _, b := range bs {
+		if b.DestinationType == "queue" && gone[b.Destination] {
+			continue
+		}
+		out = append(out, b.DestinationType+" '"+b.Destination+"'")
+	}
+	return out
+}
+
+// WriteText renders the report: one line per object, then the counts.
+func (r *DeleteReport) WriteText(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "broker %s\n", r.BrokerVersion)
+	for _, s := range r.Steps {
+		line := fmt.Sprintf("  %-12s %s", s.Action, s.Object)
+		if s.Kind == KindQueue && s.Action != DeleteAbsent {
+			if s.Messages >= 0 {
+				line += fmt.Sprintf(" (%d messages)", s.Messages)
+			} else {
+				line += " (stream)"
+			}
+		}
+		if s.Reason != "" {
+			line += ": " + s.Reason
+		}
+		b.WriteString(line + "\n")
+	}
+	verb, cmd := "deleted", "delete"
+	if r.DryRun {
+		verb, cmd = "would delete", "delete --dry-run"
+	}
+	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent\n", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
