@@ -101,7 +101,9 @@ func (r *DeleteReport) add(s DeleteStep) {
 // and the delete are two steps: stop producers and the bridge first. A
 // queue with consumers is always kept, and so is a queue that a kept queue
 // dead-letters into by name (a retry lane's work queue). Every queue is
-// checked before any is deleted.
+// checked before any is deleted. With the management API, a queue or
+// exchange of another type than the config's under its name is kept: it is
+// not the config's (a passive declare ignores the type).
 //
 // An exchange is deleted with if-unused, so one that still routes to a
 // queue outside the topology (another consumer bound to E) is kept; so is
@@ -201,16 +203,25 @@ func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOpt
 	}
 	s.Messages, s.Consumers = st.Messages, st.Consumers
 	stream := q.queueType() == QueueTypeStream
+	var other string // the broker's queue type, when it is not the config's
 	if in.Mgmt != nil {
 		// The config may say quorum where the broker has a stream.
-		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil && mq.Type == QueueTypeStream {
-			stream = true
+		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil {
+			stream = stream || mq.Type == QueueTypeStream
+			if mq.Type != "" && mq.Type != q.queueType() {
+				other = mq.Type
+			}
 		}
 	}
 	if stream {
 		s.Messages = -1
 	}
 	switch {
+	case other != "":
+		// A passive declare ignores the type: only the management API
+		// shows that this is another application's queue under our name.
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s queue where the config has a %s one: not the config's (topology plan shows the conflict)", other, q.queueType())
+		return s, nil
 	case s.Consumers > 0:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
 		return s, nil
@@ -233,6 +244,13 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 	} else if pr == probeMissing {
 		s.Action = DeleteAbsent
 		return s, nil
+	}
+	if in.Mgmt != nil {
+		// A passive declare ignores the type, as for queues.
+		if mx, err := in.Mgmt.Exchange(ctx, x.Name); err == nil && mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
+			s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s exchange where the config has a %s one: not the config's (topology plan shows the conflict)", mx.Type, x.Kind)
+			return s, nil
+		}
 	}
 	if feeds != "" {
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))

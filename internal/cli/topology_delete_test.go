@@ -259,3 +259,45 @@ func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 		t.Errorf("delete's error does not name the work queue and the lane:\n%s", errOut)
 	}
 }
+
+// A queue and an exchange under the config's names but of another type are
+// not the config's (another application's, or a conflict plan reports):
+// delete keeps them, even with --include-data, when the management API can
+// tell (a passive declare ignores the type on 3.10.8 and 4.0.5).
+func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	if b.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	ex := b.env.Name("ex")
+	ch, err := b.env.Dial("foreign").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(b.work, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
+		t.Fatal(err)
+	}
+	b.env.TrackQueue(b.work)
+	if err := ch.ExchangeDeclare(ex, "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	b.env.TrackExchange(ex)
+	_ = ch.Close()
+
+	out, errOut := b.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", b.config)
+	for _, want := range []string{
+		"kept         queue '" + b.work + "' (0 messages): a classic queue where the config has a quorum one",
+		"kept         exchange '" + ex + "': a fanout exchange where the config has a direct one",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	look := b.env.Dial("look")
+	for kind, name := range map[topology.Kind]string{topology.KindQueue: b.work, topology.KindExchange: ex} {
+		if !(&deleteBundle{conn: look}).exists(t, kind, name) {
+			t.Errorf("the foreign %s %s is gone", kind, name)
+		}
+	}
+}
