@@ -58,8 +58,9 @@ func (r Redaction) headerNamed(k string) bool {
 }
 
 // maxRedactDepth bounds the walk into nested header tables and arrays; AMQP
-// lets a producer nest them deeply, and the record keeps no deeper value
-// (see storable).
+// lets a producer nest them deeply. A table or array deeper than that is
+// replaced whole: nothing shows it free of a redacted name, and the
+// quarantine publish carries it before the record drops it (see storable).
 const maxRedactDepth = 64
 
 // redactNested returns a copy of v (an AMQP table or array, at any depth)
@@ -69,6 +70,11 @@ const maxRedactDepth = 64
 // a top-level one is.
 func (r Redaction) redactNested(v any, path string, changed *[]string, depth int) (any, bool) {
 	if depth > maxRedactDepth {
+		switch v.(type) {
+		case amqp.Table, []any:
+			*changed = append(*changed, path)
+			return Redacted, true
+		}
 		return nil, false
 	}
 	switch t := v.(type) {

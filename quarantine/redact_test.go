@@ -175,3 +175,25 @@ func TestRedactionScrubsNestedHeaderTables(t *testing.T) {
 		t.Errorf("changed %v, want %v", res.Changed, want)
 	}
 }
+
+// A table nested deeper than the walk goes cannot be shown free of a
+// redacted name: it is replaced whole, not published as received (the
+// quarantine publish goes to Q.dead before the record drops deep values).
+func TestRedactionReplacesTablesNestedTooDeep(t *testing.T) {
+	t.Parallel()
+	r := Redaction{Headers: []string{"token"}}
+	var v any = amqp.Table{"token": "s3cret"}
+	for range maxRedactDepth + 5 {
+		v = amqp.Table{"n": v}
+	}
+	res := r.Apply(amqp.Table{"deep": v, "plain": "kept"}, nil)
+	if got := fmt.Sprint(res.Headers); strings.Contains(got, "s3cret") {
+		t.Fatalf("a secret nested too deep to check survived: %.200s", got)
+	}
+	if res.Headers["plain"] != "kept" || len(res.Changed) != 1 || !strings.HasPrefix(res.Changed[0], "header:deep.n.n") {
+		t.Errorf("headers %.200v, changed %.200v", res.Headers, res.Changed)
+	}
+	if !strings.Contains(fmt.Sprint(v), "s3cret") {
+		t.Error("the input was changed")
+	}
+}
