@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -308,9 +309,19 @@ func foreignBindings(bs []MgmtBinding, gone map[string]bool) []string {
 		if b.DestinationType == "queue" && gone[b.Destination] {
 			continue
 		}
-		out = append(out, b.DestinationType+" '"+b.Destination+"'")
+		out = append(out, b.DestinationType+" "+foreignName(b.Destination))
 	}
 	return out
+}
+
+// foreignName quotes a name the config did not give (config names are
+// plain): as 'name', or as an escaped Go string literal when it holds
+// anything unprintable, so it cannot drive the terminal it is shown on.
+func foreignName(n string) string {
+	if q := strconv.Quote(n); q[1:len(q)-1] != n {
+		return q
+	}
+	return "'" + n + "'"
 }
 
 // WriteText renders the report: one line per object, then the counts.

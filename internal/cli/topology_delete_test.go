@@ -99,6 +99,24 @@ func (d *deleteBundle) want(t *testing.T, step string, left ...string) {
 	}
 }
 
+// bindForeign declares a queue outside the topology bound to E with key
+// "other".
+func (d *deleteBundle) bindForeign(t *testing.T, foreign string) {
+	t.Helper()
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(foreign, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.env.TrackQueue(foreign)
+	if err := ch.QueueBind(foreign, "other", d.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+}
+
 func (d *deleteBundle) publish(t *testing.T, exchange, key string) {
 	t.Helper()
 	ch, err := d.conn.Channel()
@@ -179,18 +197,7 @@ func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
 	foreign := d.env.Name("foreign")
-	ch, err := d.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(foreign, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	d.env.TrackQueue(foreign)
-	if err := ch.QueueBind(foreign, "other", d.exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	_ = ch.Close()
+	d.bindForeign(t, foreign)
 
 	if d.env.ManagementURL != "" {
 		out := d.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", d.config)
@@ -298,6 +305,25 @@ func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
 	for kind, name := range map[topology.Kind]string{topology.KindQueue: b.work, topology.KindExchange: ex} {
 		if !(&deleteBundle{conn: look}).exists(t, kind, name) {
 			t.Errorf("the foreign %s %s is gone", kind, name)
+		}
+	}
+}
+
+// A queue outside the topology is named by someone else: its name, shown
+// as the reason E is kept, must not reach the terminal as control
+// characters (here: clear the screen, fake a line).
+func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	if d.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	foreign := d.env.Name("foreign") + "\x1b[2J\n  deleted      everything"
+	d.bindForeign(t, foreign)
+	for _, args := range [][]string{{"--dry-run"}, nil} {
+		out, _ := d.mustRunAll(t, cli.ExitFail, append([]string{"topology", "delete", "--config", d.config}, args...)...)
+		if strings.ContainsAny(out, "\x1b") || !strings.Contains(out, `\x1b[2J`) {
+			t.Errorf("delete %v prints a foreign name raw:\n%q", args, out)
 		}
 	}
 }
