@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -101,7 +102,9 @@ func (r *DeleteReport) add(s DeleteStep) {
 // streams, which are deleted with their data (seen on 3.10.8). So the check
 // and the delete are two steps: stop producers and the bridge first. A
 // queue with consumers is always kept, and so is a queue that a kept queue
-// dead-letters into by name (a retry lane's work queue). Every queue is
+// dead-letters into by name (a retry lane's work queue), and, with the
+// management API, a queue bound from an exchange outside the topology (a
+// quarantine another config shares). Every queue is
 // checked before any is deleted. With the management API, a queue or
 // exchange of another type than the config's under its name is kept: it is
 // not the config's (a passive declare ignores the type).
@@ -119,7 +122,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		s, err := in.checkQueue(ctx, q, opts)
+		s, err := in.checkQueue(ctx, t, q, opts)
 		if err != nil {
 			return r, err
 		}
@@ -188,7 +191,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 
 // checkQueue says whether q is kept (and why), absent, or to be deleted
 // (DeleteWould).
-func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
+func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
 	s := DeleteStep{Kind: KindQueue, Object: queueObject(q.Name)}
 	var st amqp.Queue
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error {
@@ -205,7 +208,13 @@ func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOpt
 	s.Messages, s.Consumers = st.Messages, st.Consumers
 	stream := q.queueType() == QueueTypeStream
 	var other string // the broker's queue type, when it is not the config's
+	var routed []string
 	if in.Mgmt != nil {
+		// Another application (a config sharing the quarantine) may route
+		// into the queue: deleting it would drop what it sends.
+		if bs, err := in.Mgmt.QueueBindings(ctx, q.Name); err == nil {
+			routed = foreignSources(bs, t)
+		}
 		// The config may say quorum where the broker has a stream.
 		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil {
 			stream = stream || mq.Type == QueueTypeStream
@@ -222,6 +231,9 @@ func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOpt
 		// A passive declare ignores the type: only the management API
 		// shows that this is another application's queue under our name.
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s queue where the config has a %s one: not the config's (topology plan shows the conflict)", other, q.queueType())
+		return s, nil
+	case len(routed) > 0:
+		s.Action, s.Reason = DeleteKept, "bound from "+strings.Join(routed, ", ")+" outside the topology"
 		return s, nil
 	case s.Consumers > 0:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
@@ -312,6 +324,23 @@ func foreignBindings(bs []MgmtBinding, gone map[string]bool) []string {
 		out = append(out, b.DestinationType+" "+foreignName(b.Destination))
 	}
 	return out
+}
+
+// foreignSources names the exchanges of bs (a queue's bindings) that t does
+// not declare; the default exchange's binding is every queue's.
+func foreignSources(bs []MgmtBinding, t *Topology) []string {
+	ours := map[string]bool{"": true}
+	for _, x := range t.Exchanges {
+		ours[x.Name] = true
+	}
+	var out []string
+	for _, b := range bs {
+		if !ours[b.Source] {
+			out = append(out, "exchange "+foreignName(b.Source))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out) // one per exchange, whatever its keys
 }
 
 // foreignName quotes a name the config did not give (config names are

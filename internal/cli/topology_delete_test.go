@@ -327,3 +327,34 @@ func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
 		}
 	}
 }
+
+// A quarantine another config shares: its intake is bound from that
+// config's dead-letter exchange. Deleting the (empty) intake would leave
+// the other work queue's dead letters nowhere to go: it is kept, even with
+// --include-data, and names the binding.
+func TestTopologyDeleteKeepsAQueueOthersRouteTo(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	if d.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	other := d.env.Name("other.dead")
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(other, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.env.TrackExchange(other)
+	if err := ch.QueueBind(d.quarantine, "other", other, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+	out, _ := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	if want := "kept         queue '" + d.quarantine + "' (0 messages): bound from exchange '" + other + "'"; !strings.Contains(out, want) {
+		t.Errorf("delete lacks %q:\n%s", want, out)
+	}
+	d.want(t, "delete --include-data", d.quarantine, d.dead)
+	d.publish(t, other, "other") // mandatory: fails unless still bound
+}
