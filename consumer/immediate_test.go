@@ -592,10 +592,28 @@ func TestImmediateRetryDoesNotSeeAGateErrorTheHandlerWrote(t *testing.T) {
 // delivery.
 func TestImmediateRetriesLeaveTimeForTheDeliveriesBehind(t *testing.T) {
 	t.Parallel()
-	b, calls := clockedRetries(t, 19, 20, 20, 4, time.Minute)
+	wantRetriedAfter(t, 20, 4, time.Minute, 2, 5)
+}
+
+// wantRetriedAfter runs a delivery whose handler fails every time and
+// moves the clock by step, and fails the test unless it goes to a retry
+// lane after calls calls, naming perWorker deliveries waiting per worker.
+func wantRetriedAfter(t *testing.T, prefetch, concurrency int, step time.Duration, calls int32, perWorker int) {
+	t.Helper()
+	b, n := clockedRetries(t, 19, 20, prefetch, concurrency, step)
 	b.w.process(b.delivery())
 	st := b.waitSettled(t)
-	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "5 per worker") {
-		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the 5 deliveries per worker", st.Outcome, calls.Load(), st.Reason)
+	if st.Outcome != OutcomeRetried || n.Load() != calls || !strings.Contains(st.Reason, fmt.Sprintf("%d per worker", perWorker)) {
+		t.Fatalf("settled %s after %d calls, reason %q; want retried after %d, naming the %d deliveries per worker", st.Outcome, n.Load(), st.Reason, calls, perWorker)
 	}
+}
+
+// The share of maxHold bounds what a call could add, not only what was
+// spent: with prefetch 2000 and one worker each delivery gets 300 ms, and
+// a handler that fails at once would otherwise be called again, and each
+// such call can last its handler_timeout (30 s): 2000 of them, hours past
+// the broker's consumer_timeout, for the last delivery waiting.
+func TestImmediateRetriesCountTheCallTheyMake(t *testing.T) {
+	t.Parallel()
+	wantRetriedAfter(t, 2000, 1, time.Millisecond, 1, 2000)
 }

@@ -381,7 +381,7 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 //     consumer_timeout (30 minutes by default) closes a channel whose
 //     delivery stays unacked, requeueing every delivery on it and raising
 //     their delivery counts (a crash loop the guard then quarantines);
-//   - the delivery has been retried in process for its share of maxHold
+//   - another call could hold the delivery past its share of maxHold
 //     (immediateHold): the deliveries prefetched behind it wait too.
 func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
 	switch {
@@ -404,9 +404,12 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) stri
 		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s (the broker's consumer_timeout)",
 			held.Round(time.Second), maxHold)
 	}
-	if budget := w.q.immediateHold(); held >= budget {
-		return fmt.Sprintf("the delivery has been retried in process for %s; the deliveries prefetched behind it, %d per worker, would wait longer than %s each (toward the broker's consumer_timeout)",
-			held.Round(time.Millisecond), w.q.queuedPerWorker(), budget)
+	// What the next call could add counts, as for maxHold: a handler that
+	// fails at once would otherwise get call after call, each up to its
+	// timeout, while held stays under a share of a few hundred ms.
+	if budget := w.q.immediateHold(); held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > budget {
+		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s, its share of %s beside the deliveries prefetched behind it, %d per worker (toward the broker's consumer_timeout)",
+			held.Round(time.Millisecond), budget, maxHold, w.q.queuedPerWorker())
 	}
 	return ""
 }

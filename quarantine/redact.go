@@ -58,30 +58,64 @@ func (r Redaction) headerNamed(k string) bool {
 }
 
 // maxRedactDepth bounds the walk into nested header tables and arrays; AMQP
-// lets a producer nest them deeply, and the record keeps no deeper value
-// (see storable).
+// lets a producer nest them deeply. A table or array deeper than that is
+// replaced whole: nothing shows it free of a redacted name, and the
+// quarantine publish carries it before the record drops it (see storable).
 const maxRedactDepth = 64
 
-// redactNested returns a copy of v (an AMQP table or array, at any depth)
-// with the values of keys named in r.Headers replaced, noting each as
-// path.key in changed; ok is false when nothing in v matched (v is then
-// not copied). A secret a producer nests in a table header is scrubbed as
-// a top-level one is.
-func (r Redaction) redactNested(v any, path string, changed *[]string, depth int) (any, bool) {
+// maxNestedChanged bounds how many nested hits Changed lists by path: a
+// path can be 64 keys of 255 bytes, and one header frame can hold
+// thousands of nested tables with a redacted key, so listing every path
+// would cost hundreds of megabytes for one delivery. The rest are counted
+// in one last entry.
+const maxNestedChanged = 100
+
+// nestedWalk is one walk of a header's value: the path to the value in
+// hand as segments, joined only for a hit (most values are no hit, and a
+// path string per value would cost as much as the listing), and the hits.
+type nestedWalk struct {
+	r       Redaction
+	path    []string // "header:k", then ".key" or "[i]" per level
+	changed *[]string
+	listed  int // nested hits listed in changed
+	more    int // nested hits past maxNestedChanged
+}
+
+func (w *nestedWalk) hit() {
+	if w.listed < maxNestedChanged {
+		*w.changed = append(*w.changed, strings.Join(w.path, ""))
+		w.listed++
+		return
+	}
+	w.more++
+}
+
+// redact returns a copy of v (an AMQP table or array, at any depth) with
+// the values of keys named in r.Headers replaced, noting each hit; ok is
+// false when nothing in v matched (v is then not copied). A secret a
+// producer nests in a table header is scrubbed as a top-level one is.
+func (w *nestedWalk) redact(v any, depth int) (any, bool) {
 	if depth > maxRedactDepth {
+		switch v.(type) {
+		case amqp.Table, []any:
+			w.hit()
+			return Redacted, true
+		}
 		return nil, false
 	}
 	switch t := v.(type) {
 	case amqp.Table:
 		var out amqp.Table
 		for k, inner := range t {
+			w.path = append(w.path, "."+k)
 			nv, hit := inner, false
-			if r.headerNamed(k) {
+			if w.r.headerNamed(k) {
 				nv, hit = Redacted, true
-				*changed = append(*changed, path+"."+k)
+				w.hit()
 			} else {
-				nv, hit = r.redactNested(inner, path+"."+k, changed, depth+1)
+				nv, hit = w.redact(inner, depth+1)
 			}
+			w.path = w.path[:len(w.path)-1]
 			if hit {
 				if out == nil {
 					out = maps.Clone(t)
@@ -93,7 +127,10 @@ func (r Redaction) redactNested(v any, path string, changed *[]string, depth int
 	case []any:
 		var out []any
 		for i, inner := range t {
-			if nv, hit := r.redactNested(inner, path+"["+strconv.Itoa(i)+"]", changed, depth+1); hit {
+			w.path = append(w.path, "["+strconv.Itoa(i)+"]")
+			nv, hit := w.redact(inner, depth+1)
+			w.path = w.path[:len(w.path)-1]
+			if hit {
 				if out == nil {
 					out = slices.Clone(t)
 				}
@@ -123,15 +160,22 @@ func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 		res.Headers[k] = v
 	}
 	if len(r.Headers) > 0 {
+		w := &nestedWalk{r: r, changed: &res.Changed}
 		for k, v := range res.Headers {
 			if r.headerNamed(k) {
 				res.Headers[k] = Redacted
 				res.Changed = append(res.Changed, "header:"+k)
-			} else if nv, ok := r.redactNested(v, "header:"+k, &res.Changed, 1); ok {
+				continue
+			}
+			w.path = append(w.path[:0], "header:"+k)
+			if nv, ok := w.redact(v, 1); ok {
 				res.Headers[k] = nv
 			}
 		}
 		slices.Sort(res.Changed) // map order is random; the list is not
+		if w.more > 0 {
+			res.Changed = append(res.Changed, "header:(and "+strconv.Itoa(w.more)+" more nested)")
+		}
 	}
 	if len(r.Fields) == 0 {
 		return res

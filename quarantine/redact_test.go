@@ -175,3 +175,57 @@ func TestRedactionScrubsNestedHeaderTables(t *testing.T) {
 		t.Errorf("changed %v, want %v", res.Changed, want)
 	}
 }
+
+// A table nested deeper than the walk goes cannot be shown free of a
+// redacted name: it is replaced whole, not published as received (the
+// quarantine publish goes to Q.dead before the record drops deep values).
+func TestRedactionReplacesTablesNestedTooDeep(t *testing.T) {
+	t.Parallel()
+	r := Redaction{Headers: []string{"token"}}
+	var v any = amqp.Table{"token": "s3cret"}
+	for range maxRedactDepth + 5 {
+		v = amqp.Table{"n": v}
+	}
+	res := r.Apply(amqp.Table{"deep": v, "plain": "kept"}, nil)
+	if got := fmt.Sprint(res.Headers); strings.Contains(got, "s3cret") {
+		t.Fatalf("a secret nested too deep to check survived: %.200s", got)
+	}
+	if res.Headers["plain"] != "kept" || len(res.Changed) != 1 || !strings.HasPrefix(res.Changed[0], "header:deep.n.n") {
+		t.Errorf("headers %.200v, changed %.200v", res.Headers, res.Changed)
+	}
+	if !strings.Contains(fmt.Sprint(v), "s3cret") {
+		t.Error("the input was changed")
+	}
+}
+
+// One header frame (128 KiB) can hold 60 tables under 255-byte keys with
+// 7000 small tables holding a redacted key below them: a path string per
+// value, and one listed per hit, cost about 250 MB for that one delivery.
+// Paths are built for hits only, and past maxNestedChanged hits are
+// counted, not listed.
+func TestRedactionOfAWideDeepHeaderIsBounded(t *testing.T) {
+	arr := make([]any, 7000)
+	for i := range arr {
+		arr[i] = amqp.Table{"token": true}
+	}
+	var v any = arr
+	k := strings.Repeat("k", 255)
+	for range 60 {
+		v = amqp.Table{k: v}
+	}
+	r := Redaction{Headers: []string{"token"}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	res := r.Apply(amqp.Table{"h": v}, nil)
+	runtime.ReadMemStats(&after)
+	if mb := (after.TotalAlloc - before.TotalAlloc) >> 20; mb > 16 {
+		t.Errorf("redacting one header frame allocated %d MB", mb)
+	}
+	if n := len(res.Changed); n != maxNestedChanged+1 || res.Changed[n-1] != "header:(and 6900 more nested)" {
+		t.Errorf("changed has %d entries, last %.80q", n, res.Changed[n-1])
+	}
+	if strings.Contains(fmt.Sprint(res.Headers), "true") {
+		t.Error("a nested value past the listed hits was not redacted")
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -100,8 +102,12 @@ func (r *DeleteReport) add(s DeleteStep) {
 // streams, which are deleted with their data (seen on 3.10.8). So the check
 // and the delete are two steps: stop producers and the bridge first. A
 // queue with consumers is always kept, and so is a queue that a kept queue
-// dead-letters into by name (a retry lane's work queue). Every queue is
-// checked before any is deleted.
+// dead-letters into by name (a retry lane's work queue), and, with the
+// management API, a queue bound from an exchange outside the topology (a
+// quarantine another config shares). Every queue is
+// checked before any is deleted. With the management API, a queue or
+// exchange of another type than the config's under its name is kept: it is
+// not the config's (a passive declare ignores the type).
 //
 // An exchange is deleted with if-unused, so one that still routes to a
 // queue outside the topology (another consumer bound to E) is kept; so is
@@ -116,7 +122,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		s, err := in.checkQueue(ctx, q, opts)
+		s, err := in.checkQueue(ctx, t, q, opts)
 		if err != nil {
 			return r, err
 		}
@@ -185,7 +191,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 
 // checkQueue says whether q is kept (and why), absent, or to be deleted
 // (DeleteWould).
-func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
+func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
 	s := DeleteStep{Kind: KindQueue, Object: queueObject(q.Name)}
 	var st amqp.Queue
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error {
@@ -201,16 +207,34 @@ func (in *Inspector) checkQueue(ctx context.Context, q QueueSpec, opts DeleteOpt
 	}
 	s.Messages, s.Consumers = st.Messages, st.Consumers
 	stream := q.queueType() == QueueTypeStream
+	var other string // the broker's queue type, when it is not the config's
+	var routed []string
 	if in.Mgmt != nil {
+		// Another application (a config sharing the quarantine) may route
+		// into the queue: deleting it would drop what it sends.
+		if bs, err := in.Mgmt.QueueBindings(ctx, q.Name); err == nil {
+			routed = foreignSources(bs, t)
+		}
 		// The config may say quorum where the broker has a stream.
-		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil && mq.Type == QueueTypeStream {
-			stream = true
+		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil {
+			stream = stream || mq.Type == QueueTypeStream
+			if mq.Type != "" && mq.Type != q.queueType() {
+				other = mq.Type
+			}
 		}
 	}
 	if stream {
 		s.Messages = -1
 	}
 	switch {
+	case other != "":
+		// A passive declare ignores the type: only the management API
+		// shows that this is another application's queue under our name.
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s queue where the config has a %s one: not the config's (topology plan shows the conflict)", other, q.queueType())
+		return s, nil
+	case len(routed) > 0:
+		s.Action, s.Reason = DeleteKept, "bound from "+strings.Join(routed, ", ")+" outside the topology"
+		return s, nil
 	case s.Consumers > 0:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
 		return s, nil
@@ -233,6 +257,13 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 	} else if pr == probeMissing {
 		s.Action = DeleteAbsent
 		return s, nil
+	}
+	if in.Mgmt != nil {
+		// A passive declare ignores the type, as for queues.
+		if mx, err := in.Mgmt.Exchange(ctx, x.Name); err == nil && mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
+			s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s exchange where the config has a %s one: not the config's (topology plan shows the conflict)", mx.Type, x.Kind)
+			return s, nil
+		}
 	}
 	if feeds != "" {
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))
@@ -290,9 +321,36 @@ func foreignBindings(bs []MgmtBinding, gone map[string]bool) []string {
 		if b.DestinationType == "queue" && gone[b.Destination] {
 			continue
 		}
-		out = append(out, b.DestinationType+" '"+b.Destination+"'")
+		out = append(out, b.DestinationType+" "+foreignName(b.Destination))
 	}
 	return out
+}
+
+// foreignSources names the exchanges of bs (a queue's bindings) that t does
+// not declare; the default exchange's binding is every queue's.
+func foreignSources(bs []MgmtBinding, t *Topology) []string {
+	ours := map[string]bool{"": true}
+	for _, x := range t.Exchanges {
+		ours[x.Name] = true
+	}
+	var out []string
+	for _, b := range bs {
+		if !ours[b.Source] {
+			out = append(out, "exchange "+foreignName(b.Source))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out) // one per exchange, whatever its keys
+}
+
+// foreignName quotes a name the config did not give (config names are
+// plain): as 'name', or as an escaped Go string literal when it holds
+// anything unprintable, so it cannot drive the terminal it is shown on.
+func foreignName(n string) string {
+	if q := strconv.Quote(n); q[1:len(q)-1] != n {
+		return q
+	}
+	return "'" + n + "'"
 }
 
 // WriteText renders the report: one line per object, then the counts.

@@ -99,6 +99,24 @@ func (d *deleteBundle) want(t *testing.T, step string, left ...string) {
 	}
 }
 
+// bindForeign declares a queue outside the topology bound to E with key
+// "other".
+func (d *deleteBundle) bindForeign(t *testing.T, foreign string) {
+	t.Helper()
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(foreign, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.env.TrackQueue(foreign)
+	if err := ch.QueueBind(foreign, "other", d.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+}
+
 func (d *deleteBundle) publish(t *testing.T, exchange, key string) {
 	t.Helper()
 	ch, err := d.conn.Channel()
@@ -179,18 +197,7 @@ func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
 	foreign := d.env.Name("foreign")
-	ch, err := d.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(foreign, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	d.env.TrackQueue(foreign)
-	if err := ch.QueueBind(foreign, "other", d.exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	_ = ch.Close()
+	d.bindForeign(t, foreign)
 
 	if d.env.ManagementURL != "" {
 		out := d.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", d.config)
@@ -258,4 +265,96 @@ func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 	if !strings.Contains(errOut, "kept queue '"+d.work+"', queue '"+d.lanes[0]+"'") {
 		t.Errorf("delete's error does not name the work queue and the lane:\n%s", errOut)
 	}
+}
+
+// A queue and an exchange under the config's names but of another type are
+// not the config's (another application's, or a conflict plan reports):
+// delete keeps them, even with --include-data, when the management API can
+// tell (a passive declare ignores the type on 3.10.8 and 4.0.5).
+func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
+	t.Parallel()
+	b := setupTopology(t, "")
+	if b.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	ex := b.env.Name("ex")
+	ch, err := b.env.Dial("foreign").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(b.work, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
+		t.Fatal(err)
+	}
+	b.env.TrackQueue(b.work)
+	if err := ch.ExchangeDeclare(ex, "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	b.env.TrackExchange(ex)
+	_ = ch.Close()
+
+	out, errOut := b.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", b.config)
+	for _, want := range []string{
+		"kept         queue '" + b.work + "' (0 messages): a classic queue where the config has a quorum one",
+		"kept         exchange '" + ex + "': a fanout exchange where the config has a direct one",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+		}
+	}
+	look := b.env.Dial("look")
+	for kind, name := range map[topology.Kind]string{topology.KindQueue: b.work, topology.KindExchange: ex} {
+		if !(&deleteBundle{conn: look}).exists(t, kind, name) {
+			t.Errorf("the foreign %s %s is gone", kind, name)
+		}
+	}
+}
+
+// A queue outside the topology is named by someone else: its name, shown
+// as the reason E is kept, must not reach the terminal as control
+// characters (here: clear the screen, fake a line).
+func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	if d.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	foreign := d.env.Name("foreign") + "\x1b[2J\n  deleted      everything"
+	d.bindForeign(t, foreign)
+	for _, args := range [][]string{{"--dry-run"}, nil} {
+		out, _ := d.mustRunAll(t, cli.ExitFail, append([]string{"topology", "delete", "--config", d.config}, args...)...)
+		if strings.ContainsAny(out, "\x1b") || !strings.Contains(out, `\x1b[2J`) {
+			t.Errorf("delete %v prints a foreign name raw:\n%q", args, out)
+		}
+	}
+}
+
+// A quarantine another config shares: its intake is bound from that
+// config's dead-letter exchange. Deleting the (empty) intake would leave
+// the other work queue's dead letters nowhere to go: it is kept, even with
+// --include-data, and names the binding.
+func TestTopologyDeleteKeepsAQueueOthersRouteTo(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	if d.env.ManagementURL == "" {
+		t.Skip("needs the management API")
+	}
+	other := d.env.Name("other.dead")
+	ch, err := d.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(other, "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.env.TrackExchange(other)
+	if err := ch.QueueBind(d.quarantine, "other", other, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+	out, _ := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	if want := "kept         queue '" + d.quarantine + "' (0 messages): bound from exchange '" + other + "'"; !strings.Contains(out, want) {
+		t.Errorf("delete lacks %q:\n%s", want, out)
+	}
+	d.want(t, "delete --include-data", d.quarantine, d.dead)
+	d.publish(t, other, "other") // mandatory: fails unless still bound
 }
