@@ -21,7 +21,19 @@ type DeleteOptions struct {
 	// quarantine's streams (the quarantine records and their audit trail).
 	// Defaults to false: those are kept and reported.
 	IncludeData bool
+	// WithoutManagement lets Delete run without the management API. Only
+	// the management API shows an object of another type under a config's
+	// name (another application's, which a passive declare accepts) and
+	// bindings from outside the topology into its queues (a config that
+	// shares the quarantine): without it those are deleted when empty.
+	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement) unless
+	// DryRun.
+	WithoutManagement bool
 }
+
+// ErrDeleteNeedsManagement: Delete was asked to delete without the
+// management API and without DeleteOptions.WithoutManagement.
+var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --dry-run works without it, and --without-management deletes without those checks")
 
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
@@ -115,6 +127,9 @@ func (r *DeleteReport) add(s DeleteStep) {
 // channel, since a refused one closes it. Deleting what is absent is not
 // an error.
 func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
+	if in.Mgmt == nil && !opts.DryRun && !opts.WithoutManagement {
+		return nil, ErrDeleteNeedsManagement
+	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
 	steps := make([]DeleteStep, len(t.Queues))
 	index := map[string]int{}
@@ -212,15 +227,22 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 	if in.Mgmt != nil {
 		// Another application (a config sharing the quarantine) may route
 		// into the queue: deleting it would drop what it sends.
-		if bs, err := in.Mgmt.QueueBindings(ctx, q.Name); err == nil {
-			routed = foreignSources(bs, t)
+		// A check that fails keeps the queue: fail closed.
+		bs, err := in.Mgmt.QueueBindings(ctx, q.Name)
+		if err != nil {
+			s.Action, s.Reason = DeleteKept, "the management API could not list its bindings: "+err.Error()
+			return s, nil
 		}
+		routed = foreignSources(bs, t)
 		// The config may say quorum where the broker has a stream.
-		if mq, err := in.Mgmt.Queue(ctx, q.Name); err == nil {
-			stream = stream || mq.Type == QueueTypeStream
-			if mq.Type != "" && mq.Type != q.queueType() {
-				other = mq.Type
-			}
+		mq, err := in.Mgmt.Queue(ctx, q.Name)
+		if err != nil {
+			s.Action, s.Reason = DeleteKept, "the management API could not read it: "+err.Error()
+			return s, nil
+		}
+		stream = stream || mq.Type == QueueTypeStream
+		if mq.Type != "" && mq.Type != q.queueType() {
+			other = mq.Type
 		}
 	}
 	if stream {
@@ -260,7 +282,12 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 	}
 	if in.Mgmt != nil {
 		// A passive declare ignores the type, as for queues.
-		if mx, err := in.Mgmt.Exchange(ctx, x.Name); err == nil && mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
+		mx, err := in.Mgmt.Exchange(ctx, x.Name)
+		if err != nil { // fail closed, as for queues
+			s.Action, s.Reason = DeleteKept, "the management API could not read it: "+err.Error()
+			return s, nil
+		}
+		if mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
 			s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s exchange where the config has a %s one: not the config's (topology plan shows the conflict)", mx.Type, x.Kind)
 			return s, nil
 		}

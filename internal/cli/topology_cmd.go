@@ -34,7 +34,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	}
 	usageLine := "topology " + sub + " [--config config.yaml] [--url amqp://...] [--output text|json]"
 	if sub == "delete" {
-		usageLine = "topology delete [--dry-run] [--include-data] [--config config.yaml] [--url amqp://...] [--output text|json]"
+		usageLine = "topology delete [--dry-run] [--include-data] [--without-management] [--config config.yaml] [--url amqp://...] [--output text|json]"
 	}
 	fs := newFlagSet(env, "topology "+sub, usageLine)
 	var c common
@@ -43,6 +43,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	if sub == "delete" {
 		fs.BoolVar(&del.DryRun, "dry-run", false, "print what would be deleted or kept (with message counts); delete nothing")
 		fs.BoolVar(&del.IncludeData, "include-data", false, "also delete queues that hold messages and the quarantine's streams (its records and audit trail)")
+		fs.BoolVar(&del.WithoutManagement, "without-management", false, "delete without the management API (broker.management_url): objects of another type under the config's names, and queues other configs route into, are then deleted when empty")
 	}
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -124,6 +125,10 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		return ExitOK
 	case "delete":
 		r, err := in.Delete(ctx, topo, del)
+		if errors.Is(err, topology.ErrDeleteNeedsManagement) {
+			fmt.Fprintf(env.Stderr, "dlxbridge topology delete: %s: %v\n", c.configPath, err)
+			return ExitUsage
+		}
 		if r != nil {
 			if rerr := render(env.Stdout, c.output, r, r.WriteText); rerr != nil {
 				return fail("%v", rerr)

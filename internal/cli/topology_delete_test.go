@@ -151,7 +151,7 @@ func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
 	d := setupDelete(t)
 	d.publish(t, "", d.quarantine)
 
-	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--dry-run", "--config", d.config)
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--dry-run", "--config", d.config)...)
 	d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
 	for _, line := range []string{
 		"kept         queue '" + d.quarantine + "' (1 messages): holds 1 message(s)",
@@ -169,7 +169,7 @@ func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
 		t.Errorf("dry run's error does not name the quarantine:\n%s", errOut)
 	}
 
-	out, errOut = d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--config", d.config)
+	out, errOut = d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--config", d.config)...)
 	d.want(t, "delete", d.quarantine, d.records, d.events, d.dead)
 	for _, n := range []string{d.quarantine, d.records, d.events} {
 		if !strings.Contains(errOut, "queue '"+n+"'") {
@@ -180,12 +180,12 @@ func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
 		t.Errorf("delete:\n%s", out)
 	}
 
-	out = d.mustRun(t, cli.ExitOK, "topology", "delete", "--include-data", "--config", d.config)
+	out = d.mustRun(t, cli.ExitOK, d.deleteCmd("--include-data", "--config", d.config)...)
 	d.want(t, "delete --include-data")
 	if !strings.Contains(out, "delete: 4 deleted, 0 kept, 5 absent") {
 		t.Errorf("delete --include-data:\n%s", out)
 	}
-	out = d.mustRun(t, cli.ExitOK, "topology", "delete", "--config", d.config)
+	out = d.mustRun(t, cli.ExitOK, d.deleteCmd("--config", d.config)...)
 	if !strings.Contains(out, "delete: 0 deleted, 0 kept, 9 absent") || !strings.Contains(out, "absent       queue '"+d.work+"'") {
 		t.Errorf("delete of a deleted topology:\n%s", out)
 	}
@@ -200,13 +200,13 @@ func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
 	d.bindForeign(t, foreign)
 
 	if d.env.ManagementURL != "" {
-		out := d.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", d.config)
+		out := d.mustRun(t, cli.ExitFail, d.deleteCmd("--dry-run", "--include-data", "--config", d.config)...)
 		if want := "kept         exchange '" + d.exchange + "': in use: bound to queue '" + foreign + "'"; !strings.Contains(out, want) {
 			t.Errorf("dry run lacks %q:\n%s", want, out)
 		}
 		d.want(t, "dry run", append(append(d.queues(), d.exchanges()...), foreign)...)
 	}
-	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
 	d.want(t, "delete --include-data", d.exchange)
 	if !strings.Contains(out, "kept         exchange '"+d.exchange+"': in use") || !strings.Contains(errOut, "kept exchange '"+d.exchange+"'") {
 		t.Errorf("delete does not report E kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
@@ -243,7 +243,7 @@ func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no delivery")
 	}
-	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
 	d.want(t, "delete --include-data", d.work, d.exchange, d.dead)
 	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 messages): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
 		t.Errorf("delete does not report the work queue kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
@@ -257,7 +257,7 @@ func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t, time.Hour)
 	d.publish(t, "", d.lanes[0])
-	out, errOut := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--config", d.config)
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--config", d.config)...)
 	d.want(t, "delete", d.work, d.lanes[0], d.records, d.events, d.exchange, d.dead, d.retry)
 	if want := "kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it"; !strings.Contains(out, want) {
 		t.Errorf("delete lacks %q:\n%s", want, out)
@@ -321,7 +321,7 @@ func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
 	foreign := d.env.Name("foreign") + "\x1b[2J\n  deleted      everything"
 	d.bindForeign(t, foreign)
 	for _, args := range [][]string{{"--dry-run"}, nil} {
-		out, _ := d.mustRunAll(t, cli.ExitFail, append([]string{"topology", "delete", "--config", d.config}, args...)...)
+		out, _ := d.mustRunAll(t, cli.ExitFail, d.deleteCmd(append([]string{"--config", d.config}, args...)...)...)
 		if strings.ContainsAny(out, "\x1b") || !strings.Contains(out, `\x1b[2J`) {
 			t.Errorf("delete %v prints a foreign name raw:\n%q", args, out)
 		}
@@ -351,10 +351,39 @@ func TestTopologyDeleteKeepsAQueueOthersRouteTo(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = ch.Close()
-	out, _ := d.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", d.config)
+	out, _ := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
 	if want := "kept         queue '" + d.quarantine + "' (0 messages): bound from exchange '" + other + "'"; !strings.Contains(out, want) {
 		t.Errorf("delete lacks %q:\n%s", want, out)
 	}
 	d.want(t, "delete --include-data", d.quarantine, d.dead)
 	d.publish(t, other, "other") // mandatory: fails unless still bound
+}
+
+// deleteCmd is topology delete with args, and --without-management when the
+// test broker has no management API (deleting refuses without it).
+func (d *deleteBundle) deleteCmd(args ...string) []string {
+	cmd := append([]string{"topology", "delete"}, args...)
+	if d.env.ManagementURL == "" {
+		cmd = append(cmd, "--without-management")
+	}
+	return cmd
+}
+
+// Without the management API (none configured, or one that does not
+// answer) delete refuses and deletes nothing: only that API tells the
+// config's objects from another application's under the same names.
+// --dry-run still runs, and --without-management deletes.
+func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	for _, mgmt := range []string{"", "http://127.0.0.1:1"} {
+		// The same topology (names come from the test's prefix).
+		nm := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
+		_, errOut := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
+		if !strings.Contains(errOut, "management API") {
+			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, errOut)
+		}
+		d.want(t, "refused delete", append(d.queues(), d.exchanges()...)...)
+		nm.mustRunAll(t, cli.ExitFail, "topology", "delete", "--dry-run", "--config", nm.config)
+	}
 }
