@@ -617,3 +617,32 @@ func TestImmediateRetriesCountTheCallTheyMake(t *testing.T) {
 	t.Parallel()
 	wantRetriedAfter(t, 2000, 1, time.Millisecond, 1, 2000)
 }
+
+// Under a large prefetch a delivery's share of maxHold is short (prefetch
+// 200, one worker: 3 s), and a handler that fails at once still gets its
+// immediate retry, with a deadline cut to what is left of the share less
+// the abandonment grace (about 2 s), not its 30 s handler timeout.
+func TestImmediateRetryDeadlineIsTheShareLeft(t *testing.T) {
+	t.Parallel()
+	deadlines := make(chan time.Duration, 4)
+	b := newProcessBundle(t, func(c *Config) {
+		immediateRetries(1)(c)
+		q := &c.File.Queues[0]
+		q.Consumer.Prefetch, q.Consumer.Concurrency, q.Consumer.HandlerTimeout = 200, 1, 30*time.Second
+	}, func(ctx context.Context, m *Message) error {
+		dl, _ := ctx.Deadline()
+		deadlines <- time.Until(dl)
+		if m.Attempt == 1 {
+			return errors.New("blip")
+		}
+		return nil
+	})
+	b.w.process(b.delivery())
+	if st := b.waitSettled(t); st.Outcome != OutcomeAcked {
+		t.Fatalf("settled %s (%s), want acked on the immediate retry", st.Outcome, st.Reason)
+	}
+	first, second := <-deadlines, <-deadlines
+	if first < 29*time.Second || second > 2*time.Second || second < time.Second {
+		t.Errorf("deadlines %s then %s; want the 30s handler timeout, then at most the 2s left of the 3s share", first, second)
+	}
+}

@@ -40,6 +40,9 @@ type handlerCall struct {
 	state  atomic.Int32
 	graced atomic.Bool // the grace period before abandonment has begun
 	start  time.Time
+	// timeout is the call's: the handler timeout, or less for an
+	// immediate retry (worker.immediateTimeout).
+	timeout time.Duration
 
 	ctx  context.Context
 	span trace.Span
@@ -62,7 +65,7 @@ type handlerCall struct {
 // queueRuntime.slots) until the handler returns, so handlers never run more
 // than Concurrency at once; then it discards the result, frees the slot and
 // ends, touching nothing of the worker's: ok false tells process so.
-func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time) (herr error, ok bool) {
+func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delivery, gm *admitted, attempts triage.Attempts, now time.Time, timeout time.Duration) (herr error, ok bool) {
 	qr := w.q
 	h, version, chain, err := qr.router.route(gm.Type, gm.Version)
 	if err != nil {
@@ -108,7 +111,8 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 		}
 	}
 	c := &handlerCall{start: time.Now(), ctx: ctx, span: span, d: d, msg: *gm, attempts: attempts}
-	c.callCtx.init(ctx, c.start.Add(qr.cfg.Consumer.HandlerTimeout))
+	c.timeout = timeout
+	c.callCtx.init(ctx, c.start.Add(timeout))
 	if w.watch == nil {
 		w.watch = newWatchdog(w.s.handlerCtx, w.takeOver)
 	}
@@ -152,7 +156,7 @@ func (w *worker) handlerReturned(c *handlerCall, herr error) error {
 		c.end(context.DeadlineExceeded)
 	}
 	if herr != nil && c.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
-		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, c.timeout, context.DeadlineExceeded)
 	}
 	c.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
 	took := time.Since(c.start).Seconds()
@@ -179,7 +183,7 @@ func (w *worker) takeOver(c *handlerCall, exited error) {
 		w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
 		w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
 			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
-		herr = fmt.Errorf("handler did not return within %s: %w", qr.cfg.Consumer.HandlerTimeout, context.DeadlineExceeded)
+		herr = fmt.Errorf("handler did not return within %s: %w", c.timeout, context.DeadlineExceeded)
 	} else {
 		w.deps.log.Error("handler called runtime.Goexit; another goroutine goes on as the worker",
 			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)

@@ -296,12 +296,13 @@ func (w *worker) process(d amqp.Delivery) bool {
 	// (queues[].retry.immediate_retries) and the runtime can (see
 	// retryNowBlocked). If a call is abandoned, the goroutine that takes
 	// over settles the delivery and ends the span.
+	timeout := qr.cfg.Consumer.HandlerTimeout
 	for immediate := 0; ; immediate++ {
 		// Set across the call: a handler that calls runtime.Goexit
 		// unwinds this goroutine through the deferred span.End, and the
 		// goroutine that takes over ends the span when it has settled.
 		spanHandedOff = true
-		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now)
+		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now, timeout)
 		spanHandedOff = false
 		if !ok {
 			spanHandedOff = true
@@ -312,6 +313,9 @@ func (w *worker) process(d amqp.Delivery) bool {
 		if !again {
 			return true
 		}
+		// Checked by retryNowBlocked a moment ago: at least
+		// leastImmediateCall, give or take the time since.
+		timeout = max(w.immediateTimeout(), time.Millisecond)
 	}
 }
 
@@ -381,8 +385,9 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 //     consumer_timeout (30 minutes by default) closes a channel whose
 //     delivery stays unacked, requeueing every delivery on it and raising
 //     their delivery counts (a crash loop the guard then quarantines);
-//   - another call could hold the delivery past its share of maxHold
-//     (immediateHold): the deliveries prefetched behind it wait too.
+//   - what is left of the delivery's share of maxHold (immediateHold,
+//     immediateTimeout) is less than leastImmediateCall: the deliveries
+//     prefetched behind it wait too.
 func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
 	switch {
 	case abandoned:
@@ -399,19 +404,29 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) stri
 	case w.s.ch != nil && w.s.ch.IsClosed():
 		return "the consume channel is closed"
 	}
-	held := w.deps.cfg.Now().Sub(w.received)
-	if held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > maxHold {
-		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s (the broker's consumer_timeout)",
-			held.Round(time.Second), maxHold)
-	}
-	// What the next call could add counts, as for maxHold: a handler that
-	// fails at once would otherwise get call after call, each up to its
-	// timeout, while held stays under a share of a few hundred ms.
-	if budget := w.q.immediateHold(); held+w.q.cfg.Consumer.HandlerTimeout+abandonGrace > budget {
-		return fmt.Sprintf("the delivery has been held %s; another call could hold it past %s, its share of %s beside the deliveries prefetched behind it, %d per worker (toward the broker's consumer_timeout)",
-			held.Round(time.Millisecond), budget, maxHold, w.q.queuedPerWorker())
+	if left, least := w.immediateTimeout(), w.q.leastImmediateCall(); left < least {
+		return fmt.Sprintf("the delivery has been held %s; another call would get %s of its %s share of %s beside the deliveries prefetched behind it, %d per worker, less than %s (toward the broker's consumer_timeout)",
+			w.deps.cfg.Now().Sub(w.received).Round(time.Millisecond), max(left, 0).Round(time.Millisecond), w.q.immediateHold(), maxHold, w.q.queuedPerWorker(), least)
 	}
 	return ""
+}
+
+// immediateTimeout is the deadline of an immediate retry's call: the
+// handler timeout, or what is left of the delivery's share of maxHold
+// (immediateHold) once the abandonment grace is set aside, if less. So a
+// delivery's immediate retries add at most its share to the wait of the
+// deliveries prefetched behind it, however many there are and however
+// long each call could last, and a handler that fails at once still gets
+// its immediate retries under a large prefetch.
+func (w *worker) immediateTimeout() time.Duration {
+	held := w.deps.cfg.Now().Sub(w.received)
+	return min(w.q.cfg.Consumer.HandlerTimeout, w.q.immediateHold()-held-abandonGrace)
+}
+
+// leastImmediateCall is the shortest deadline worth an immediate retry's
+// call: a second, or the handler timeout if shorter.
+func (qr *queueRuntime) leastImmediateCall() time.Duration {
+	return min(qr.cfg.Consumer.HandlerTimeout, time.Second)
 }
 
 // queuedPerWorker is how many prefetched deliveries may wait for each of
