@@ -314,8 +314,8 @@ func (w *worker) process(d amqp.Delivery) bool {
 			return true
 		}
 		// Checked by retryNowBlocked a moment ago: at least
-		// leastImmediateCall, give or take the time since.
-		timeout = max(w.immediateTimeout(), time.Millisecond)
+		// leastImmediateCall, unless the clock jumped since.
+		timeout = max(w.immediateTimeout(), w.q.leastImmediateCall())
 	}
 }
 
@@ -350,7 +350,8 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 	}
 	f := qr.failed(herr, *attempts, immediate, msg.Type, msg.Version)
 	if f.verdict.Action == triage.ActionRetryNow {
-		if why := w.retryNowBlocked(herr, abandoned, breakerAllows); why != "" {
+		lastNext := f.verdict.Attempt+1 >= qr.policy.MaxAttempts
+		if why := w.retryNowBlocked(herr, abandoned, breakerAllows, lastNext); why != "" {
 			// Decided again as if the immediate retries were spent: a
 			// delayed retry or, past a budget, the quarantine.
 			f = qr.failed(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
@@ -380,15 +381,16 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 //   - the runtime is stopping: the drain is for settling, not for new
 //     handler calls;
 //   - the consume channel is closed: the delivery can no longer be acked;
-//   - the delivery has been held so long that another call, if it ran to
-//     its deadline and grace, would hold it past maxHold: the broker's
-//     consumer_timeout (30 minutes by default) closes a channel whose
-//     delivery stays unacked, requeueing every delivery on it and raising
-//     their delivery counts (a crash loop the guard then quarantines);
 //   - what is left of the delivery's share of maxHold (immediateHold,
-//     immediateTimeout) is less than leastImmediateCall: the deliveries
-//     prefetched behind it wait too.
-func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) string {
+//     at most maxHold itself; immediateTimeout) is less than
+//     leastImmediateCall, or less than the
+//     handler timeout when the next attempt would be the last one: the
+//     deliveries prefetched behind it wait too (the broker's
+//     consumer_timeout, 30 minutes by default, closes a channel whose
+//     delivery stays unacked, requeueing every delivery on it and raising
+//     their delivery counts), and a cut deadline must not cost a message
+//     its last attempt.
+func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows, lastNext bool) string {
 	switch {
 	case abandoned:
 		return "the handler was abandoned past its deadline"
@@ -404,7 +406,15 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows bool) stri
 	case w.s.ch != nil && w.s.ch.IsClosed():
 		return "the consume channel is closed"
 	}
-	if left, least := w.immediateTimeout(), w.q.leastImmediateCall(); left < least {
+	left, least := w.immediateTimeout(), w.q.leastImmediateCall()
+	if left < w.q.cfg.Consumer.HandlerTimeout && lastNext && left >= least {
+		// A cut deadline may time out a handler that its own timeout
+		// would let succeed: never on the last attempt, which would
+		// quarantine the message. A retry lane gives it the full timeout.
+		return fmt.Sprintf("the next attempt is the last, and its deadline would be cut to %s of the handler timeout %s (the delivery's share of %s beside the deliveries prefetched behind it)",
+			left.Round(time.Millisecond), w.q.cfg.Consumer.HandlerTimeout, maxHold)
+	}
+	if left < least {
 		return fmt.Sprintf("the delivery has been held %s; another call would get %s of its %s share of %s beside the deliveries prefetched behind it, %d per worker, less than %s (toward the broker's consumer_timeout)",
 			w.deps.cfg.Now().Sub(w.received).Round(time.Millisecond), max(left, 0).Round(time.Millisecond), w.q.immediateHold(), maxHold, w.q.queuedPerWorker(), least)
 	}
