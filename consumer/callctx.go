@@ -132,11 +132,13 @@ func (c *callCtx) end(err error) {
 func (c *callCtx) String() string { return "dlxbridge handler context" }
 
 // watchdog ends a worker's handler calls at their deadlines on one timer
-// that is not touched per call: calls start one after another with
-// deadlines that only grow (start + the queue's handler timeout), so the
+// that is not touched per call: calls start one after another, their
+// deadlines mostly growing (start + the queue's handler timeout), so the
 // timer set for an earlier call's deadline is left as it is, and when it
 // fires it sets itself again for the call then in hand, if that call's
-// deadline is still ahead. With the usual 30 s timeout it fires about
+// deadline is still ahead. A call with an earlier deadline (an immediate
+// retry's, cut to the delivery's share; see worker.immediateTimeout) sets
+// it again at start. With the usual 30 s timeout it fires about
 // every 30 s while the worker is busy, however many calls it runs. It also
 // ends the call in hand when the session's handlers are cancelled (the
 // drain deadline), on one context.AfterFunc for the worker's life.
