@@ -41,6 +41,16 @@ func (b *testBundle) immediateRetries() float64 {
 	return testutil.ToFloat64(b.consumer.metrics.immediate.WithLabelValues(b.queue.Name))
 }
 
+// setupImmediate is a broker bundle whose queue retries immediate times in
+// process, within maxAttempts attempts.
+func setupImmediate(t *testing.T, immediate, maxAttempts int) *testBundle {
+	t.Helper()
+	return setup(t, func(q *config.Queue) {
+		q.Retry.ImmediateRetries = immediate
+		q.Retry.MaxAttempts = maxAttempts
+	})
+}
+
 // headerAttempts is the bridge's attempt header a handler call saw, 0 if
 // none.
 func headerAttempts(m *Message) int64 {
@@ -115,10 +125,7 @@ func TestImmediateRetrySucceedsWithoutARetryLane(t *testing.T) {
 // the next delivery runs it twice, and the quarantine says 5.
 func TestImmediateRetriesCountTowardTheAttemptBudget(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(q *config.Queue) {
-		q.Retry.ImmediateRetries = 2
-		q.Retry.MaxAttempts = 5
-	})
+	b := setupImmediate(t, 2, 5)
 	rec := newRecorder()
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
@@ -450,10 +457,7 @@ func clockedRetries(t *testing.T, immediate, maxAttempts, prefetch, concurrency 
 // no gate had checked.
 func TestImmediateRetryDoesNotSeeBytesTheHandlerWrote(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(q *config.Queue) {
-		q.Retry.ImmediateRetries = 1
-		q.Retry.MaxAttempts = 2
-	})
+	b := setupImmediate(t, 1, 2)
 	var calls atomic.Int32
 	bound := make(chan string, 2)
 	b.start(func(c *Consumer) {
@@ -494,10 +498,7 @@ func TestImmediateRetryDoesNotSeeBytesTheHandlerWrote(t *testing.T) {
 // quarantine published them as the producer's headers.
 func TestImmediateRetryDoesNotSeeHeadersTheHandlerWrote(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(q *config.Queue) {
-		q.Retry.ImmediateRetries = 1
-		q.Retry.MaxAttempts = 2
-	})
+	b := setupImmediate(t, 1, 2)
 	var calls atomic.Int32
 	seen := make(chan string, 2)
 	b.start(func(c *Consumer) {

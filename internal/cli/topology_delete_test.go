@@ -274,9 +274,7 @@ func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
 	t.Parallel()
 	b := setupTopology(t, "")
-	if b.env.ManagementURL == "" {
-		t.Skip("needs the management API")
-	}
+	b.env.RequireManagement() // a skip, or under CI=true a failure
 	ex := b.env.Name("ex")
 	ch, err := b.env.Dial("foreign").Channel()
 	if err != nil {
@@ -315,9 +313,7 @@ func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
 func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
-	if d.env.ManagementURL == "" {
-		t.Skip("needs the management API")
-	}
+	d.env.RequireManagement() // a skip, or under CI=true a failure
 	foreign := d.env.Name("foreign") + "\x1b[2J\n  deleted      everything"
 	d.bindForeign(t, foreign)
 	for _, args := range [][]string{{"--dry-run"}, nil} {
@@ -335,9 +331,7 @@ func TestTopologyDeleteEscapesForeignNames(t *testing.T) {
 func TestTopologyDeleteKeepsAQueueOthersRouteTo(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
-	if d.env.ManagementURL == "" {
-		t.Skip("needs the management API")
-	}
+	d.env.RequireManagement() // a skip, or under CI=true a failure
 	other := d.env.Name("other.dead")
 	ch, err := d.conn.Channel()
 	if err != nil {
