@@ -407,16 +407,16 @@ func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows, lastNext 
 		return "the consume channel is closed"
 	}
 	left, least := w.immediateTimeout(), w.q.leastImmediateCall()
-	if left < w.q.cfg.Consumer.HandlerTimeout && lastNext && left >= least {
+	switch {
+	case left < least:
+		return fmt.Sprintf("the delivery has been held %s; another call would get %s of its %s share of %s beside the deliveries prefetched behind it, %d per worker, less than %s (toward the broker's consumer_timeout)",
+			w.deps.cfg.Now().Sub(w.received).Round(time.Millisecond), max(left, 0).Round(time.Millisecond), w.q.immediateHold(), maxHold, w.q.queuedPerWorker(), least)
+	case lastNext && left < w.q.cfg.Consumer.HandlerTimeout:
 		// A cut deadline may time out a handler that its own timeout
 		// would let succeed: never on the last attempt, which would
 		// quarantine the message. A retry lane gives it the full timeout.
 		return fmt.Sprintf("the next attempt is the last, and its deadline would be cut to %s of the handler timeout %s (the delivery's share of %s beside the deliveries prefetched behind it)",
 			left.Round(time.Millisecond), w.q.cfg.Consumer.HandlerTimeout, maxHold)
-	}
-	if left < least {
-		return fmt.Sprintf("the delivery has been held %s; another call would get %s of its %s share of %s beside the deliveries prefetched behind it, %d per worker, less than %s (toward the broker's consumer_timeout)",
-			w.deps.cfg.Now().Sub(w.received).Round(time.Millisecond), max(left, 0).Round(time.Millisecond), w.q.immediateHold(), maxHold, w.q.queuedPerWorker(), least)
 	}
 	return ""
 }
