@@ -122,8 +122,9 @@ func (w *worker) settleInOrder() {
 // next returns the next delivery to process; false when there is none to
 // take (the consumer was cancelled and its deliveries handed over, or the
 // drain deadline passed). Before it waits for a delivery it writes the
-// acks waiting in the session's ack window; after failed publishes it first
-// waits out their pause.
+// settled prefix of the acks waiting in the session's ack window (and what
+// waits behind a gap once that is half the prefetch: see ackWindow); after
+// failed publishes it first waits out their pause, with every ack written.
 func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 	hctx := w.s.handlerCtx
 	if until := w.pauseUntil.Load(); until > 0 {
@@ -160,7 +161,7 @@ func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 			return fedDelivery{}, false
 		}
 	}
-	w.s.acks.flush(true)
+	w.s.acks.beforeWait()
 	select {
 	case d, ok := <-deliveries:
 		// Past the drain deadline a delivery is left for the channel close

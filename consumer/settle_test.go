@@ -915,12 +915,15 @@ func (m *modelChannel) Reject(tag uint64, requeue bool) error {
 	return nil
 }
 
-// Acks wait for a batch, or for ackDelay, while the worker is busy; a
-// prefix stuck behind a slow handler does not hold more than a batch.
+// Acks wait for a batch, or for ackDelay, while the worker is busy. Behind
+// a delivery not settled yet (its retry or quarantine publish awaits its
+// confirm, or it is in another worker's handler) a batch waits for it, not
+// written one frame per tag: each such frame is a broker command, and the
+// confirm, which comes within moments, lets one multiple ack cover them.
 func TestAckWindowBatches(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 16) // batch 4
+	w := newAckWindow(func(write func() error) error { return write() }, 16) // batch 4, spill 8
 	w.maxDelay = time.Hour
 	for tag := uint64(1); tag <= 3; tag++ {
 		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
@@ -932,14 +935,84 @@ func TestAckWindowBatches(t *testing.T) {
 	if got := rec.take(); got != "4+" {
 		t.Fatalf("wrote %q, want 4+", got)
 	}
-	// 5 is in a handler: a batch behind it is acked one by one.
-	for tag := uint64(6); tag <= 9; tag++ {
+	// 5 is not settled: a batch behind it, and a worker about to wait
+	// with less than half the prefetch behind it, write nothing.
+	for tag := uint64(6); tag <= 12; tag++ {
 		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
+	}
+	w.beforeWait()
+	if got := rec.take(); got != "" {
+		t.Fatalf("wrote %q behind an unsettled tag, want nothing", got)
+	}
+	// 5 settles: one frame covers all.
+	w.ack(&amqp.Delivery{DeliveryTag: 5, Acknowledger: rec}, func(error) {})
+	if got := rec.take(); got != "12+" {
+		t.Fatalf("wrote %q once the gap settled, want 12+", got)
+	}
+}
+
+// A worker about to wait for a delivery with half the prefetch acked
+// behind a gap writes those acks one by one: the broker may have stopped
+// delivering because of them.
+func TestAckWindowSpillsHalfThePrefetchBeforeAWait(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	w := newAckWindow(func(write func() error) error { return write() }, 16) // spill 8
+	w.maxDelay = time.Hour
+	// 1 is not settled.
+	for tag := uint64(2); tag <= 9; tag++ {
+		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
+	}
+	if got := rec.take(); got != "" {
+		t.Fatalf("wrote %q before the wait", got)
+	}
+	w.beforeWait()
+	got := strings.Fields(rec.take())
+	sort.Strings(got)
+	if strings.Join(got, " ") != "2 3 4 5 6 7 8 9" {
+		t.Fatalf("wrote %q, want 2 to 9 one by one", got)
+	}
+	if n := w.held(); n != 1 {
+		t.Fatalf("the window holds %d entries, want 1 (the range written)", n)
+	}
+	// Once 1 settles, it is acked over what was written: 1 alone, multiple
+	// (the broker holds no other tag up to it).
+	w.ack(&amqp.Delivery{DeliveryTag: 1, Acknowledger: rec}, func(error) {})
+	w.beforeWait()
+	if got := rec.take(); got != "1+" {
+		t.Fatalf("wrote %q once the gap settled, want 1+", got)
+	}
+}
+
+// What waits behind a gap that stays (a long handler in another worker) is
+// written by the timer once it has waited ackStale, even with no worker
+// flushing.
+func TestAckWindowTimerSpillsWhatWaitedTooLongBehindAGap(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	done := make(chan error, 3)
+	start := time.Now()
+	for tag := uint64(2); tag <= 4; tag++ { // 1 is in a handler
+		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(err error) { done <- err })
+	}
+	for range 3 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("acks behind a gap waited 3s with nobody to flush them")
+		}
+	}
+	if waited := time.Since(start); waited < ackStale {
+		t.Errorf("written after %v, before ackStale (%v): one frame each, sooner than needed", waited, ackStale)
 	}
 	got := strings.Fields(rec.take())
 	sort.Strings(got)
-	if strings.Join(got, " ") != "6 7 8 9" {
-		t.Fatalf("wrote %q, want 6 7 8 9 one by one", got)
+	if strings.Join(got, " ") != "2 3 4" {
+		t.Fatalf("wrote %q, want 2 3 4 one by one", got)
 	}
 }
 
