@@ -26,14 +26,15 @@ type DeleteOptions struct {
 	// name (another application's, which a passive declare accepts) and
 	// bindings from outside the topology into its queues (a config that
 	// shares the quarantine): without it those are deleted when empty.
-	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement) unless
-	// DryRun.
+	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement), and so
+	// does a dry run, which shows what the delete would do.
 	WithoutManagement bool
 }
 
-// ErrDeleteNeedsManagement: Delete was asked to delete without the
-// management API and without DeleteOptions.WithoutManagement.
-var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --dry-run works without it, and --without-management deletes without those checks")
+// ErrDeleteNeedsManagement: Delete was asked to delete (or to dry-run a
+// delete) without the management API and without
+// DeleteOptions.WithoutManagement.
+var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)")
 
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
@@ -127,7 +128,9 @@ func (r *DeleteReport) add(s DeleteStep) {
 // channel, since a refused one closes it. Deleting what is absent is not
 // an error.
 func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
-	if in.Mgmt == nil && !opts.DryRun && !opts.WithoutManagement {
+	// A dry run refuses like the delete it previews: "would delete" from
+	// a command that would refuse is not what would happen.
+	if in.Mgmt == nil && !opts.WithoutManagement {
 		return nil, ErrDeleteNeedsManagement
 	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}

@@ -366,18 +366,28 @@ func (d *deleteBundle) deleteCmd(args ...string) []string {
 // Without the management API (none configured, or one that does not
 // answer) delete refuses and deletes nothing: only that API tells the
 // config's objects from another application's under the same names.
-// --dry-run still runs, and --without-management deletes.
+// --dry-run says so too, with the same message and exit code, instead of
+// listing what a delete that refuses would never do; --dry-run
+// --without-management shows what --without-management would delete.
 func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
 	for _, mgmt := range []string{"", "http://127.0.0.1:1"} {
 		// The same topology (names come from the test's prefix).
 		nm := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
-		_, errOut := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
-		if !strings.Contains(errOut, "management API") {
-			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, errOut)
+		_, refused := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
+		if !strings.Contains(refused, "management API") {
+			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, refused)
 		}
 		d.want(t, "refused delete", append(d.queues(), d.exchanges()...)...)
-		nm.mustRunAll(t, cli.ExitFail, "topology", "delete", "--dry-run", "--config", nm.config)
+		out, dry := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--dry-run", "--include-data", "--config", nm.config)
+		if out != "" || dry != refused {
+			t.Errorf("management %q: dry run printed\nstdout:\n%s\nstderr:\n%s\nwant no stdout and the delete's refusal:\n%s", mgmt, out, dry, refused)
+		}
+		out = nm.mustRun(t, cli.ExitOK, "topology", "delete", "--dry-run", "--include-data", "--without-management", "--config", nm.config)
+		if !strings.Contains(out, "delete --dry-run: 9 would delete, 0 kept, 0 absent") {
+			t.Errorf("management %q: dry run --without-management:\n%s", mgmt, out)
+		}
+		d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
 	}
 }
