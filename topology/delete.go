@@ -54,7 +54,9 @@ type DeleteStep struct {
 	Action DeleteAction `json:"action"`
 	// Messages is the queue's ready message count from a passive declare
 	// (-1 for a stream: AMQP cannot count one reliably).
-	Messages  int `json:"messages"`
+	Messages int `json:"messages"`
+	// Consumers is the passive declare's count; for a stream, which that
+	// always counts 0, the management API's (when it is used).
 	Consumers int `json:"consumers"`
 	// Reason says why an object is kept.
 	Reason string `json:"reason,omitempty"`
@@ -114,7 +116,8 @@ func (r *DeleteReport) add(s DeleteStep) {
 // 540 NOT_IMPLEMENTED, which closes the whole connection, and is ignored on
 // streams, which are deleted with their data (seen on 3.10.8). So the check
 // and the delete are two steps: stop producers and the bridge first. A
-// queue with consumers is always kept, and so is a queue that a kept queue
+// queue with consumers is always kept (a stream's readers only the
+// management API counts, seconds late), and so is a queue that a kept queue
 // dead-letters into by name (a retry lane's work queue), and, with the
 // management API, a queue bound from an exchange outside the topology (a
 // quarantine another config shares). Every queue is
@@ -247,6 +250,11 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 		if mq.Type != "" && mq.Type != q.queueType() {
 			other = mq.Type
 		}
+		if stream {
+			// A passive declare counts no stream consumers (3.10.8, 4.0.5):
+			// a reader of the quarantine's records shows only here.
+			s.Consumers = max(s.Consumers, mq.ConsumerCount())
+		}
 	}
 	if stream {
 		s.Messages = -1
@@ -259,6 +267,9 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 		return s, nil
 	case len(routed) > 0:
 		s.Action, s.Reason = DeleteKept, "bound from "+strings.Join(routed, ", ")+" outside the topology"
+		return s, nil
+	case s.Consumers > 0 && stream:
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached, as the management API counts a stream's readers (seconds late): stop them (the bridge, quarantine readers) first", s.Consumers)
 		return s, nil
 	case s.Consumers > 0:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)

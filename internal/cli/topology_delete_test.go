@@ -2,7 +2,9 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -389,5 +391,57 @@ func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
 			t.Errorf("management %q: dry run --without-management:\n%s", mgmt, out)
 		}
 		d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
+	}
+}
+
+// A passive declare counts 0 consumers on a stream with a reader (3.10.8
+// and 4.0.5): a reader of the quarantine's records (a `quarantine list`, a
+// sidecar's page) would lose the stream under it. With the management API,
+// which counts the reader, delete keeps the stream, even with
+// --include-data, and says why.
+func TestTopologyDeleteKeepsAStreamBeingRead(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	d.env.RequireManagement() // a skip, or under CI=true a failure
+	ch, err := d.env.Dial("reader").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Consume(d.records, "reader", false, false, false, false, amqp.Table{"x-stream-offset": "first"}); err != nil {
+		t.Fatal(err)
+	}
+	d.awaitStreamReader(t, d.records)
+
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
+	if want := "kept         queue '" + d.records + "' (stream): 1 consumer(s) attached"; !strings.Contains(out, want) || !strings.Contains(errOut, "kept queue '"+d.records+"'") {
+		t.Errorf("delete lacks %q:\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+	}
+	d.want(t, "delete --include-data", d.records)
+}
+
+// awaitStreamReader waits until the management API counts a consumer on
+// the stream (its statistics arrive every few seconds).
+func (d *deleteBundle) awaitStreamReader(t *testing.T, stream string) {
+	t.Helper()
+	path := "/api/queues/" + d.env.ManagementVhost() + "/" + url.PathEscape(stream)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var q struct {
+			Consumers       int   `json:"consumers"`
+			ConsumerDetails []any `json:"consumer_details"`
+		}
+		if err := json.Unmarshal(d.env.ManagementGet(path), &q); err != nil {
+			t.Fatal(err)
+		}
+		if q.Consumers > 0 || len(q.ConsumerDetails) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the management API counts no reader on %s after 30s", stream)
+		}
+		time.Sleep(250 * time.Millisecond) // the API has nothing to wait on
 	}
 }
