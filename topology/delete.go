@@ -77,6 +77,37 @@ type DeleteReport struct {
 	IncludeData   bool          `json:"include_data"`
 	Steps         []DeleteStep  `json:"steps"`
 	Summary       DeleteSummary `json:"summary"`
+	// Failed is the step a broker error stopped Delete at, with Delete's
+	// error: Steps holds what was done before it, and no object after it
+	// was deleted. Nil when Delete ran to the end.
+	Failed *DeleteFailure `json:"failed,omitempty"`
+}
+
+// DeleteFailure is the step that stopped a Delete.
+type DeleteFailure struct {
+	Kind   Kind   `json:"kind"`
+	Object string `json:"object"`
+	// Step is "check" (every queue is checked before any is deleted, so a
+	// failed queue check deletes nothing) or "delete".
+	Step string `json:"step"`
+	// Error is the broker's (or the management API's) error.
+	Error string `json:"error"`
+}
+
+// Steps of a DeleteFailure.
+const (
+	DeleteStepCheck  = "check"
+	DeleteStepDelete = "delete"
+)
+
+// stop records the step that failed and returns its error, naming the
+// step; err may already name the object.
+func (r *DeleteReport) stop(kind Kind, object, step string, err error) error {
+	if u := errors.Unwrap(err); u != nil && strings.HasPrefix(err.Error(), object+": ") {
+		err = u
+	}
+	r.Failed = &DeleteFailure{Kind: kind, Object: object, Step: step, Error: err.Error()}
+	return fmt.Errorf("%s %s: %w", step, object, err)
 }
 
 // OK reports whether nothing was (or would be) kept.
@@ -125,6 +156,10 @@ func (r *DeleteReport) add(s DeleteStep) {
 // exchange of another type than the config's under its name is kept: it is
 // not the config's (a passive declare ignores the type).
 //
+// Without the management API, Delete (a dry run too) refuses unless
+// opts.WithoutManagement. A broker error stops it where it happens:
+// the report then has the steps done before it and Failed.
+//
 // An exchange is deleted with if-unused, so one that still routes to a
 // queue outside the topology (another consumer bound to E) is kept; so is
 // the dead-letter exchange of a kept queue. Each delete runs on its own
@@ -141,11 +176,11 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	index := map[string]int{}
 	for i, q := range t.Queues {
 		if err := ctx.Err(); err != nil {
-			return r, err
+			return r, r.stop(KindQueue, queueObject(q.Name), DeleteStepCheck, err)
 		}
 		s, err := in.checkQueue(ctx, t, q, opts)
 		if err != nil {
-			return r, err
+			return r, r.stop(KindQueue, s.Object, DeleteStepCheck, err)
 		}
 		steps[i], index[q.Name] = s, i
 	}
@@ -175,7 +210,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 				return err
 			})
 			if err != nil {
-				return r, fmt.Errorf("delete %s: %w", s.Object, err)
+				return r, r.stop(KindQueue, s.Object, DeleteStepDelete, err)
 			}
 			s.Action = DeleteDeleted
 		}
@@ -199,11 +234,11 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	}
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
-			return r, err
+			return r, r.stop(KindExchange, exchangeObject(x.Name), DeleteStepCheck, err)
 		}
-		s, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
+		s, step, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
 		if err != nil {
-			return r, err
+			return r, r.stop(KindExchange, s.Object, step, err)
 		}
 		r.add(s)
 	}
@@ -285,40 +320,45 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 	return s, nil
 }
 
-func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (DeleteStep, error) {
+// deleteExchange checks x and deletes it unless opts.DryRun; on an error,
+// step says which of the two failed.
+func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
 	s := DeleteStep{Kind: KindExchange, Object: exchangeObject(x.Name)}
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
 	if pr, _, err := classify(s.Object, err); err != nil {
-		return s, err
+		return s, DeleteStepCheck, err
 	} else if pr == probeMissing {
 		s.Action = DeleteAbsent
-		return s, nil
+		return s, "", nil
 	}
 	if in.Mgmt != nil {
 		// A passive declare ignores the type, as for queues.
 		mx, err := in.Mgmt.Exchange(ctx, x.Name)
 		if err != nil { // fail closed, as for queues
 			s.Action, s.Reason = DeleteKept, "the management API could not read it: "+err.Error()
-			return s, nil
+			return s, "", nil
 		}
 		if mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
 			s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s exchange where the config has a %s one: not the config's (topology plan shows the conflict)", mx.Type, x.Kind)
-			return s, nil
+			return s, "", nil
 		}
 	}
 	if feeds != "" {
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))
-		return s, nil
+		return s, "", nil
 	}
 	if opts.DryRun {
+		// The delete itself needs no list of bindings (if-unused keeps an
+		// exchange in use): without one, say what it would do.
 		s.Action = DeleteWould
 		if in.Mgmt == nil {
 			s.Reason = "unless a queue outside the topology is bound to it (AMQP cannot list bindings)"
-			return s, nil
+			return s, "", nil
 		}
 		bs, err := in.Mgmt.ExchangeBindings(ctx, x.Name)
 		if err != nil {
-			return s, err
+			s.Reason = "unless a queue outside the topology is bound to it (the management API could not list its bindings: " + err.Error() + ")"
+			return s, "", nil
 		}
 		ours := map[string]bool{}
 		for _, q := range t.Queues {
@@ -327,7 +367,7 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 		if other := foreignBindings(bs, ours); len(other) > 0 {
 			s.Action, s.Reason = DeleteKept, "in use: bound to "+strings.Join(other, ", ")
 		}
-		return s, nil
+		return s, "", nil
 	}
 	err = withChannel(in.Conn, func(ch *amqp.Channel) error {
 		const ifUnused, noWait = true, false
@@ -349,9 +389,9 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		s.Action = DeleteAbsent
 	default:
-		return s, fmt.Errorf("delete %s: %w", s.Object, err)
+		return s, DeleteStepDelete, err
 	}
-	return s, nil
+	return s, "", nil
 }
 
 // foreignBindings names the destinations of bs that gone does not mark as
@@ -412,11 +452,22 @@ func (r *DeleteReport) WriteText(w io.Writer) error {
 		}
 		b.WriteString(line + "\n")
 	}
+	if f := r.Failed; f != nil {
+		fmt.Fprintf(&b, "  %-12s %s: %s: %s\n", "failed", f.Object, f.Step, f.Error)
+	}
 	verb, cmd := "deleted", "delete"
 	if r.DryRun {
 		verb, cmd = "would delete", "delete --dry-run"
 	}
-	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent\n", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	switch {
+	case r.Failed == nil:
+	case r.Failed.Step == DeleteStepCheck && r.Failed.Kind == KindQueue:
+		b.WriteString("; stopped at the failed check: nothing was deleted")
+	default:
+		fmt.Fprintf(&b, "; stopped at %s: what follows it was not checked or deleted", r.Failed.Object)
+	}
+	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -4,7 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -443,5 +449,113 @@ func (d *deleteBundle) awaitStreamReader(t *testing.T, stream string) {
 			t.Fatalf("the management API counts no reader on %s after 30s", stream)
 		}
 		time.Sleep(250 * time.Millisecond) // the API has nothing to wait on
+	}
+}
+
+// failingManagement is a management API that passes every request on to
+// the test broker's, except that it answers 500 to a GET of the paths in
+// fail (escaped, as the client sends them): a management API that fails
+// part-way, some checks answered and one not.
+func failingManagement(t *testing.T, env *brokertest.Env, fail ...string) string {
+	t.Helper()
+	target, err := url.Parse(env.RequireManagement())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = &http.Transport{DisableKeepAlives: true}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && slices.Contains(fail, r.URL.EscapedPath()) {
+			http.Error(w, "injected failure", http.StatusInternalServerError)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The management API answers every check but three: the quarantine's
+// queue, the retry exchange, and the bindings from E. What it could not
+// read is kept (fail closed), and so is Q.dead, which leads to the kept
+// quarantine; the dry run says the same, and that E, which the delete
+// removes with if-unused, would go unless something else is bound to it.
+func TestTopologyDeleteKeepsWhatTheManagementAPIFailedToCheck(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	vh := d.env.ManagementVhost()
+	mgmt := failingManagement(t, d.env,
+		"/api/queues/"+vh+"/"+url.PathEscape(d.quarantine),
+		"/api/exchanges/"+vh+"/"+url.PathEscape(d.retry),
+		"/api/exchanges/"+vh+"/"+url.PathEscape(d.exchange)+"/bindings/source")
+	failing := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
+
+	kept := []string{
+		"kept         queue '" + d.quarantine + "' (0 messages): the management API could not read it: ",
+		"kept         exchange '" + d.retry + "': the management API could not read it: ",
+		"kept         exchange '" + d.dead + "': leads to kept queue '" + d.quarantine + "'",
+	}
+	out := failing.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", failing.config)
+	for _, want := range append(kept,
+		"would delete queue '"+d.records+"' (stream)",
+		"would delete exchange '"+d.exchange+"': unless a queue outside the topology is bound to it (the management API could not list its bindings: ",
+		"delete --dry-run: 6 would delete, 3 kept, 0 absent",
+	) {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+	}
+	d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
+
+	out, errOut := failing.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", failing.config)
+	for _, want := range append(kept, "delete: 6 deleted, 3 kept, 0 absent") {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "kept queue '"+d.quarantine+"', exchange '"+d.dead+"', exchange '"+d.retry+"'") {
+		t.Errorf("delete's error does not name what it kept:\n%s", errOut)
+	}
+	d.want(t, "delete --include-data", d.quarantine, d.dead, d.retry)
+}
+
+// A broker error part-way through deleting (here: a login that may not
+// configure the quarantine, so its queue.delete is refused with 403 after
+// its check passed) stops the delete: the report has what was deleted
+// before it and names the step that failed with its error, in text and in
+// JSON, and the command exits 1.
+func TestTopologyDeleteReportsTheStepThatFailed(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	restricted := d.env.User(brokertest.Permissions{
+		Configure: "^(?!" + regexp.QuoteMeta(d.quarantine) + "$).*", Write: ".*", Read: ".*",
+	})
+	args := []string{"topology", "delete", "--include-data", "--url", restricted, "--config", d.config}
+
+	out, errOut := d.mustRunAll(t, cli.ExitFail, append(args, "--output", "json")...)
+	var r topology.DeleteReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("report JSON: %v\n%s", err, out)
+	}
+	want := topology.DeleteFailure{Kind: topology.KindQueue, Object: "queue '" + d.quarantine + "'", Step: topology.DeleteStepDelete}
+	if f := r.Failed; f == nil || f.Kind != want.Kind || f.Object != want.Object || f.Step != want.Step || !strings.Contains(f.Error, "403") {
+		t.Errorf("failed = %+v, want %+v with the broker's 403\n%s", f, want, out)
+	}
+	if r.Summary != (topology.DeleteSummary{Deleted: 3}) || len(r.Steps) != 3 || r.Steps[0].Object != "queue '"+d.work+"'" {
+		t.Errorf("steps before the failure: %+v, summary %+v", r.Steps, r.Summary)
+	}
+	if !strings.Contains(errOut, "queue '"+d.quarantine+"'") {
+		t.Errorf("stderr does not name the failed step:\n%s", errOut)
+	}
+	d.want(t, "delete stopped at the quarantine", d.quarantine, d.records, d.events, d.exchange, d.dead, d.retry)
+
+	out = d.mustRun(t, cli.ExitFail, args...)
+	for _, want := range []string{
+		"failed       queue '" + d.quarantine + "': delete: Exception (403)",
+		"delete: 0 deleted, 0 kept, 3 absent; stopped at queue '" + d.quarantine + "': what follows it was not checked or deleted",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text report lacks %q:\n%s", want, out)
+		}
 	}
 }
