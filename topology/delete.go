@@ -26,14 +26,15 @@ type DeleteOptions struct {
 	// name (another application's, which a passive declare accepts) and
 	// bindings from outside the topology into its queues (a config that
 	// shares the quarantine): without it those are deleted when empty.
-	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement) unless
-	// DryRun.
+	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement), and so
+	// does a dry run, which shows what the delete would do.
 	WithoutManagement bool
 }
 
-// ErrDeleteNeedsManagement: Delete was asked to delete without the
-// management API and without DeleteOptions.WithoutManagement.
-var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --dry-run works without it, and --without-management deletes without those checks")
+// ErrDeleteNeedsManagement: Delete was asked to delete (or to dry-run a
+// delete) without the management API and without
+// DeleteOptions.WithoutManagement.
+var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)")
 
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
@@ -53,7 +54,9 @@ type DeleteStep struct {
 	Action DeleteAction `json:"action"`
 	// Messages is the queue's ready message count from a passive declare
 	// (-1 for a stream: AMQP cannot count one reliably).
-	Messages  int `json:"messages"`
+	Messages int `json:"messages"`
+	// Consumers is the passive declare's count; for a stream, which that
+	// always counts 0, the management API's (when it is used).
 	Consumers int `json:"consumers"`
 	// Reason says why an object is kept.
 	Reason string `json:"reason,omitempty"`
@@ -74,6 +77,37 @@ type DeleteReport struct {
 	IncludeData   bool          `json:"include_data"`
 	Steps         []DeleteStep  `json:"steps"`
 	Summary       DeleteSummary `json:"summary"`
+	// Failed is the step a broker error stopped Delete at, with Delete's
+	// error: Steps holds what was done before it, and no object after it
+	// was deleted. Nil when Delete ran to the end.
+	Failed *DeleteFailure `json:"failed,omitempty"`
+}
+
+// DeleteFailure is the step that stopped a Delete.
+type DeleteFailure struct {
+	Kind   Kind   `json:"kind"`
+	Object string `json:"object"`
+	// Step is "check" (every queue is checked before any is deleted, so a
+	// failed queue check deletes nothing) or "delete".
+	Step string `json:"step"`
+	// Error is the broker's (or the management API's) error.
+	Error string `json:"error"`
+}
+
+// Steps of a DeleteFailure.
+const (
+	DeleteStepCheck  = "check"
+	DeleteStepDelete = "delete"
+)
+
+// stop records the step that failed and returns its error, naming the
+// step; err may already name the object.
+func (r *DeleteReport) stop(kind Kind, object, step string, err error) error {
+	if u := errors.Unwrap(err); u != nil && strings.HasPrefix(err.Error(), object+": ") {
+		err = u
+	}
+	r.Failed = &DeleteFailure{Kind: kind, Object: object, Step: step, Error: err.Error()}
+	return fmt.Errorf("%s %s: %w", step, object, err)
 }
 
 // OK reports whether nothing was (or would be) kept.
@@ -113,7 +147,8 @@ func (r *DeleteReport) add(s DeleteStep) {
 // 540 NOT_IMPLEMENTED, which closes the whole connection, and is ignored on
 // streams, which are deleted with their data (seen on 3.10.8). So the check
 // and the delete are two steps: stop producers and the bridge first. A
-// queue with consumers is always kept, and so is a queue that a kept queue
+// queue with consumers is always kept (a stream's readers only the
+// management API counts, seconds late), and so is a queue that a kept queue
 // dead-letters into by name (a retry lane's work queue), and, with the
 // management API, a queue bound from an exchange outside the topology (a
 // quarantine another config shares). Every queue is
@@ -121,13 +156,19 @@ func (r *DeleteReport) add(s DeleteStep) {
 // exchange of another type than the config's under its name is kept: it is
 // not the config's (a passive declare ignores the type).
 //
+// Without the management API, Delete (a dry run too) refuses unless
+// opts.WithoutManagement. A broker error stops it where it happens:
+// the report then has the steps done before it and Failed.
+//
 // An exchange is deleted with if-unused, so one that still routes to a
 // queue outside the topology (another consumer bound to E) is kept; so is
 // the dead-letter exchange of a kept queue. Each delete runs on its own
 // channel, since a refused one closes it. Deleting what is absent is not
 // an error.
 func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
-	if in.Mgmt == nil && !opts.DryRun && !opts.WithoutManagement {
+	// A dry run refuses like the delete it previews: "would delete" from
+	// a command that would refuse is not what would happen.
+	if in.Mgmt == nil && !opts.WithoutManagement {
 		return nil, ErrDeleteNeedsManagement
 	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
@@ -135,11 +176,11 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	index := map[string]int{}
 	for i, q := range t.Queues {
 		if err := ctx.Err(); err != nil {
-			return r, err
+			return r, r.stop(KindQueue, queueObject(q.Name), DeleteStepCheck, err)
 		}
 		s, err := in.checkQueue(ctx, t, q, opts)
 		if err != nil {
-			return r, err
+			return r, r.stop(KindQueue, s.Object, DeleteStepCheck, err)
 		}
 		steps[i], index[q.Name] = s, i
 	}
@@ -169,7 +210,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 				return err
 			})
 			if err != nil {
-				return r, fmt.Errorf("delete %s: %w", s.Object, err)
+				return r, r.stop(KindQueue, s.Object, DeleteStepDelete, err)
 			}
 			s.Action = DeleteDeleted
 		}
@@ -193,11 +234,11 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	}
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
-			return r, err
+			return r, r.stop(KindExchange, exchangeObject(x.Name), DeleteStepCheck, err)
 		}
-		s, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
+		s, step, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
 		if err != nil {
-			return r, err
+			return r, r.stop(KindExchange, s.Object, step, err)
 		}
 		r.add(s)
 	}
@@ -244,6 +285,11 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 		if mq.Type != "" && mq.Type != q.queueType() {
 			other = mq.Type
 		}
+		if stream {
+			// A passive declare counts no stream consumers (3.10.8, 4.0.5):
+			// a reader of the quarantine's records shows only here.
+			s.Consumers = max(s.Consumers, mq.ConsumerCount())
+		}
 	}
 	if stream {
 		s.Messages = -1
@@ -256,6 +302,9 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 		return s, nil
 	case len(routed) > 0:
 		s.Action, s.Reason = DeleteKept, "bound from "+strings.Join(routed, ", ")+" outside the topology"
+		return s, nil
+	case s.Consumers > 0 && stream:
+		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached, as the management API counts a stream's readers (seconds late): stop them (the bridge, quarantine readers) first", s.Consumers)
 		return s, nil
 	case s.Consumers > 0:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
@@ -271,40 +320,45 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 	return s, nil
 }
 
-func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (DeleteStep, error) {
+// deleteExchange checks x and deletes it unless opts.DryRun; on an error,
+// step says which of the two failed.
+func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
 	s := DeleteStep{Kind: KindExchange, Object: exchangeObject(x.Name)}
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
 	if pr, _, err := classify(s.Object, err); err != nil {
-		return s, err
+		return s, DeleteStepCheck, err
 	} else if pr == probeMissing {
 		s.Action = DeleteAbsent
-		return s, nil
+		return s, "", nil
 	}
 	if in.Mgmt != nil {
 		// A passive declare ignores the type, as for queues.
 		mx, err := in.Mgmt.Exchange(ctx, x.Name)
 		if err != nil { // fail closed, as for queues
 			s.Action, s.Reason = DeleteKept, "the management API could not read it: "+err.Error()
-			return s, nil
+			return s, "", nil
 		}
 		if mx.Type != "" && x.Kind != "" && mx.Type != x.Kind {
 			s.Action, s.Reason = DeleteKept, fmt.Sprintf("a %s exchange where the config has a %s one: not the config's (topology plan shows the conflict)", mx.Type, x.Kind)
-			return s, nil
+			return s, "", nil
 		}
 	}
 	if feeds != "" {
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))
-		return s, nil
+		return s, "", nil
 	}
 	if opts.DryRun {
+		// The delete itself needs no list of bindings (if-unused keeps an
+		// exchange in use): without one, say what it would do.
 		s.Action = DeleteWould
 		if in.Mgmt == nil {
 			s.Reason = "unless a queue outside the topology is bound to it (AMQP cannot list bindings)"
-			return s, nil
+			return s, "", nil
 		}
 		bs, err := in.Mgmt.ExchangeBindings(ctx, x.Name)
 		if err != nil {
-			return s, err
+			s.Reason = "unless a queue outside the topology is bound to it (the management API could not list its bindings: " + err.Error() + ")"
+			return s, "", nil
 		}
 		ours := map[string]bool{}
 		for _, q := range t.Queues {
@@ -313,7 +367,7 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 		if other := foreignBindings(bs, ours); len(other) > 0 {
 			s.Action, s.Reason = DeleteKept, "in use: bound to "+strings.Join(other, ", ")
 		}
-		return s, nil
+		return s, "", nil
 	}
 	err = withChannel(in.Conn, func(ch *amqp.Channel) error {
 		const ifUnused, noWait = true, false
@@ -335,9 +389,9 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		s.Action = DeleteAbsent
 	default:
-		return s, fmt.Errorf("delete %s: %w", s.Object, err)
+		return s, DeleteStepDelete, err
 	}
-	return s, nil
+	return s, "", nil
 }
 
 // foreignBindings names the destinations of bs that gone does not mark as
@@ -398,11 +452,22 @@ func (r *DeleteReport) WriteText(w io.Writer) error {
 		}
 		b.WriteString(line + "\n")
 	}
+	if f := r.Failed; f != nil {
+		fmt.Fprintf(&b, "  %-12s %s: %s: %s\n", "failed", f.Object, f.Step, f.Error)
+	}
 	verb, cmd := "deleted", "delete"
 	if r.DryRun {
 		verb, cmd = "would delete", "delete --dry-run"
 	}
-	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent\n", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	switch {
+	case r.Failed == nil:
+	case r.Failed.Step == DeleteStepCheck && r.Failed.Kind == KindQueue:
+		b.WriteString("; stopped at the failed check: nothing was deleted")
+	default:
+		fmt.Fprintf(&b, "; stopped at %s: what follows it was not checked or deleted", r.Failed.Object)
+	}
+	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

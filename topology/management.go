@@ -76,7 +76,19 @@ type MgmtQueue struct {
 	OperatorPolicy  string         `json:"operator_policy"`
 	EffectivePolicy map[string]any `json:"effective_policy_definition"`
 	PolicyReported  bool           `json:"-"`
+	// Consumers is the broker's count from its statistics, a few seconds
+	// late (absent, so 0, until first reported), and ConsumerDetails the
+	// consumers it lists, which it adds at once but, for a stream reader
+	// whose channel closed without a cancel, kept listing for half a minute
+	// and more (3.10.8 and 4.0.5). On a stream, these are the only count:
+	// a passive declare says 0 with a reader attached. See ConsumerCount.
+	Consumers       int               `json:"consumers"`
+	ConsumerDetails []json.RawMessage `json:"consumer_details"`
 }
+
+// ConsumerCount is the larger of Consumers and len(ConsumerDetails): a
+// reader that either one still shows counts.
+func (q *MgmtQueue) ConsumerCount() int { return max(q.Consumers, len(q.ConsumerDetails)) }
 
 // MgmtExchange is the part of GET /api/exchanges/{vhost}/{name} verify uses.
 type MgmtExchange struct {

@@ -486,6 +486,10 @@ func (e *Env) ManagementGet(path string) []byte {
 	return body
 }
 
+// ManagementVhost is the test's virtual host escaped for a management API
+// path, e.g. "/api/queues/"+e.ManagementVhost()+"/"+url.PathEscape(name).
+func (e *Env) ManagementVhost() string { return vhostPath(e.brokerURL) }
+
 func (e *Env) mgmtGet(path string) ([]byte, error) {
 	return e.mgmtDo(http.MethodGet, path, http.StatusOK)
 }

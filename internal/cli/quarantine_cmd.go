@@ -54,6 +54,10 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		"audit":  "quarantine audit [--all]",
 	}[sub]
 	fs := newFlagSet(env, "quarantine "+sub, usage+" [--config config.yaml] [--url amqp://...] [--output text|json]")
+	if sub == "list" {
+		flags := fs.Usage
+		fs.Usage = func() { flags(); fmt.Fprint(env.Stderr, listColumns) }
+	}
 	var c common
 	c.register(fs, env)
 	var f filterFlags
@@ -371,9 +375,27 @@ func age(now, t time.Time) string {
 	return now.Sub(t).Round(time.Second).String()
 }
 
+// listColumns says what each column of list's text output holds (its JSON
+// holds the records, under their own field names).
+const listColumns = `
+columns:
+  ID             the record's id (for show, --id)
+  QUEUE          the work queue the message failed on
+  CLASS, FINGERPRINT, REASON
+                 from the failure envelope
+  AGE            since the message was quarantined
+  STATE          open, or what became of this record: replayed, purged, expired
+  PRIOR_REPLAYS  how many times the message had been replayed out of the
+                 quarantine before it came into the quarantine this time (its
+                 dlxbridge-redrive-count header; JSON: redrive_count). Replaying
+                 this record does not change it (STATE does): if the message fails
+                 again, its new record says one more. replay refuses a message
+                 whose count reached the queue's quarantine.max_redrives.
+`
+
 func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tREDRIVES\tREASON")
+	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tPRIOR_REPLAYS\tREASON")
 	for _, r := range recs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, printable(string(r.Envelope.Class), ""), printable(r.Envelope.Fingerprint, ""),
 			age(now, r.Seen()), r.State, r.Redrives, printable(quarantine.Truncate(r.Envelope.Reason, 80), ""))
@@ -408,7 +430,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	row("error", e.Error)
 	row("fingerprint", e.Fingerprint)
 	row("attempts", e.Attempts)
-	row("redrives", r.Redrives)
+	row("prior replays", r.Redrives) // see listColumns
 	row("first failure", formatTime(e.FirstFailureAt))
 	row("quarantined", formatTime(e.QuarantinedAt))
 	row("original", strings.Trim(fmt.Sprintf("%s %s %s", e.OriginalExchange, e.OriginalRouting, e.OriginalQueue), " "))
@@ -437,7 +459,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 		row("header "+k, fmt.Sprintf("%v", headers[k]))
 	}
 	for _, h := range hist {
-		row("history", fmt.Sprintf("%s %s %s %s (redrives %d)", h.ID, h.StoredAt.Format(time.RFC3339), h.State, h.Envelope.Class, h.Redrives))
+		row("history", fmt.Sprintf("%s %s %s %s (prior replays %d)", h.ID, h.StoredAt.Format(time.RFC3339), h.State, h.Envelope.Class, h.Redrives))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

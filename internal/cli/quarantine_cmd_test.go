@@ -158,6 +158,21 @@ func TestQuarantineCommands(t *testing.T) {
 	if !strings.Contains(out, "replayed 3 of 3 selected") {
 		t.Fatalf("replay:\n%s", out)
 	}
+	// PRIOR_REPLAYS is the count the message arrived with: a record just
+	// replayed still says 0 (its STATE says replayed); the JSON field keeps
+	// its name.
+	listed := strings.Split(strings.TrimSpace(run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--state", "all")), "\n")
+	if want := "ID QUEUE CLASS FINGERPRINT AGE STATE PRIOR_REPLAYS REASON"; strings.Join(strings.Fields(listed[0]), " ") != want {
+		t.Errorf("list heading %q, want the fields %q", listed[0], want)
+	}
+	for _, row := range listed[1:4] {
+		if f := strings.Fields(row); len(f) < 7 || f[5] != "replayed" || f[6] != "0" {
+			t.Errorf("list row %q: want state replayed, 0 prior replays", row)
+		}
+	}
+	if js := run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--state", "all", "--output", "json"); !strings.Contains(js, `"redrive_count": 0`) {
+		t.Errorf("list JSON lacks redrive_count:\n%s", js)
+	}
 	run(cli.ExitOK, "quarantine", "purge", "--fingerprint", "fp-c", "--reason", "test data")
 	audit := run(cli.ExitOK, "quarantine", "audit")
 	for _, want := range []string{"replay-started", "replay-finished", "purged", "fixed in 1.2.4", "test data", "fingerprint=fp-c"} {
@@ -274,5 +289,20 @@ func TestReplayKilledMidwayLosesNothing(t *testing.T) {
 	out := b.mustRun(t, cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-k", "--lock-wait", "0s", "--config", b.config)
 	if !strings.Contains(out, fmt.Sprintf("replayed %d of %d selected", open, open)) {
 		t.Fatalf("second replay:\n%s", out)
+	}
+}
+
+// quarantine list -h says what each column counts; PRIOR_REPLAYS (once
+// REDRIVES) was read as "times this record was replayed".
+func TestQuarantineListHelpSaysWhatItsColumnsCount(t *testing.T) {
+	t.Parallel()
+	code, _, help := runCLI(t, "", "quarantine", "list", "-h")
+	if code != cli.ExitOK {
+		t.Fatalf("list -h: exit %d\n%s", code, help)
+	}
+	for _, want := range []string{"PRIOR_REPLAYS", "before it came into the quarantine this time", "dlxbridge-redrive-count", "max_redrives", "STATE"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("list -h lacks %q:\n%s", want, help)
+		}
 	}
 }

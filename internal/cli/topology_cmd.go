@@ -22,7 +22,9 @@ import (
 // reached or refused the login, or delete kept (or, with --dry-run, would
 // keep) a queue that holds data or an exchange in use. Exit 3: plan or verify could not check
 // everything (no management API) and found nothing wrong in what it could. A configured management API that
-// does not answer is warned about, and the command goes on over AMQP.
+// does not answer is warned about, and the command goes on over AMQP,
+// except delete (with or without --dry-run), which then refuses with exit 2
+// unless --without-management.
 func runTopology(ctx context.Context, env *Env, args []string) int {
 	sub, rest, code, ok := subcommand(env, "topology", args,
 		subcmd{"plan", "what apply would create, what exists, what conflicts; declares nothing"},
@@ -41,7 +43,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	c.register(fs, env)
 	var del topology.DeleteOptions
 	if sub == "delete" {
-		fs.BoolVar(&del.DryRun, "dry-run", false, "print what would be deleted or kept (with message counts); delete nothing")
+		fs.BoolVar(&del.DryRun, "dry-run", false, "print what would be deleted or kept (with message counts); delete nothing. Refuses where the delete would (no management API without --without-management)")
 		fs.BoolVar(&del.IncludeData, "include-data", false, "also delete queues that hold messages and the quarantine's streams (its records and audit trail)")
 		fs.BoolVar(&del.WithoutManagement, "without-management", false, "delete without the management API (broker.management_url): objects of another type under the config's names, and queues other configs route into, are then deleted when empty")
 	}

@@ -2,7 +2,14 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -366,18 +374,188 @@ func (d *deleteBundle) deleteCmd(args ...string) []string {
 // Without the management API (none configured, or one that does not
 // answer) delete refuses and deletes nothing: only that API tells the
 // config's objects from another application's under the same names.
-// --dry-run still runs, and --without-management deletes.
+// --dry-run says so too, with the same message and exit code, instead of
+// listing what a delete that refuses would never do; --dry-run
+// --without-management shows what --without-management would delete.
 func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
 	for _, mgmt := range []string{"", "http://127.0.0.1:1"} {
 		// The same topology (names come from the test's prefix).
 		nm := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
-		_, errOut := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
-		if !strings.Contains(errOut, "management API") {
-			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, errOut)
+		_, refused := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
+		if !strings.Contains(refused, "management API") {
+			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, refused)
 		}
 		d.want(t, "refused delete", append(d.queues(), d.exchanges()...)...)
-		nm.mustRunAll(t, cli.ExitFail, "topology", "delete", "--dry-run", "--config", nm.config)
+		out, dry := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--dry-run", "--include-data", "--config", nm.config)
+		if out != "" || dry != refused {
+			t.Errorf("management %q: dry run printed\nstdout:\n%s\nstderr:\n%s\nwant no stdout and the delete's refusal:\n%s", mgmt, out, dry, refused)
+		}
+		out = nm.mustRun(t, cli.ExitOK, "topology", "delete", "--dry-run", "--include-data", "--without-management", "--config", nm.config)
+		if !strings.Contains(out, "delete --dry-run: 9 would delete, 0 kept, 0 absent") {
+			t.Errorf("management %q: dry run --without-management:\n%s", mgmt, out)
+		}
+		d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
+	}
+}
+
+// A passive declare counts 0 consumers on a stream with a reader (3.10.8
+// and 4.0.5): a reader of the quarantine's records (a `quarantine list`, a
+// sidecar's page) would lose the stream under it. With the management API,
+// which counts the reader, delete keeps the stream, even with
+// --include-data, and says why.
+func TestTopologyDeleteKeepsAStreamBeingRead(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	d.env.RequireManagement() // a skip, or under CI=true a failure
+	ch, err := d.env.Dial("reader").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(10, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Consume(d.records, "reader", false, false, false, false, amqp.Table{"x-stream-offset": "first"}); err != nil {
+		t.Fatal(err)
+	}
+	d.awaitStreamReader(t, d.records)
+
+	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
+	if want := "kept         queue '" + d.records + "' (stream): 1 consumer(s) attached"; !strings.Contains(out, want) || !strings.Contains(errOut, "kept queue '"+d.records+"'") {
+		t.Errorf("delete lacks %q:\nstdout:\n%s\nstderr:\n%s", want, out, errOut)
+	}
+	d.want(t, "delete --include-data", d.records)
+}
+
+// awaitStreamReader waits until the management API counts a consumer on
+// the stream (its statistics arrive every few seconds).
+func (d *deleteBundle) awaitStreamReader(t *testing.T, stream string) {
+	t.Helper()
+	path := "/api/queues/" + d.env.ManagementVhost() + "/" + url.PathEscape(stream)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var q struct {
+			Consumers       int   `json:"consumers"`
+			ConsumerDetails []any `json:"consumer_details"`
+		}
+		if err := json.Unmarshal(d.env.ManagementGet(path), &q); err != nil {
+			t.Fatal(err)
+		}
+		if q.Consumers > 0 || len(q.ConsumerDetails) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the management API counts no reader on %s after 30s", stream)
+		}
+		time.Sleep(250 * time.Millisecond) // the API has nothing to wait on
+	}
+}
+
+// failingManagement is a management API that passes every request on to
+// the test broker's, except that it answers 500 to a GET of the paths in
+// fail (escaped, as the client sends them): a management API that fails
+// part-way, some checks answered and one not.
+func failingManagement(t *testing.T, env *brokertest.Env, fail ...string) string {
+	t.Helper()
+	target, err := url.Parse(env.RequireManagement())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = &http.Transport{DisableKeepAlives: true}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && slices.Contains(fail, r.URL.EscapedPath()) {
+			http.Error(w, "injected failure", http.StatusInternalServerError)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The management API answers every check but three: the quarantine's
+// queue, the retry exchange, and the bindings from E. What it could not
+// read is kept (fail closed), and so is Q.dead, which leads to the kept
+// quarantine; the dry run says the same, and that E, which the delete
+// removes with if-unused, would go unless something else is bound to it.
+func TestTopologyDeleteKeepsWhatTheManagementAPIFailedToCheck(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	vh := d.env.ManagementVhost()
+	mgmt := failingManagement(t, d.env,
+		"/api/queues/"+vh+"/"+url.PathEscape(d.quarantine),
+		"/api/exchanges/"+vh+"/"+url.PathEscape(d.retry),
+		"/api/exchanges/"+vh+"/"+url.PathEscape(d.exchange)+"/bindings/source")
+	failing := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
+
+	kept := []string{
+		"kept         queue '" + d.quarantine + "' (0 messages): the management API could not read it: ",
+		"kept         exchange '" + d.retry + "': the management API could not read it: ",
+		"kept         exchange '" + d.dead + "': leads to kept queue '" + d.quarantine + "'",
+	}
+	out := failing.mustRun(t, cli.ExitFail, "topology", "delete", "--dry-run", "--include-data", "--config", failing.config)
+	for _, want := range append(kept,
+		"would delete queue '"+d.records+"' (stream)",
+		"would delete exchange '"+d.exchange+"': unless a queue outside the topology is bound to it (the management API could not list its bindings: ",
+		"delete --dry-run: 6 would delete, 3 kept, 0 absent",
+	) {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out)
+		}
+	}
+	d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
+
+	out, errOut := failing.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", failing.config)
+	for _, want := range append(kept, "delete: 6 deleted, 3 kept, 0 absent") {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errOut, "kept queue '"+d.quarantine+"', exchange '"+d.dead+"', exchange '"+d.retry+"'") {
+		t.Errorf("delete's error does not name what it kept:\n%s", errOut)
+	}
+	d.want(t, "delete --include-data", d.quarantine, d.dead, d.retry)
+}
+
+// A broker error part-way through deleting (here: a login that may not
+// configure the quarantine, so its queue.delete is refused with 403 after
+// its check passed) stops the delete: the report has what was deleted
+// before it and names the step that failed with its error, in text and in
+// JSON, and the command exits 1.
+func TestTopologyDeleteReportsTheStepThatFailed(t *testing.T) {
+	t.Parallel()
+	d := setupDelete(t)
+	restricted := d.env.User(brokertest.Permissions{
+		Configure: "^(?!" + regexp.QuoteMeta(d.quarantine) + "$).*", Write: ".*", Read: ".*",
+	})
+	args := []string{"topology", "delete", "--include-data", "--url", restricted, "--config", d.config}
+
+	out, errOut := d.mustRunAll(t, cli.ExitFail, append(args, "--output", "json")...)
+	var r topology.DeleteReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("report JSON: %v\n%s", err, out)
+	}
+	want := topology.DeleteFailure{Kind: topology.KindQueue, Object: "queue '" + d.quarantine + "'", Step: topology.DeleteStepDelete}
+	if f := r.Failed; f == nil || f.Kind != want.Kind || f.Object != want.Object || f.Step != want.Step || !strings.Contains(f.Error, "403") {
+		t.Errorf("failed = %+v, want %+v with the broker's 403\n%s", f, want, out)
+	}
+	if r.Summary != (topology.DeleteSummary{Deleted: 3}) || len(r.Steps) != 3 || r.Steps[0].Object != "queue '"+d.work+"'" {
+		t.Errorf("steps before the failure: %+v, summary %+v", r.Steps, r.Summary)
+	}
+	if !strings.Contains(errOut, "queue '"+d.quarantine+"'") {
+		t.Errorf("stderr does not name the failed step:\n%s", errOut)
+	}
+	d.want(t, "delete stopped at the quarantine", d.quarantine, d.records, d.events, d.exchange, d.dead, d.retry)
+
+	out = d.mustRun(t, cli.ExitFail, args...)
+	for _, want := range []string{
+		"failed       queue '" + d.quarantine + "': delete: Exception (403)",
+		"delete: 0 deleted, 0 kept, 3 absent; stopped at queue '" + d.quarantine + "': what follows it was not checked or deleted",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text report lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -1,0 +1,84 @@
+package brokertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Permissions are a user's rights on the test's virtual host: regular
+// expressions over resource names, as the broker takes them ("" allows
+// nothing, ".*" everything).
+type Permissions struct {
+	Configure, Write, Read string
+}
+
+// User adds a user with these permissions on the test's virtual host and
+// the management tag (so the management API answers it), deleted when
+// the test ends, and returns an AMQP URL that logs in as it through the
+// test's recording relay. Without a management API it skips the test
+// (fails it under CI=true). A test process killed before its cleanup
+// leaves the user behind: its name starts with the test's prefix.
+func (e *Env) User(p Permissions) string {
+	e.T.Helper()
+	e.RequireManagement()
+	secret := make([]byte, 12)
+	_, _ = rand.Read(secret)
+	name, password := e.Name("user."+hex.EncodeToString(secret[:4])), hex.EncodeToString(secret[4:])
+	user := "/api/users/" + url.PathEscape(name)
+	if err := e.mgmtSend(http.MethodPut, user, map[string]string{"password": password, "tags": "management"}); err != nil {
+		e.T.Fatalf("add user %s: %v", name, err)
+	}
+	e.T.Cleanup(func() {
+		if err := e.mgmtSend(http.MethodDelete, user, nil); err != nil {
+			e.T.Errorf("delete user %s: %v", name, err)
+		}
+	})
+	perms := map[string]string{"configure": p.Configure, "write": p.Write, "read": p.Read}
+	if err := e.mgmtSend(http.MethodPut, "/api/permissions/"+e.ManagementVhost()+"/"+url.PathEscape(name), perms); err != nil {
+		e.T.Fatalf("set permissions of %s: %v", name, err)
+	}
+	u, err := url.Parse(e.URL)
+	if err != nil {
+		e.T.Fatalf("test URL: %v", err)
+	}
+	u.User = url.UserPassword(name, password)
+	return u.String()
+}
+
+// mgmtSend sends body as JSON (none if nil) and wants a 2xx answer.
+func (e *Env) mgmtSend(method, path string, body any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, strings.TrimRight(e.ManagementURL, "/")+path, r)
+	if err != nil {
+		return err
+	}
+	user, pass := credentials(e.brokerURL)
+	req.SetBasicAuth(user, pass)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Reason", "dlxbridge test")
+	resp, err := mgmtClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: status %d: %s", method, path, resp.StatusCode, msg)
+	}
+	return nil
+}
