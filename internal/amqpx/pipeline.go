@@ -2,6 +2,7 @@ package amqpx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -90,9 +91,11 @@ func newPipeline(conn *amqp.Connection, max int) (*Pipeline, error) {
 // follows (see Pipeline). An error means nothing was sent and done will not
 // be called. One that wraps ErrPublisherClosed broke the pipeline (its
 // channel is gone, or a write failed part way: make a new one) and failed
-// what it held; any other concerns msg alone (ctx ended, or a header value
-// AMQP cannot carry, found before anything was written), and the publishes
-// in flight go on.
+// what it held (one that also wraps ErrBesideRefusal was refused because
+// the broker closed the channel for another publish's size: nothing is
+// wrong with it); any other concerns msg alone (ctx ended, or a header
+// value AMQP cannot carry, found before anything was written), and the
+// publishes in flight go on.
 func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("not published: %w", err)
@@ -107,6 +110,20 @@ func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.P
 	}
 	f := &inFlight{seq: p.ch.GetNextPublishSeqNo(), exchange: exchange, key: key, msg: &msg, sent: time.Now(), done: done}
 	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		if errors.Is(err, amqp.ErrClosed) {
+			// Nothing was written: the channel closed a moment ago, and
+			// its close is on its way to run, which fails what is in
+			// flight with the close's cause. This publish gets the same
+			// (one refused beside another's size refusal learns so).
+			p.mu.Unlock()
+			t := time.NewTimer(CloseTimeout)
+			select {
+			case <-p.exited:
+			case <-t.C:
+			}
+			t.Stop()
+			p.mu.Lock()
+		}
 		// Past the checks above only the channel or the connection fails
 		// a publish, which may have written part of it.
 		p.breakLocked(fmt.Errorf("publish: %w", err))

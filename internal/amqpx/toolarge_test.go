@@ -106,6 +106,12 @@ func TestPipelineTellsTheOversizedPublishFromTheOthersOnItsChannel(t *testing.T)
 	if max, ok := amqpx.IsTooLarge(got["huge"]); !ok || max != tooLargeLimit {
 		t.Fatalf("IsTooLarge: %d %v", max, ok)
 	}
+	// A publish after the refusal is refused at once, with the same word:
+	// nothing is wrong with it.
+	<-p.Done()
+	if err := p.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("late")}, func(error) { t.Error("done called for a refused publish") }); !errors.Is(err, amqpx.ErrBesideRefusal) {
+		t.Errorf("a publish after the refusal: %v, want ErrBesideRefusal", err)
+	}
 	for _, n := range []string{"before", "after", "after-2"} {
 		if err := got[n]; err != nil && !errors.Is(err, amqpx.ErrBesideRefusal) {
 			t.Errorf("%s: %v, want nil or ErrBesideRefusal", n, err)
