@@ -414,9 +414,9 @@ func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
 // until the drain deadline.
 //
 // A publish in flight when the broker closed the channel for another one's
-// size (amqpx.ErrBesideRefusal) is sent once more, on a new channel, before
-// confirmed hears of it: one oversized copy costs the others on the channel
-// nothing but, at worst, a duplicate.
+// size (amqpx.ErrBesideRefusal) is sent again, on a new channel, before
+// confirmed hears of it (see resending): one oversized copy costs the
+// others on the channel nothing but, at worst, a duplicate.
 func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
 	sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, maxResends))
 }
