@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 )
 
@@ -190,5 +191,29 @@ func TestKeeperStoresARecordOverTheMaxMessageSizeWithoutItsPayload(t *testing.T)
 	pr, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{IDs: []string{huge.ID}}, Reason: "too large to keep"})
 	if err != nil || len(pr.Purged) != 1 {
 		t.Fatalf("purge of a stub: %+v %v", pr, err)
+	}
+}
+
+// The keeper reads a size refusal in either wording (the "configured" one,
+// and the one at the broker's 512 MiB ceiling), and only from a closed
+// channel: a nack is never a size limit.
+func TestKeeperReadsASizeRefusal(t *testing.T) {
+	t.Parallel()
+	closed := func(reason string) error {
+		return fmt.Errorf("%w: %v", amqpx.ErrPublisherClosed, &amqp.Error{Code: amqp.PreconditionFailed, Reason: reason})
+	}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{closed("PRECONDITION_FAILED - message size 65600 is larger than configured max size 65536"), true},
+		{closed("PRECONDITION_FAILED - message size 536870999 is larger than max size 536870912"), true},
+		{closed("PRECONDITION_FAILED - inequivalent arg 'x-max-age'"), false},
+		{amqpx.ErrNacked, false},
+		{fmt.Errorf("publish: message size 65600 is larger than configured max size 65536"), false}, // not a close
+	} {
+		if got := tooLarge(c.err); got != c.want {
+			t.Errorf("tooLarge(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
