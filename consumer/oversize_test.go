@@ -361,3 +361,38 @@ func TestRetryOverTheBrokersMaxMessageSizeIsDeadLetteredNotLooped(t *testing.T) 
 		}
 	}
 }
+
+// The whole way, with the runtime's keeper on: a message over the lowered
+// limit fails for good, the broker dead-letters it into the intake, and
+// the keeper, whose record of it is larger still, keeps a stub saying how
+// large the payload was and why it is missing (docs/quarantine.md). The
+// record is the broker's (class rejected, the work queue as its origin).
+func TestMessageOverTheLimitEndsAsARecordThatSaysSo(t *testing.T) {
+	t.Parallel()
+	node := brokertest.StartPrivateNodeWith(t, brokertest.LikeShared(brokertest.Require(t)))
+	env := node.Env(t)
+	t.Logf("private node: RabbitMQ %s", env.ServerVersion)
+	b := setupOn(t, env, nil)
+	b.cfg.hooks.keeper = true
+	body := []byte(`{"id":"big","note":"` + strings.Repeat("n", sizeLimitForTests) + `"}`)
+	b.publish(body, amqp.Publishing{MessageId: "big"})
+	node.Reconfigure(fmt.Sprintf("max_message_size = %d", sizeLimitForTests))
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("no such customer"))
+		})))
+	})
+	b.waitOutcome(OutcomeDeadLettered, 30*time.Second)
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
+	r := waitRecords(t, in, 1).Records[0]
+	om := r.Envelope.PayloadOmitted
+	if r.Properties.MessageID != "big" || om == nil || om.Bytes != len(body) || !strings.Contains(om.Reason, "max message size") {
+		t.Fatalf("record %s: payload omitted %+v", r.Properties.MessageID, om)
+	}
+	if e := r.Envelope; e.Source != quarantine.SourceBroker || e.Class != triage.ClassRejected || e.OriginalQueue != b.queue.Name {
+		t.Fatalf("record envelope %+v", e)
+	}
+	if n := b.queueDepth(b.wq.Quarantine); n != 0 {
+		t.Fatalf("intake holds %d", n)
+	}
+}
