@@ -191,8 +191,8 @@ func TestMessageThatCannotFitAnyFrameIsDeadLetteredNotSent(t *testing.T) {
 	})
 	select {
 	case o := <-b.settled:
-		if o != OutcomeQuarantined {
-			t.Fatalf("outcome %q, want %q", o, OutcomeQuarantined)
+		if o != OutcomeDeadLettered {
+			t.Fatalf("outcome %q, want %q", o, OutcomeDeadLettered)
 		}
 	case err := <-lost:
 		t.Fatalf("connection lost: %v", err)

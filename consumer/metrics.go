@@ -16,6 +16,18 @@ const (
 	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
 	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
 	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
+	// OutcomeDeadLettered: no retry or quarantine copy could be published
+	// (the body is over the broker's max message size, or not even the
+	// bare envelope fits one frame): the original was rejected without
+	// requeue, and the broker dead-letters it, as received, into the
+	// quarantine (dlxbridge_dead_lettered_total says why).
+	OutcomeDeadLettered = "dead_lettered"
+)
+
+// Reasons of dlxbridge_dead_lettered_total.
+const (
+	deadLetterMaxMessageSize = "max_message_size"
+	deadLetterFrameMax       = "frame_max"
 )
 
 // metrics are the runtime's collectors. Labels are bounded: queue names come
@@ -30,6 +42,7 @@ type metrics struct {
 	validation       *prometheus.CounterVec
 	attemptsSuccess  *prometheus.HistogramVec
 	publishFailures  *prometheus.CounterVec
+	deadLettered     *prometheus.CounterVec
 	reconnects       prometheus.Counter
 	abandonedHandler *prometheus.CounterVec
 	// breakerState and breakerTransitions: docs/breaker.md.
@@ -73,6 +86,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_publish_failures_total",
 			Help: "Retry or quarantine publishes that were not confirmed (returned, nacked, channel lost), by queue and kind.",
 		}, []string{"queue", "kind"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_dead_lettered_total",
+			Help: "Failed deliveries that no retry or quarantine copy could carry, rejected without requeue so that the broker dead-letters them as received into the quarantine, by queue and reason (max_message_size: the body is over the broker's limit; frame_max: not even the bare envelope fits one frame).",
+		}, []string{"queue", "reason"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dlxbridge_reconnects_total",
 			Help: "Times the runtime lost its connection or a channel and reconnected.",
@@ -94,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
-		m.validation, m.attemptsSuccess, m.publishFailures, m.reconnects, m.abandonedHandler,
+		m.validation, m.attemptsSuccess, m.publishFailures, m.deadLettered, m.reconnects, m.abandonedHandler,
 		m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -275,10 +275,10 @@ func (w *worker) process(d amqp.Delivery) bool {
 			}
 			return true
 		}
-		// A re-admission that cannot fit one frame was not sent: the
-		// message is handled here, with the count it arrived with (the
-		// broker's delivery limit stays the backstop).
-		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame; handled with the delivery count it arrived with")
+		// A re-admission that cannot be sent (one frame, max message
+		// size) was not: the message is handled here, with the count it
+		// arrived with (the broker's delivery limit stays the backstop).
+		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame or the broker's max message size; handled with the delivery count it arrived with")
 	}
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).

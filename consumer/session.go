@@ -69,9 +69,10 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 
 	lost := make(chan error, len(queues))
 	var runners []*queueSession
+	maxSize := &sizeLimit{}
 	for _, qr := range queues {
 		wq, _ := topo.WorkQueue(qr.cfg.Name)
-		qs, err := startQueueSession(ctx, conn, pubConn, blocking, qr, wq, carriesCounts(version), lost)
+		qs, err := startQueueSession(ctx, conn, pubConn, blocking, maxSize, qr, wq, carriesCounts(version), lost)
 		if err != nil {
 			c.stopAll(runners, 0, conn, closePub)
 			return err
@@ -188,6 +189,7 @@ type queueSession struct {
 	pubConn  *amqp.Connection // for retry and quarantine publishes
 	frameMax int              // pubConn's: what a publishing must fit in
 	blocking *amqpx.Blocking  // pubConn's resource-alarm state
+	maxSize  *sizeLimit       // pubConn's max message size, once the broker named it
 	ch       *amqp.Channel
 	tag      string
 	workers  sync.WaitGroup
@@ -212,7 +214,7 @@ type queueSession struct {
 	acks *ackWindow
 }
 
-func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
+func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, maxSize *sizeLimit, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: open channel: %w", qr.cfg.Name, err)
@@ -220,7 +222,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.deps.host, qr.cfg.Name, time.Now().UnixNano())
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
-		pubConn: pubConn, blocking: blocking, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
+		pubConn: pubConn, blocking: blocking, maxSize: maxSize, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
 	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch)
 	qs.sub = &subscription{qs: qs}

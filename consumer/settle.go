@@ -76,10 +76,14 @@ const pipelineDepth = 64
 // this one when the confirm arrives (see worker.next). A failed publish
 // rejects the original with requeue: the broker keeps it and the
 // crash-loop guard bounds the loop. What cannot be parked is never acked.
-// It reports false, having done nothing, for a re-admission that cannot fit
-// one frame: the caller delivers the message instead, since rejecting it
-// would quarantine a message whose handler never ran. Once it reports true
-// the span is its to end.
+// A copy that cannot be published at all (see unsendable: over one frame,
+// or a body over the broker's max message size) is not sent; a retry is
+// parked in the quarantine instead, and what even the quarantine cannot
+// take is rejected without requeue (deadLetter).
+// It reports false, having done nothing, for a re-admission that cannot be
+// sent: the caller delivers the message instead, since rejecting it would
+// quarantine a message whose handler never ran. Once it reports true the
+// span is its to end.
 func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
 	qr := w.q
 	c := w.deps
@@ -96,34 +100,28 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		log = log.With("stack", st)
 	}
 	out, err := w.prepare(ctx, span, d, f)
-	if v.Action == triage.ActionReadmit && errors.Is(err, quarantine.ErrNoFit) {
+	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
 		return false // w.settled untouched: the handler decides the outcome
 	}
 	w.settled.failed(f)
-	if v.Action == triage.ActionRetry && errors.Is(err, quarantine.ErrNoFit) {
+	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
 		// A retry may not drop the producer's headers (see fitRank):
-		// park it instead, where they may give way.
+		// park it instead, where they may give way (and redaction may
+		// shrink the body).
 		f.verdict.Action = triage.ActionQuarantine
 		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 		v = f.verdict
 		w.settled.failed(f)
 		out, err = w.prepare(ctx, span, d, f)
 	}
-	if errors.Is(err, quarantine.ErrNoFit) {
+	if why, no := unsendable(err); no {
 		// Not even the bare envelope fits (a frame_max far below the
-		// default): nothing was sent. Reject without requeue: the broker
+		// default), or the body is over the broker's max message size:
+		// nothing was sent. Reject without requeue: the broker
 		// dead-letters the message as received into the quarantine, with
 		// x-death as its record.
 		defer span.End()
-		log.Error("quarantine does not fit one frame; rejecting the original into the quarantine (broker dead-letter)", "error", err)
-		if rerr := a.Reject(); rerr != nil {
-			log.Warn("reject failed (channel gone); the broker will redeliver", "error", rerr)
-			w.settled.SettleErr = rerr
-			w.record(OutcomeAckFailed)
-			return true
-		}
-		w.record(OutcomeQuarantined)
-		c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		w.deadLetter(span, a, w.settled, f, log, why, err)
 		return true
 	}
 	publish := func(confirmed func(error)) {
@@ -178,6 +176,22 @@ func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delive
 	}
 	if err != nil {
 		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
+		if max, ok := amqpx.IsTooLarge(err); ok {
+			// The broker refused this copy for its body's size (before
+			// routing it: no queue has it) and named its limit, which
+			// the connection's later failures are checked against
+			// before they are sent (the publisher learned it already).
+			w.s.maxSize.learn(max)
+		}
+		if why, no := unsendable(err); no && v.Action != triage.ActionReadmit {
+			// No copy of this body can be sent: refused by the broker,
+			// or held back by the publisher (*overLimitError) once it
+			// knew the limit.
+			w.deadLetter(span, a, st, f, log, why, err)
+			return
+		}
+		// A re-admission's handler never ran: requeued below, it comes
+		// back and, the limit known now, is handled in place.
 		qr.publishFailures.add(d.MessageId, err.Error())
 		// Requeued messages keep their place and come straight back: pause
 		// (this worker only: it takes no delivery until then) so a broker
@@ -240,8 +254,10 @@ type outgoing struct {
 
 // prepare builds the verdict's publishing (see build) inside a producer
 // span, whose context the publishing carries so that the next consumer
-// span continues the trace. A publishing that cannot fit one frame is not
-// sent: the error wraps quarantine.ErrNoFit, and the span is ended.
+// span continues the trace. A publishing that cannot fit one frame (the
+// error wraps quarantine.ErrNoFit), or whose body is over the broker's max
+// message size as learned on this connection (*overLimitError), is not
+// sent, and the span is ended.
 func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
 	in := w.buildInput(d, f, consumeSpan)
 	exchange, key, attrs := destination(in)
@@ -258,9 +274,14 @@ func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.De
 	in.trace = amqp.Table{}
 	telemetry.Inject(pctx, in.trace)
 	b, err := build(in)
+	if limit := w.s.maxSize.get(); err == nil && overLimit(len(b.p.Body), limit) {
+		// Said by settleFailure, which parks or dead-letters it.
+		err = &overLimitError{size: int64(len(b.p.Body)), limit: limit}
+	} else if err != nil {
+		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
+	}
 	switch {
 	case err != nil:
-		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		span.End()
@@ -332,10 +353,11 @@ func (w *worker) ack(a acker, st Settled, outcome string, then func()) {
 }
 
 // sessionPublisher is a worker's confirmer: a confirm pipeline on the
-// session's publishing connection, opened on first use. Not safe for
-// concurrent use: each worker has its own.
+// session's publishing connection, opened on first use. Each worker has its
+// own; mu lets a re-send (see Publish) share it.
 type sessionPublisher struct {
 	s    *queueSession
+	mu   sync.Mutex
 	pipe *amqpx.Pipeline
 }
 
@@ -344,22 +366,35 @@ type sessionPublisher struct {
 // comes, and the channel closes with the publishing connection, which the
 // session closes next).
 func (sp *sessionPublisher) close() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
 	if sp.pipe != nil {
 		sp.pipe.Close()
 		sp.pipe = nil
 	}
 }
 
+// retire closes pipe, broken by a publish, unless a re-send has replaced it
+// already (then the one in use stays).
+func (sp *sessionPublisher) retire(pipe *amqpx.Pipeline) {
+	sp.mu.Lock()
+	if sp.pipe == pipe {
+		sp.pipe = nil
+	}
+	sp.mu.Unlock()
+	pipe.Close()
+}
+
 // pipeline returns the confirm pipeline, opening one if needed: one whose
 // channel died is replaced.
 func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
 	if sp.pipe != nil {
-		select {
-		case <-sp.pipe.Done():
-			sp.pipe = nil
-		default:
+		if !sp.pipe.Broken() {
 			return sp.pipe, nil
 		}
+		sp.pipe = nil // it ends by itself once it has failed what it held
 	}
 	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
 	if err != nil {
@@ -377,7 +412,48 @@ func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
 // wait, and a timeout would requeue the message and run its handler again
 // for nothing. So publish first waits for the unblock, holding the delivery,
 // until the drain deadline.
+//
+// A publish in flight when the broker closed the channel for another one's
+// size (amqpx.ErrBesideRefusal) is sent again, on a new channel, before
+// confirmed hears of it (see resending): one oversized copy costs the
+// others on the channel nothing but, at worst, a duplicate.
 func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
+	sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, maxResends))
+}
+
+// maxResends bounds how often one publish is sent again after refusals of
+// others (each refusal takes one oversized publish out of the pipeline,
+// and the limit it teaches holds the later ones back, so a second round is
+// already rare).
+const maxResends = 4
+
+// resending wraps confirmed: a publish failed beside another's refusal is
+// sent again (up to left times), and a refusal teaches the connection the
+// broker's limit at once, before the publishes failed beside it are sent
+// again.
+func (sp *sessionPublisher) resending(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error), left int) func(error) {
+	return func(err error) {
+		if max, ok := amqpx.IsTooLarge(err); ok {
+			sp.s.maxSize.learn(max)
+		}
+		if left > 0 && errors.Is(err, amqpx.ErrBesideRefusal) && sp.s.handlerCtx.Err() == nil {
+			// Called on the pipeline's goroutine, which must not block
+			// (nor open a channel).
+			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, left-1))
+			return
+		}
+		confirmed(err)
+	}
+}
+
+// publish sends p on the pipeline, unless its body is over the broker's
+// limit as learned on this connection (*overLimitError: sent, it would
+// close the channel under the others).
+func (sp *sessionPublisher) publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
+	if limit := sp.s.maxSize.get(); overLimit(len(p.Body), limit) {
+		confirmed(&overLimitError{size: int64(len(p.Body)), limit: limit})
+		return
+	}
 	if err := sp.s.blocking.Wait(sp.s.handlerCtx); err != nil {
 		_, reason := sp.s.blocking.Blocked()
 		confirmed(fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err))
@@ -391,8 +467,8 @@ func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p
 		// An error of this publish's own leaves the others in flight on
 		// the pipeline: failing them would requeue originals whose copies
 		// the broker may well confirm.
-		if errors.Is(err, amqpx.ErrPublisherClosed) {
-			sp.close()
+		if pipe != nil && errors.Is(err, amqpx.ErrPublisherClosed) {
+			sp.retire(pipe)
 		}
 		confirmed(err)
 	}

@@ -131,7 +131,7 @@ func newSettleBundle(t testing.TB, frameMax int) *settleBundle {
 	b.stop = cancel
 	t.Cleanup(cancel)
 	qr := c.queues[settleQueue]
-	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{}, frameMax: frameMax,
+	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{}, frameMax: frameMax, maxSize: &sizeLimit{},
 		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
 	qs.acks = newAckWindow(qs.settle, 200)
 	b.w = newWorker(qs, b.out)
@@ -376,8 +376,11 @@ func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
 	b = newSettleBundle(t, 600) // not even the bare envelope fits
 	a = &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), quarantineFailure())
-	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeQuarantined {
+	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeDeadLettered {
 		t.Fatalf("calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
+	}
+	if n := testutil.ToFloat64(b.w.deps.metrics.deadLettered.WithLabelValues(settleQueue, deadLetterFrameMax)); n != 1 {
+		t.Errorf("dead_lettered{reason=frame_max} = %v, want 1", n)
 	}
 }
 

@@ -40,8 +40,10 @@ type Settled struct {
 	// (see Reason).
 	Err error
 	// SettleErr is why the runtime could not settle as decided: the failed
-	// retry or quarantine publish (OutcomeRequeued) or ack, or the reject of
-	// what could not be parked (OutcomeAckFailed).
+	// retry or quarantine publish (OutcomeRequeued) or ack, the reject of
+	// what could not be parked (OutcomeAckFailed), or why no copy could be
+	// published (OutcomeDeadLettered: over the broker's max message size,
+	// or over one frame).
 	SettleErr error
 	// GateError is the schema gate's objection to a message that was
 	// delivered anyway because the queue's gate is in report mode; nil

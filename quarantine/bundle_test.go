@@ -41,7 +41,13 @@ func setupStore(t *testing.T, mutate func(q *config.Queue)) *storeBundle {
 // add queues, named with env.Name so that they are cleaned up).
 func setupStoreConfig(t *testing.T, mutate func(env *brokertest.Env, cfg *config.Config)) *storeBundle {
 	t.Helper()
-	env := brokertest.Require(t)
+	return setupStoreOn(t, brokertest.Require(t), mutate)
+}
+
+// setupStoreOn is setupStoreConfig on the broker of env (e.g. a private
+// node's).
+func setupStoreOn(t *testing.T, env *brokertest.Env, mutate func(env *brokertest.Env, cfg *config.Config)) *storeBundle {
+	t.Helper()
 	cfg := &config.Config{Queues: []config.Queue{{
 		Name:     env.Name("work"),
 		Exchange: config.Exchange{Name: env.Name("ex"), Type: "direct"},

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -393,9 +392,14 @@ func (k *Keeper) publishStub(ctx context.Context, pub **amqpx.Publisher, d *amqp
 
 // tooLarge: the broker refused a publish for its size. It closes the
 // channel (406 PRECONDITION_FAILED, "message size N is larger than
-// configured max size M"; seen on 4.0.5).
+// configured max size M", or "… than max size M" at the broker's ceiling;
+// seen on 3.10.8 and 4.0.5; see amqpx.TooLargeError).
 func tooLarge(err error) bool {
-	return errors.Is(err, amqpx.ErrPublisherClosed) && strings.Contains(err.Error(), "larger than configured max size")
+	if !errors.Is(err, amqpx.ErrPublisherClosed) {
+		return false
+	}
+	_, _, ok := amqpx.ParseTooLarge(err.Error())
+	return ok
 }
 
 // redrives reads the redrive count a message carries: 0 when absent,

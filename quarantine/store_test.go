@@ -3,13 +3,16 @@ package quarantine
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 )
 
 // The keeper drains what was already in the intake when it started into the
@@ -127,24 +130,22 @@ func (b *storeBundle) depth(queue string) int {
 	return q.Messages
 }
 
-// A message near the broker's max message size (16 MiB on 4.x) fits the
-// intake but not with its record meta: the broker refuses the record. The
-// keeper then stores it without its payload, saying why and how large it
-// was, so it is listed and can be purged, the messages behind it move on,
-// and replay refuses it (the payload is gone).
+// A message near the broker's max message size fits the intake but not
+// with its record meta: the broker refuses the record. The keeper then
+// stores it without its payload, saying why and how large it was, so it is
+// listed and can be purged, the messages behind it move on, and replay
+// refuses it (the payload is gone). On a private node of the shared
+// broker's major version with a 64 KiB limit: before, this test sent 16 MiB
+// to the shared 4.x broker on every run, and could not run on 3.x (128 MiB).
 func TestKeeperStoresARecordOverTheMaxMessageSizeWithoutItsPayload(t *testing.T) {
 	t.Parallel()
-	b := setupStore(t, nil)
-	var overview struct {
-		Version string `json:"rabbitmq_version"`
-	}
-	if err := json.Unmarshal(b.env.ManagementGet("/api/overview"), &overview); err != nil {
-		t.Fatal(err)
-	}
-	if strings.HasPrefix(overview.Version, "3.") {
-		t.Skipf("RabbitMQ %s: the max message size is 128 MiB; this test sends 16 MiB", overview.Version)
-	}
-	const size = 16<<20 - 100
+	const limit = 65536
+	opts := brokertest.LikeShared(brokertest.Require(t))
+	opts.Config = fmt.Sprintf("max_message_size = %d", limit)
+	node := brokertest.StartPrivateNodeWith(t, opts)
+	b := setupStoreOn(t, node.Env(t), func(_ *brokertest.Env, cfg *config.Config) {})
+	t.Logf("private node: RabbitMQ %s", b.env.ServerVersion)
+	const size = limit - 100
 	now := time.Now().UTC()
 	intake := b.q.Quarantine.Queue
 	b.publish(intake, amqp.Publishing{MessageId: "small-1", Type: "test.job", Headers: envelopeHeaders(b.q.Name, "fp-small", "bad", now), Body: []byte(`{"n":1}`)})
@@ -190,5 +191,29 @@ func TestKeeperStoresARecordOverTheMaxMessageSizeWithoutItsPayload(t *testing.T)
 	pr, err := rp.Purge(ctx, PurgeOptions{Filter: Filter{IDs: []string{huge.ID}}, Reason: "too large to keep"})
 	if err != nil || len(pr.Purged) != 1 {
 		t.Fatalf("purge of a stub: %+v %v", pr, err)
+	}
+}
+
+// The keeper reads a size refusal in either wording (the "configured" one,
+// and the one at the broker's 512 MiB ceiling), and only from a closed
+// channel: a nack is never a size limit.
+func TestKeeperReadsASizeRefusal(t *testing.T) {
+	t.Parallel()
+	closed := func(reason string) error {
+		return fmt.Errorf("%w: %v", amqpx.ErrPublisherClosed, &amqp.Error{Code: amqp.PreconditionFailed, Reason: reason})
+	}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{closed("PRECONDITION_FAILED - message size 65600 is larger than configured max size 65536"), true},
+		{closed("PRECONDITION_FAILED - message size 536870999 is larger than max size 536870912"), true},
+		{closed("PRECONDITION_FAILED - inequivalent arg 'x-max-age'"), false},
+		{amqpx.ErrNacked, false},
+		{fmt.Errorf("publish: message size 65600 is larger than configured max size 65536"), false}, // not a close
+	} {
+		if got := tooLarge(c.err); got != c.want {
+			t.Errorf("tooLarge(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package amqpx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -14,7 +15,9 @@ import (
 // is called once, from the pipeline's own goroutine, with nil when the
 // broker confirmed it (a queue has it) or with an error: a basic.return
 // (*ReturnedError), a nack (ErrNacked), the channel's loss
-// (ErrPublisherClosed), or Fail's cause. A done func must not block.
+// (ErrPublisherClosed; a *TooLargeError for the publish whose size made the
+// broker close it, ErrBesideRefusal for the others then in flight), or
+// Fail's cause. A done func must not block.
 //
 // Confirms come in publish order (the client resequences them); a
 // basic.return reaches the client before its message's confirm, and
@@ -88,9 +91,11 @@ func newPipeline(conn *amqp.Connection, max int) (*Pipeline, error) {
 // follows (see Pipeline). An error means nothing was sent and done will not
 // be called. One that wraps ErrPublisherClosed broke the pipeline (its
 // channel is gone, or a write failed part way: make a new one) and failed
-// what it held; any other concerns msg alone (ctx ended, or a header value
-// AMQP cannot carry, found before anything was written), and the publishes
-// in flight go on.
+// what it held (one that also wraps ErrBesideRefusal was refused because
+// the broker closed the channel for another publish's size: nothing is
+// wrong with it); any other concerns msg alone (ctx ended, or a header
+// value AMQP cannot carry, found before anything was written), and the
+// publishes in flight go on.
 func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing, done func(error)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("not published: %w", err)
@@ -105,6 +110,20 @@ func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.P
 	}
 	f := &inFlight{seq: p.ch.GetNextPublishSeqNo(), exchange: exchange, key: key, msg: &msg, sent: time.Now(), done: done}
 	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		if errors.Is(err, amqp.ErrClosed) {
+			// Nothing was written: the channel closed a moment ago, and
+			// its close is on its way to run, which fails what is in
+			// flight with the close's cause. This publish gets the same
+			// (one refused beside another's size refusal learns so).
+			p.mu.Unlock()
+			t := time.NewTimer(CloseTimeout)
+			select {
+			case <-p.exited:
+			case <-t.C:
+			}
+			t.Stop()
+			p.mu.Lock()
+		}
 		// Past the checks above only the channel or the connection fails
 		// a publish, which may have written part of it.
 		p.breakLocked(fmt.Errorf("publish: %w", err))
@@ -156,16 +175,14 @@ func (p *Pipeline) run() {
 			p.mu.Unlock()
 		case c, ok := <-p.confirms:
 			if !ok {
-				p.failAll(ErrPublisherClosed)
+				// The client hands the close's cause to p.closed (and then
+				// closes it) before it closes the confirms: it is there.
+				p.failClosed(<-p.closed)
 				return
 			}
 			p.confirm(c)
 		case e := <-p.closed:
-			if e != nil {
-				p.failAll(fmt.Errorf("%w: %v", ErrPublisherClosed, e))
-			} else {
-				p.failAll(ErrPublisherClosed)
-			}
+			p.failClosed(e)
 			return
 		case err := <-p.fail:
 			p.failAll(err)
@@ -222,6 +239,44 @@ func returnOf(r *amqp.Return, f *inFlight) bool {
 		string(r.Body) == string(f.msg.Body)
 }
 
+// failClosed fails what is unconfirmed after the channel closed with e (nil
+// for a close of the client's own). A size refusal (see TooLargeError) is
+// the refused publish's alone: it gets the TooLargeError, and the others
+// ErrBesideRefusal. The broker refuses a publish before routing it, so that
+// one is known not to have reached any queue; of the others, those written
+// before it may have, those after it were discarded.
+func (p *Pipeline) failClosed(e *amqp.Error) {
+	if e == nil {
+		p.failAll(ErrPublisherClosed)
+		return
+	}
+	tl := tooLargeClose(e)
+	if tl == nil {
+		p.failAll(fmt.Errorf("%w: %v", ErrPublisherClosed, e))
+		return
+	}
+	beside := fmt.Errorf("%w: %w", ErrBesideRefusal, tl.Closed)
+	p.mu.Lock()
+	if p.broken == nil {
+		// Later publishes are refused with it too: nothing is wrong
+		// with them either.
+		p.broken = beside
+		_ = CloseChannel(p.ch, 0)
+	}
+	pending := p.inFlight
+	p.inFlight = nil
+	p.mu.Unlock()
+	refused := false
+	for _, f := range pending {
+		if !refused && int64(len(f.msg.Body)) == tl.Size {
+			refused = true // one refusal: the first publish of that size
+			f.done(tl)
+			continue
+		}
+		f.done(beside)
+	}
+}
+
 // failAll breaks the pipeline and fails what is unconfirmed.
 func (p *Pipeline) failAll(err error) {
 	p.mu.Lock()
@@ -239,6 +294,14 @@ func (p *Pipeline) breakLocked(err error) {
 		p.broken = fmt.Errorf("%w (after: %v)", ErrPublisherClosed, err)
 		_ = CloseChannel(p.ch, 0)
 	}
+}
+
+// Broken reports whether the pipeline takes no more publishes; it may
+// still be failing what it held (see Done).
+func (p *Pipeline) Broken() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.broken != nil
 }
 
 // Done is closed once the pipeline is broken and has failed what it held.

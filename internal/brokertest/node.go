@@ -31,8 +31,9 @@ type Node struct {
 	URL string
 
 	t       testing.TB
-	dir     string
-	sbin    string   // directory holding rabbitmq-server and rabbitmqctl
+	dir     string   // the node's directory as this process sees it
+	root    string   // a root file system the scripts run in (chroot), "" for none
+	sbin    string   // directory holding rabbitmq-server and rabbitmqctl (inside root)
 	environ []string // environment for both scripts
 	pidFile string   // the node writes its OS pid here at boot
 
@@ -75,19 +76,85 @@ func isExec(p string) bool {
 // fails it under CI=true (.ci/run installs the server).
 func StartPrivateNode(t testing.TB) *Node {
 	t.Helper()
-	sbin := findSbin()
-	if sbin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("rabbitmq-server is not installed under CI=true: the fault tests need it to run a private node")
-		}
-		t.Skip("rabbitmq-server is not installed: the fault tests need it to run a private node")
+	return StartPrivateNodeWith(t, NodeOptions{})
+}
+
+// NodeOptions shape a private node.
+type NodeOptions struct {
+	// Config is added to the node's rabbitmq.conf (lines of the new-style
+	// format), e.g. "max_message_size = 65536" for a limit that a test can
+	// reach without pushing megabytes. Defaults to none.
+	Config string
+	// Version4 runs the node from the RabbitMQ 4.x root file system that
+	// scripts/rabbitmq4 builds (RABBITMQ4_ROOT, by default
+	// /var/cache/dlxbridge/rabbitmq4-trixie), in a chroot, so that a fault
+	// test sees 4.x behaviour. Without that root (or without root
+	// privileges) the test is skipped, or fails under CI=true. Defaults to
+	// false: the system's rabbitmq-server.
+	Version4 bool
+}
+
+// LikeShared returns options for a private node of the same major version
+// as the shared broker e runs on: a fault test then covers 3.x and 4.x as
+// the suite does (run against each broker in turn).
+func LikeShared(e *Env) NodeOptions {
+	return NodeOptions{Version4: !strings.HasPrefix(e.ServerVersion, "3.")}
+}
+
+// root4 is the 4.x root file system, "" when there is none to run in.
+func root4() string {
+	root := os.Getenv("RABBITMQ4_ROOT")
+	if root == "" {
+		root = "/var/cache/dlxbridge/rabbitmq4-trixie"
 	}
-	dir := t.TempDir()
+	if os.Geteuid() != 0 || !isExec(filepath.Join(root, sbinCandidates[0], "rabbitmq-server")) {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(root, "proc", "self")); err != nil {
+		return "" // scripts/rabbitmq4 start mounts proc, dev and sys
+	}
+	return root
+}
+
+// StartPrivateNodeWith is StartPrivateNode with opts.
+func StartPrivateNodeWith(t testing.TB, opts NodeOptions) *Node {
+	t.Helper()
+	sbin, root := "", ""
+	if opts.Version4 {
+		if root = root4(); root != "" {
+			sbin = sbinCandidates[0]
+		}
+	} else {
+		sbin = findSbin()
+	}
+	if sbin == "" {
+		what := "rabbitmq-server is not installed"
+		if opts.Version4 {
+			what = "no RabbitMQ 4.x root file system to run in (scripts/rabbitmq4 start builds it; needs root)"
+		}
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s under CI=true: the fault tests need it to run a private node", what)
+		}
+		t.Skipf("%s: the fault tests need it to run a private node", what)
+	}
+	// In a chroot the node's directory must lie inside the root; inner is
+	// how the node names it.
+	dir, inner := t.TempDir(), ""
+	if root != "" {
+		d, err := os.MkdirTemp(filepath.Join(root, "tmp"), "dlxfault-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(d) })
+		dir, inner = d, strings.TrimPrefix(d, root)
+	} else {
+		inner = dir
+	}
 	var r [4]byte
 	_, _ = rand.Read(r[:])
 	name := "dlxfault" + hex.EncodeToString(r[:]) + "@localhost"
 	amqpPort, distPort := freePort(t), freePort(t)
-	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte("log.file.level = warning\n"), 0o644); err != nil {
+	if err := writeConf(dir, opts.Config); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
@@ -102,20 +169,20 @@ func StartPrivateNode(t testing.TB) *Node {
 		}
 	}
 	env = append(env,
-		"HOME="+dir, // rabbitmq-server and rabbitmqctl share the cookie created here
+		"HOME="+inner, // rabbitmq-server and rabbitmqctl share the cookie created here
 		"RABBITMQ_NODENAME="+name,
 		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
 		"RABBITMQ_NODE_PORT="+strconv.Itoa(amqpPort),
 		"RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
-		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
-		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
-		"RABBITMQ_PID_FILE="+filepath.Join(dir, "node.pid"),
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"),
-		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(dir, "advanced.config"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(inner, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(inner, "log"),
+		"RABBITMQ_PID_FILE="+filepath.Join(inner, "node.pid"),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(inner, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(inner, "advanced.config"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(inner, "enabled_plugins"),
 		"RABBITMQ_CONF_ENV_FILE=/dev/null",
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
-		"ERL_CRASH_DUMP="+filepath.Join(dir, "erl_crash.dump"),
+		"ERL_CRASH_DUMP="+filepath.Join(inner, "erl_crash.dump"),
 	)
 	n := &Node{
 		pidFile: filepath.Join(dir, "node.pid"),
@@ -123,12 +190,37 @@ func StartPrivateNode(t testing.TB) *Node {
 		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort),
 		t:       t,
 		dir:     dir,
+		root:    root,
 		sbin:    sbin,
 		environ: env,
 	}
 	t.Cleanup(n.cleanup)
 	n.Start()
 	return n
+}
+
+// writeConf writes the node's rabbitmq.conf with config added.
+func writeConf(dir, config string) error {
+	conf := "log.file.level = warning\n"
+	if config != "" {
+		conf += strings.TrimRight(config, "\n") + "\n"
+	}
+	return os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644)
+}
+
+// Reconfigure stops the node, replaces what NodeOptions.Config added to its
+// rabbitmq.conf with config, and starts it again; its data (queues and
+// their messages) is kept. A test can so fill a queue and then lower
+// max_message_size under its messages: "rabbitmqctl eval
+// 'application:set_env(rabbit, max_message_size, N).'" reaches new channels
+// on 3.10.8 but not on 4.0.5 (seen: 4.0.5 kept the limit it booted with).
+func (n *Node) Reconfigure(config string) {
+	n.t.Helper()
+	n.Stop()
+	if err := writeConf(n.dir, config); err != nil {
+		n.t.Fatal(err)
+	}
+	n.Start()
 }
 
 // freePort asks the kernel for an unused loopback port.
@@ -310,8 +402,11 @@ func (n *Node) run(timeout time.Duration, script string, args ...string) ([]byte
 	defer os.Remove(f.Name())
 	defer f.Close()
 	cmd := exec.Command(filepath.Join(n.sbin, script), args...)
+	if n.root != "" {
+		cmd = exec.Command("chroot", append([]string{n.root, filepath.Join(n.sbin, script)}, args...)...)
+	}
 	cmd.Env = n.environ
-	cmd.Dir = n.dir // erl may drop files (crash dumps) in its working directory
+	cmd.Dir = n.dir // erl may drop files (crash dumps) in its working directory (chroot keeps it)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		return nil, err
