@@ -27,8 +27,9 @@ import (
 // handler, or waiting for its retry or quarantine publish's confirm) waits
 // for it, and is acked one frame per tag (a spill) only when waiting longer
 // would cost more than those frames: a worker about to wait for a delivery
-// finds half the prefetch waiting (the broker may have stopped delivering
-// because of them), an ack has waited ackStale (a long handler holds the
+// finds half the prefetch waiting, or fewer when other workers' handlers
+// can hold the rest (the broker may have stopped delivering because of
+// them), an ack has waited ackStale (a long handler holds the
 // gap), or a stop or a paused worker forces it. Each frame costs the
 // broker a command of its own, and in a storm a quarantine's confirm holds
 // a gap every few deliveries: writing what waited behind it whenever a
@@ -49,7 +50,7 @@ import (
 type ackWindow struct {
 	settle   func(write func() error) error
 	batch    int // acks waiting that flush the settled prefix
-	spill    int // acks waiting that a worker about to wait writes one by one
+	spill    int // acks waiting that a worker about to wait writes one by one (see newAckWindow)
 	maxDelay time.Duration
 
 	mu      sync.Mutex
@@ -83,8 +84,15 @@ const (
 	ackIdle  = time.Millisecond
 )
 
-func newAckWindow(settle func(func() error) error, prefetch int) *ackWindow {
-	return &ackWindow{settle: settle, batch: max(1, min(ackBatch, prefetch/4)), spill: max(1, prefetch/2), maxDelay: ackDelay, asked: map[uint64]askedAck{}}
+// newAckWindow makes the window of a channel with this prefetch and this
+// many workers. A worker about to wait spills at half the prefetch, or
+// sooner when the other workers' handlers can hold the rest: with
+// concurrency-1 tags in handlers, prefetch-concurrency+1 acks behind them
+// leave the broker nothing to send, and the waiting worker would wait
+// ackStale for the timer every few deliveries.
+func newAckWindow(settle func(func() error) error, prefetch, concurrency int) *ackWindow {
+	spill := max(1, min(prefetch/2, prefetch-concurrency+1))
+	return &ackWindow{settle: settle, batch: max(1, min(ackBatch, prefetch/4)), spill: spill, maxDelay: ackDelay, asked: map[uint64]askedAck{}}
 }
 
 // ack asks for d's ack; report is called once it was written (nil) or could

@@ -100,7 +100,7 @@ func TestAckWindowConcurrentWithDroppedTagsAgainstAModel(t *testing.T) {
 		rng := rand.New(rand.NewSource(seed))
 		m := newLockedModel(t)
 		prefetch := 4 + rng.Intn(64)
-		w := newAckWindow(func(write func() error) error { return write() }, prefetch)
+		w := newAckWindow(func(write func() error) error { return write() }, prefetch, 1)
 		w.maxDelay = time.Duration(rng.Intn(3)) * time.Millisecond // the timer runs concurrently
 		const n = 3000
 		fed := make(chan *amqp.Delivery, prefetch)

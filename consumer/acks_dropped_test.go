@@ -64,7 +64,7 @@ func TestAckWindowRequeuesWhatTheClientDroppedOnARealChannel(t *testing.T) {
 		if err := ch.Qos(prefetch, 0, false); err != nil {
 			t.Fatal(err)
 		}
-		w := newAckWindow(func(write func() error) error { return write() }, prefetch)
+		w := newAckWindow(func(write func() error) error { return write() }, prefetch, 1)
 		handled := map[string]int{}
 		var dropped []uint64
 		handle := func(d amqp.Delivery) {

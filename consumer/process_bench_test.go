@@ -113,7 +113,7 @@ func newProcessBundle(tb testing.TB, edit func(*Config), h HandlerFunc) *process
 	qr.router = c.routers["orders"] // as Run does
 	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{},
 		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
-	qs.acks = newAckWindow(qs.settle, 200)
+	qs.acks = newAckWindow(qs.settle, 200, 1)
 	b.w = newWorker(qs, &fakeConfirmer{})
 	tb.Cleanup(func() {
 		b.w.close()

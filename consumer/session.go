@@ -224,7 +224,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, maxSize: maxSize, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
-	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch)
+	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch, qr.cfg.Consumer.Concurrency)
 	qs.sub = &subscription{qs: qs}
 	// A session that starts while the queue's breaker is open consumes
 	// once it allows (see feed).

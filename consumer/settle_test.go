@@ -133,7 +133,7 @@ func newSettleBundle(t testing.TB, frameMax int) *settleBundle {
 	qr := c.queues[settleQueue]
 	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{}, frameMax: frameMax, maxSize: &sizeLimit{},
 		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
-	qs.acks = newAckWindow(qs.settle, 200)
+	qs.acks = newAckWindow(qs.settle, 200, 1)
 	b.w = newWorker(qs, b.out)
 	t.Cleanup(b.w.close)
 	return b
@@ -664,7 +664,7 @@ func (r *tagAcknowledger) take() string {
 func TestAckWindowCoversOnlyTheSettledPrefix(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w := newAckWindow(func(write func() error) error { return write() }, 1000, 1)
 	reported := map[uint64]int{}
 	var mu sync.Mutex
 	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: rec} }
@@ -734,7 +734,7 @@ func TestAckWindowBehindAStuckTagStaysBounded(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
 	const prefetch, n = 100, 20000
-	w := newAckWindow(func(write func() error) error { return write() }, prefetch)
+	w := newAckWindow(func(write func() error) error { return write() }, prefetch, 1)
 	w.maxDelay = time.Hour
 	del := func(tag uint64) *amqp.Delivery { return &amqp.Delivery{DeliveryTag: tag, Acknowledger: rec} }
 	most := 0
@@ -793,7 +793,7 @@ func TestAckWindowBehindAStuckTagStaysBounded(t *testing.T) {
 func TestAckWindowRequeuesDeliveriesTheClientDropped(t *testing.T) {
 	t.Parallel()
 	m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
-	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w := newAckWindow(func(write func() error) error { return write() }, 1000, 1)
 	w.maxDelay = time.Hour
 	for tag := uint64(1); tag <= 6; tag++ {
 		m.unacked[tag] = true
@@ -824,7 +824,7 @@ func TestAckWindowAgainstAModel(t *testing.T) {
 	for seed := range int64(50) {
 		rng := rand.New(rand.NewSource(seed))
 		m := &modelChannel{t: t, unacked: map[uint64]bool{}, settled: map[uint64]bool{}}
-		w := newAckWindow(func(write func() error) error { return write() }, 4+rng.Intn(64))
+		w := newAckWindow(func(write func() error) error { return write() }, 4+rng.Intn(64), 1)
 		w.maxDelay = time.Hour
 		const n = 2000
 		var open []uint64 // delivered, not settled
@@ -926,7 +926,7 @@ func (m *modelChannel) Reject(tag uint64, requeue bool) error {
 func TestAckWindowBatches(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 16) // batch 4, spill 8
+	w := newAckWindow(func(write func() error) error { return write() }, 16, 1) // batch 4, spill 8
 	w.maxDelay = time.Hour
 	for tag := uint64(1); tag <= 3; tag++ {
 		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
@@ -960,7 +960,7 @@ func TestAckWindowBatches(t *testing.T) {
 func TestAckWindowSpillsHalfThePrefetchBeforeAWait(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 16) // spill 8
+	w := newAckWindow(func(write func() error) error { return write() }, 16, 1) // spill 8
 	w.maxDelay = time.Hour
 	// 1 is not settled.
 	for tag := uint64(2); tag <= 9; tag++ {
@@ -993,7 +993,7 @@ func TestAckWindowSpillsHalfThePrefetchBeforeAWait(t *testing.T) {
 func TestAckWindowTimerSpillsWhatWaitedTooLongBehindAGap(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w := newAckWindow(func(write func() error) error { return write() }, 1000, 1)
 	done := make(chan error, 3)
 	start := time.Now()
 	for tag := uint64(2); tag <= 4; tag++ { // 1 is in a handler
@@ -1053,7 +1053,7 @@ func TestSettledAckBehindABusyTagIsWrittenPromptly(t *testing.T) {
 func TestAckWindowWritesWhatWaitedItsDelay(t *testing.T) {
 	t.Parallel()
 	rec := &tagAcknowledger{}
-	w := newAckWindow(func(write func() error) error { return write() }, 1000)
+	w := newAckWindow(func(write func() error) error { return write() }, 1000, 1)
 	done := make(chan error, 1)
 	w.ack(&amqp.Delivery{DeliveryTag: 1, Acknowledger: rec}, func(err error) { done <- err })
 	select {
@@ -1142,5 +1142,29 @@ func TestSessionPublisherKeepsItsPipelineThroughAPublishErrorOfItsOwn(t *testing
 		case <-ctx.Done():
 			t.Fatal("confirms missing")
 		}
+	}
+}
+
+// With more workers than half the prefetch, the broker can stop delivering
+// with fewer than half the prefetch acked behind a gap: the rest are in
+// other workers' (long) handlers. A worker about to wait then waits for
+// nothing but the timer (ackStale for every few messages) unless it
+// writes what waits behind the gap.
+func TestAckWindowSpillsBeforeAWaitWhenHandlersHoldTheRestOfThePrefetch(t *testing.T) {
+	t.Parallel()
+	rec := &tagAcknowledger{}
+	const prefetch, concurrency = 10, 8
+	w := newAckWindow(func(write func() error) error { return write() }, prefetch, concurrency)
+	w.maxDelay = time.Hour
+	// Tags 1 to 7 are in seven workers' long handlers; the eighth acked
+	// 8, 9 and 10: all ten are unacked, and the broker sends no more.
+	for tag := uint64(8); tag <= 10; tag++ {
+		w.ack(&amqp.Delivery{DeliveryTag: tag, Acknowledger: rec}, func(error) {})
+	}
+	w.beforeWait()
+	got := strings.Fields(rec.take())
+	sort.Strings(got)
+	if strings.Join(got, " ") != "10 8 9" {
+		t.Fatalf("a worker about to wait with the whole prefetch unacked wrote %q, want 8 9 10 one by one", got)
 	}
 }

@@ -9,8 +9,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -250,7 +253,7 @@ func (m *Management) get(ctx context.Context, path string, into any) error {
 	case resp.StatusCode == http.StatusUnauthorized:
 		return fmt.Errorf("management API GET %s: %s: the API refused the login of user %q (credentials come from broker.management_url, else the AMQP URL)", path, resp.Status, m.User)
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("management API GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+		return fmt.Errorf("management API GET %s: %s: %s", path, resp.Status, errorBody(body))
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
@@ -258,6 +261,32 @@ func (m *Management) get(ctx context.Context, path string, into any) error {
 		return fmt.Errorf("management API GET %s: %w", path, err)
 	}
 	return nil
+}
+
+// maxErrorBody is how much of a refused read's body an error quotes.
+const maxErrorBody = 512
+
+// errorBody is a refused read's body as an error quotes it: its first
+// maxErrorBody bytes, as a Go string literal when they hold anything
+// unprintable. The body may be a proxy's error page, and the error ends up
+// in reports on an operator's terminal: it must neither fill them nor
+// drive the terminal (title, screen, a faked line).
+func errorBody(body []byte) string {
+	s, cut := strings.TrimSpace(string(body)), false
+	if len(s) > maxErrorBody {
+		n := maxErrorBody
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s, cut = s[:n], true
+	}
+	if !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		s = strconv.Quote(s)
+	}
+	if cut {
+		s += " (cut)"
+	}
+	return s
 }
 
 // decodeRaw decodes an already split object, keeping numbers exact.
