@@ -182,10 +182,32 @@ func (p *Pipeline) run() {
 			}
 			p.confirm(c)
 		case e := <-p.closed:
+			p.settleHandedOver()
 			p.failClosed(e)
 			return
 		case err := <-p.fail:
+			p.settleHandedOver()
 			p.failAll(err)
+			return
+		}
+	}
+}
+
+// settleHandedOver settles the publishes whose confirms the client has
+// handed over already, before what is left is failed. The client hands a
+// channel's close over after every confirm the broker sent before it, but
+// on a Go channel of its own: a select may pick the close first, and a
+// publish the broker confirmed would then fail (its original requeued
+// while its copy is in a queue, or the copy sent again).
+func (p *Pipeline) settleHandedOver() {
+	for {
+		select {
+		case c, ok := <-p.confirms:
+			if !ok {
+				return
+			}
+			p.confirm(c)
+		default:
 			return
 		}
 	}

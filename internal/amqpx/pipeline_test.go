@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -220,5 +221,90 @@ func TestPipelinePublishErrorOfItsOwnFailsOnlyIt(t *testing.T) {
 	}
 	if qi, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil || qi.Messages != 3 {
 		t.Fatalf("queue has %d messages (err %v), want 3", qi.Messages, err)
+	}
+}
+
+// Confirms that the client handed over before it reported the channel's
+// close were sent by the broker before it closed the channel: those
+// publishes are in their queue. Failed anyway, the runtime requeues an
+// original whose retry or quarantine copy exists (its handler runs again,
+// a delivery is counted), or sends the copy a second time (after a size
+// refusal). The client hands both over on separate Go channels, so the
+// pipeline must read the confirms first, not whichever a select picks.
+// Each round leaves the pipeline's goroutine busy (in a done func) while
+// four confirms and then the close wait for it; with a random pick, all
+// four come first in about one round in sixteen.
+func TestPipelineSettlesTheConfirmsThatCameBeforeTheClose(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	_, ex, _ := declareBound(t, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := env.Dial("pipeline-close")
+	for round := range 3 {
+		p, err := amqpx.NewPipeline(ctx, conn, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release := make(chan struct{})
+		var releaseOnce sync.Once
+		free := func() { releaseOnce.Do(func() { close(release) }) }
+		defer p.Close()
+		defer free() // before p.Close: the held done func must return
+		type result struct {
+			id  string
+			err error
+		}
+		results := make(chan result, 8)
+		publish := func(exchange, id string, done func(error)) {
+			t.Helper()
+			if err := p.Publish(ctx, exchange, "bound", amqp.Publishing{MessageId: id, Body: []byte(id)}, done); err != nil {
+				t.Fatalf("round %d: publish %s: %v", round, id, err)
+			}
+		}
+		record := func(id string) func(error) { return func(err error) { results <- result{id, err} } }
+		publish(ex, "hold", func(err error) { <-release; results <- result{"hold", err} })
+		ids := []string{"c1", "c2", "c3", "c4"}
+		for _, id := range ids {
+			publish(ex, id, record(id))
+		}
+		waitUntil(ctx, t, "four confirms buffered", func() bool { return p.BufferedConfirms() == len(ids) })
+		// To an exchange that does not exist: the broker closes the
+		// channel (404), after the confirms above.
+		publish(env.Name("missing"), "closer", record("closer"))
+		waitUntil(ctx, t, "the close handed over", p.CloseSeen)
+		free()
+		got := map[string]error{}
+		for len(got) < len(ids)+2 {
+			select {
+			case r := <-results:
+				got[r.id] = r.err
+			case <-ctx.Done():
+				t.Fatalf("round %d: results missing: %v", round, got)
+			}
+		}
+		for _, id := range append([]string{"hold"}, ids...) {
+			if got[id] != nil {
+				t.Errorf("round %d: %s, confirmed by the broker before the close: %v", round, id, got[id])
+			}
+		}
+		if !errors.Is(got["closer"], amqpx.ErrPublisherClosed) {
+			t.Errorf("round %d: the publish that closed the channel: %v, want ErrPublisherClosed", round, got["closer"])
+		}
+	}
+}
+
+// waitUntil polls cond (state with no event to wait on) until it holds or
+// ctx ends.
+func waitUntil(ctx context.Context, t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		}
 	}
 }

@@ -64,6 +64,10 @@ type Publisher struct {
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed by Close: ends a publish waiting for its confirm
+
+	// afterWrite, if set, runs once a publish is written, before its
+	// confirm is awaited (a test hook: see export_test.go).
+	afterWrite func()
 }
 
 // NewPublisher opens a confirm-mode channel on conn.
@@ -139,11 +143,19 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
 		return p.breakWith(fmt.Errorf("publish: %w", err))
 	}
+	if p.afterWrite != nil {
+		p.afterWrite()
+	}
 	var returned *ReturnedError
+	returns := p.returns // nil once closed: a closed channel is always ready
 	for {
 		select {
-		case r := <-p.returns:
-			returned = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			returned = returnedError(r)
 		case c, ok := <-p.confirms:
 			if !ok {
 				return p.breakWith(ErrPublisherClosed)
@@ -151,22 +163,16 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			if c.DeliveryTag < seq {
 				continue // a confirm for an earlier publish; cannot happen while serialized
 			}
-			// The return, if any, precedes the ack on the wire and the
-			// client delivers it first; drain a late one to be sure.
-			select {
-			case r := <-p.returns:
-				returned = &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
-			default:
-			}
-			switch {
-			case returned != nil:
-				return returned
-			case !c.Ack:
-				return ErrNacked
-			default:
-				return nil
-			}
+			return p.outcome(c, returned)
 		case e := <-p.closed:
+			// The broker may have confirmed the message before it closed
+			// the channel: the client hands that confirm over before the
+			// close, but on a Go channel of its own, which the select may
+			// not have picked yet.
+			if c, ok := p.confirmHandedOver(seq); ok {
+				_ = p.breakWith(nil)
+				return p.outcome(c, returned)
+			}
 			if e != nil {
 				return p.breakWith(fmt.Errorf("%w: %v", ErrPublisherClosed, e))
 			}
@@ -179,6 +185,49 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 			return p.breakWith(fmt.Errorf("waiting for publisher confirm: %w", ErrPublisherClosed))
 		}
 	}
+}
+
+// outcome is the result of the publish that c confirms, returned being its
+// basic.return if one came. The return precedes the ack on the wire and the
+// client delivers it first; a late one is drained to be sure.
+func (p *Publisher) outcome(c amqp.Confirmation, returned *ReturnedError) error {
+	select {
+	case r, ok := <-p.returns:
+		if ok {
+			returned = returnedError(r)
+		}
+	default:
+	}
+	switch {
+	case returned != nil:
+		return returned
+	case !c.Ack:
+		return ErrNacked
+	default:
+		return nil
+	}
+}
+
+// confirmHandedOver returns the confirm of publish seq if the client has
+// handed it over already.
+func (p *Publisher) confirmHandedOver(seq uint64) (amqp.Confirmation, bool) {
+	for {
+		select {
+		case c, ok := <-p.confirms:
+			if !ok {
+				return amqp.Confirmation{}, false
+			}
+			if c.DeliveryTag >= seq {
+				return c, true
+			}
+		default:
+			return amqp.Confirmation{}, false
+		}
+	}
+}
+
+func returnedError(r amqp.Return) *ReturnedError {
+	return &ReturnedError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
 }
 
 // breakWith retires the channel after err. Its close is not awaited: on a

@@ -116,3 +116,43 @@ func TestWatchChannelReportsBrokerCancelButNotOwn(t *testing.T) {
 		t.Fatal("watch did not end after Close")
 	}
 }
+
+// A publish the broker confirmed just before it closed the channel was
+// routed: it must not be reported as failed (the caller sends it again: a
+// duplicate) nor as returned (the client hands over a closed return
+// channel's zero value, which looked like a basic.return). The client
+// hands the confirm over before the close, on separate Go channels: each
+// round writes the publish, waits until both are handed over, and only
+// then lets Publish read them. A random pick gets it right about one round
+// in three.
+func TestPublisherReportsAConfirmThatCameBeforeTheClose(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	_, ex, _ := declareBound(t, env)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := env.Dial("publisher-close")
+	for round := range 6 {
+		pub, err := amqpx.NewPublisher(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub.AfterWrite(func() {
+			waitUntil(ctx, t, "the confirm handed over", func() bool { return pub.BufferedConfirms() == 1 })
+			// To an exchange that does not exist: the broker closes the
+			// channel (404), after the confirm above.
+			if err := pub.Channel().Publish(env.Name("missing"), "x", false, false, amqp.Publishing{}); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(ctx, t, "the close handed over", pub.CloseSeen)
+		})
+		if err := pub.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("confirmed")}); err != nil {
+			t.Errorf("round %d: a publish the broker confirmed before closing the channel: %v", round, err)
+		}
+		pub.AfterWrite(nil)
+		if err := pub.Publish(ctx, ex, "bound", amqp.Publishing{Body: []byte("after")}); err == nil {
+			t.Errorf("round %d: a publish after the close reported success", round)
+		}
+		_ = pub.Close()
+	}
+}
