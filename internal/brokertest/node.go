@@ -194,7 +194,11 @@ func StartPrivateNodeWith(t testing.TB, opts NodeOptions) *Node {
 		sbin:    sbin,
 		environ: env,
 	}
-	t.Cleanup(n.cleanup)
+	forget := register(n)
+	t.Cleanup(func() {
+		n.cleanup()
+		forget()
+	})
 	n.Start()
 	return n
 }
