@@ -137,7 +137,11 @@ type Event struct {
 	Counts  map[string]int `json:"counts,omitempty"`
 	// Expired are the records an expired event names, with their groups.
 	Expired []ExpiredRecord `json:"expired,omitempty"`
-	Offset  int64           `json:"-"`
+	// Quarantine is the intake whose events stream holds the event, as
+	// read (a replay of ids in no one queue claims every quarantine, so
+	// one run's claimed event appears once per quarantine).
+	Quarantine string `json:"quarantine,omitempty"`
+	Offset     int64  `json:"-"`
 }
 
 // Event kinds. "replayed" and "purged" resolve the records they name.
@@ -297,6 +301,7 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 	resolvedBy := map[string]*Event{}
 	expiredBy := map[string]*ExpiredRecord{}
 	var expiredOrder []string
+	var perStream [][]Event
 	for i, s := range sets {
 		p := &parts[i]
 		if p.err != nil {
@@ -306,7 +311,10 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 		snap.Intake[s.cfg.Quarantine.Queue] = p.waiting
 		for j := range p.events {
 			e := &p.events[j]
-			snap.Events = append(snap.Events, *e)
+			e.Quarantine = s.cfg.Quarantine.Queue
+			if j == 0 {
+				perStream = append(perStream, p.events)
+			}
 			if e.Kind == EventReplayed || e.Kind == EventPurged {
 				for _, id := range e.IDs {
 					if _, done := resolvedBy[id]; !done {
@@ -332,6 +340,7 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 			snap.Records = append(snap.Records, r)
 		}
 	}
+	snap.Events = mergeEvents(perStream)
 	for _, r := range snap.Records {
 		r.State = StateOpen
 		if e, ok := resolvedBy[r.ID]; ok {
@@ -791,4 +800,27 @@ func isText(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// mergeEvents merges events streams into one list in time order, each
+// stream's own order kept (its offsets are the truth; writers' clocks may
+// disagree): of the streams' next events the earliest goes first.
+func mergeEvents(streams [][]Event) []Event {
+	n := 0
+	for _, st := range streams {
+		n += len(st)
+	}
+	out := make([]Event, 0, n)
+	next := make([]int, len(streams))
+	for len(out) < n {
+		pick := -1
+		for i, st := range streams {
+			if next[i] < len(st) && (pick < 0 || st[next[i]].At.Before(streams[pick][next[pick]].At)) {
+				pick = i
+			}
+		}
+		out = append(out, streams[pick][next[pick]])
+		next[pick]++
+	}
+	return out
 }

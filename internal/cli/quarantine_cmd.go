@@ -523,7 +523,7 @@ func sortedIntakes(m map[string]int) []string {
 
 func writeAudit(w io.Writer, events []quarantine.Event) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "AT\tKIND\tBY\tRUN\tREASON\tFILTER\tCOUNTS\tIDS")
+	fmt.Fprintln(tw, "AT\tQUARANTINE\tKIND\tBY\tRUN\tREASON\tFILTER\tCOUNTS\tIDS")
 	for _, e := range events {
 		counts := make([]string, 0, len(e.Counts))
 		for k, v := range e.Counts {
@@ -534,7 +534,7 @@ func writeAudit(w io.Writer, events []quarantine.Event) error {
 		if len(e.IDs) > 5 {
 			ids = strings.Join(e.IDs[:5], ",") + fmt.Sprintf(",… (%d)", len(e.IDs))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), printable(e.Kind, ""), printable(e.By, ""), printable(e.Run, ""), printable(e.Reason, ""), printable(e.Filter, ""), strings.Join(counts, " "), ids)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), printable(e.Quarantine, ""), printable(e.Kind, ""), printable(e.By, ""), printable(e.Run, ""), printable(e.Reason, ""), printable(e.Filter, ""), strings.Join(counts, " "), ids)
 	}
 	return tw.Flush()
 }
@@ -545,7 +545,7 @@ func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
 		if p.Refused != "" {
 			verb = "refuse"
 		}
-		fmt.Fprintf(w, "%-7s %s -> %s (redrive %d)", verb, p.ID, p.ToQueue, p.Redrives)
+		fmt.Fprintf(w, "%-7s %s -> %s (replay no. %d)", verb, p.ID, p.ToQueue, p.Redrives)
 		if p.Refused != "" {
 			fmt.Fprintf(w, ": %s", printable(p.Refused, ""))
 		}
