@@ -438,7 +438,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	row("prior replays", r.Redrives) // see listColumns
 	row("first failure", formatTime(e.FirstFailureAt))
 	row("quarantined", formatTime(e.QuarantinedAt))
-	row("original", strings.Trim(fmt.Sprintf("%s %s %s", e.OriginalExchange, e.OriginalRouting, e.OriginalQueue), " "))
+	row("original", originText(e))
 	row("message id", r.Properties.MessageID)
 	row("idempotency key", e.IdempotencyKey)
 	row("type", r.Properties.Type)
@@ -601,4 +601,19 @@ func envSigner(cfg *config.Config) (*triage.Signer, error) {
 		return nil, fmt.Errorf("$%s: %w", env, err)
 	}
 	return signer, nil
+}
+
+// originText is a record's origin for show: exchange, routing key, queue.
+// The default exchange is named, so that "orders orders" (published to
+// queue orders directly, or replayed without a key: see the notes) does
+// not read as an exchange called orders.
+func originText(e quarantine.Envelope) string {
+	if e.OriginalExchange == "" && e.OriginalRouting == "" && e.OriginalQueue == "" {
+		return ""
+	}
+	ex := e.OriginalExchange
+	if ex == "" {
+		ex = "(default exchange)"
+	}
+	return strings.TrimSpace(fmt.Sprintf("%s %s %s", ex, e.OriginalRouting, e.OriginalQueue))
 }
