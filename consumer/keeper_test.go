@@ -95,33 +95,9 @@ func TestRuntimeKeepsQuarantineRecordsInTheStream(t *testing.T) {
 // the new one by message id and idempotency key.
 func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
-	b.cfg.hooks.keeper = true
-	b.start(func(c *Consumer) {
-		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
-			return triage.Permanent(errors.New("customer 99 unknown"))
-		})))
-	})
-	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1", Headers: amqp.Table{wire.HeaderIdempotencyKey: "idem-1"}})
-	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
-	first := waitRecords(t, in, 1).Records[0]
-
 	signer, err := triage.NewSigner([]byte(testSigningKey)) // the consumers' key: the origin it keeps is trusted
 	must(t, err)
-	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
-	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "customer 99 created"})
-	if err != nil || len(res.Sent) != 1 {
-		t.Fatalf("replay: %+v %v", res, err)
-	}
-	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	snap := waitRecords(t, in, 2)
-	var again *quarantine.Record
-	for _, r := range snap.Records {
-		if r.ID != first.ID {
-			again = r
-		}
-	}
+	first, again, snap := replayFailingAgain(t, signer, "customer 99 created")
 	if again.Redrives != 1 || again.State != quarantine.StateOpen || again.Envelope.Attempts != 1 || again.Envelope.IdempotencyKey != "idem-1" {
 		t.Fatalf("second record: redrives %d, state %s, envelope %+v", again.Redrives, again.State, again.Envelope)
 	}
@@ -135,6 +111,62 @@ func TestReplayedMessageThatFailsAgainComesBackWithItsHistory(t *testing.T) {
 	if len(hist) != 1 || hist[0].ID != first.ID || hist[0].State != quarantine.StateReplayed || hist[0].Resolution == nil {
 		t.Fatalf("history %+v", hist)
 	}
+}
+
+// A replay run without the consumers' signing key cannot vouch for the
+// origin it carries: the runtime does not use it, but the new record keeps
+// what the replay claimed, marked unverified, in a note that says so
+// plainly (not as if someone forged it).
+func TestUnsignedReplayKeepsTheClaimedOriginMarkedUnverified(t *testing.T) {
+	t.Parallel()
+	first, again, _ := replayFailingAgain(t, nil, "retry")
+	e := again.Envelope
+	if first.Envelope.OriginalExchange == "" || e.OriginalExchange == first.Envelope.OriginalExchange {
+		t.Fatalf("first origin %q; an unsigned origin was trusted: %+v", first.Envelope.OriginalExchange, e)
+	}
+	want := fmt.Sprintf("origin not verified: a replay claimed exchange %q, routing key %q", first.Envelope.OriginalExchange, first.Envelope.OriginalRouting)
+	var found bool
+	for _, n := range e.Notes {
+		found = found || strings.HasPrefix(n, want)
+		if strings.Contains(n, wire.HeaderOriginalExchange) && strings.Contains(n, "ignored") {
+			t.Errorf("note reads like a forgery: %q", n)
+		}
+	}
+	if !found {
+		t.Fatalf("notes %q, want one starting %q", e.Notes, want)
+	}
+}
+
+// replayFailingAgain quarantines a message whose handler always refuses it,
+// replays its record with signer (nil: no key) and returns the first
+// record, the one the replayed copy made, and the snapshot holding both.
+func replayFailingAgain(t *testing.T, signer *triage.Signer, reason string) (first, again *quarantine.Record, snap *quarantine.Snapshot) {
+	t.Helper()
+	b := setup(t, nil)
+	b.cfg.hooks.keeper = true
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("customer 99 unknown"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-1", Headers: amqp.Table{wire.HeaderIdempotencyKey: "idem-1"}})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
+	first = waitRecords(t, in, 1).Records[0]
+
+	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
+	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: reason})
+	if err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	snap = waitRecords(t, in, 2)
+	for _, r := range snap.Records {
+		if r.ID != first.ID {
+			again = r
+		}
+	}
+	return first, again, snap
 }
 
 func waitRecords(t *testing.T, in *quarantine.Inspector, n int) *quarantine.Snapshot {

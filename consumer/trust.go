@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -59,14 +60,59 @@ func (qr *queueRuntime) verify(d *amqp.Delivery) (triage.Verification, []string)
 	if v.Valid {
 		return v, nil
 	}
-	var ignored []string
+	var ignored, notes []string
 	for _, k := range signedHeaders {
-		if _, present := d.Headers[k]; present && k != wire.HeaderAttempts && k != wire.HeaderFirstFailureAt {
+		switch _, present := d.Headers[k]; {
+		case !present, k == wire.HeaderAttempts, k == wire.HeaderFirstFailureAt:
+		case k == wire.HeaderOriginalExchange, k == wire.HeaderOriginalRoutingKey, k == wire.HeaderOriginalQueue:
+		default:
 			ignored = append(ignored, k)
 		}
 	}
-	if len(ignored) == 0 {
-		return v, nil
+	if n := unverifiedOrigin(d.Headers, v.Problem); n != "" {
+		notes = append(notes, n)
 	}
-	return v, []string{fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem)}
+	if len(ignored) > 0 {
+		notes = append(notes, fmt.Sprintf("%s ignored: %s", strings.Join(ignored, ", "), v.Problem))
+	}
+	return v, notes
+}
+
+// maxClaimBytes caps each claimed origin value quoted in a note.
+const maxClaimBytes = 256
+
+// unverifiedOrigin is the note for origin headers (where the message was
+// first published) that no valid signature vouches for, or "" when there
+// are none. The usual cause is a replay run without the consumers' signing
+// key, not a forgery, so the note says what was claimed and that it was not
+// verified; the origin recorded is then this delivery's (see origin). The
+// claim stays in the quarantine envelope through this note. Values are the
+// publisher's: quoted, cut, never used.
+func unverifiedOrigin(h amqp.Table, problem string) string {
+	var claim []string
+	for _, f := range []struct{ name, key string }{
+		{"exchange", wire.HeaderOriginalExchange},
+		{"routing key", wire.HeaderOriginalRoutingKey},
+		{"queue", wire.HeaderOriginalQueue},
+	} {
+		raw, present := h[f.key]
+		if !present {
+			continue
+		}
+		s, ok := wire.String(raw)
+		if !ok {
+			s = "(" + wire.TypeName(raw) + ")"
+		}
+		claim = append(claim, fmt.Sprintf("%s %q", f.name, quarantine.Truncate(s, maxClaimBytes)))
+	}
+	if len(claim) == 0 {
+		return ""
+	}
+	who, why := "the message claimed", problem
+	if _, replayed := h[wire.HeaderRedriveCount]; replayed {
+		who = "a replay claimed"
+		why += "; replay with the consumers' signing key (security.signing_key_env) to keep it"
+	}
+	return fmt.Sprintf("origin not verified: %s %s (%s); the recorded origin is where this delivery came from",
+		who, strings.Join(claim, ", "), why)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Issue 7, items 7 and 9: a producer-set header must not make a valid
@@ -555,4 +556,44 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Logf("consumer process: %s", strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// The note on an unverified origin quotes what was claimed, whatever its
+// type or size, says whether a replay claimed it, and is absent when no
+// origin header is there.
+func TestUnverifiedOriginNote(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 10*maxClaimBytes)
+	cases := map[string]struct {
+		h        amqp.Table
+		want     []string
+		notWant  []string
+		maxBytes int
+	}{
+		"none":     {h: amqp.Table{wire.HeaderNotes: "[]"}},
+		"producer": {h: amqp.Table{wire.HeaderOriginalExchange: "ex"}, want: []string{`origin not verified: the message claimed exchange "ex" (no dlxbridge-signature)`}, notWant: []string{"replay"}},
+		"replay": {h: amqp.Table{wire.HeaderOriginalExchange: "ex", wire.HeaderOriginalRoutingKey: []byte("k"), wire.HeaderRedriveCount: int64(1)},
+			want: []string{`a replay claimed exchange "ex", routing key "k"`, "signing_key_env"}},
+		"odd types": {h: amqp.Table{wire.HeaderOriginalExchange: int64(7), wire.HeaderOriginalRoutingKey: amqp.Table{"a": 1}, wire.HeaderOriginalQueue: long},
+			want: []string{`exchange "(int64)"`, `routing key "(amqp091.Table)"`, "[truncated]"}, maxBytes: 2 * maxClaimBytes},
+	}
+	for name, c := range cases {
+		got := unverifiedOrigin(c.h, "no dlxbridge-signature")
+		if len(c.want) == 0 && got != "" {
+			t.Errorf("%s: %q, want none", name, got)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", name, got, w)
+			}
+		}
+		for _, w := range c.notWant {
+			if strings.Contains(got, w) {
+				t.Errorf("%s: %q has %q", name, got, w)
+			}
+		}
+		if c.maxBytes > 0 && len(got) > c.maxBytes {
+			t.Errorf("%s: %d bytes", name, len(got))
+		}
+	}
 }

@@ -401,11 +401,14 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 }
 
 // Header names a replay keeps although they start with "dlxbridge-": what
-// the bridge had to drop on the way, properties moved into headers, and the
-// exchange and routing key the message was first published with (the
-// queue is where the replay sends it, so the runtime sets that anew).
+// the bridge had to drop on the way and properties moved into headers. The
+// exchange and routing key the message was first published with come from
+// the record's envelope, never from its headers: a message the broker
+// dead-lettered on its own keeps the producer's headers, and a replay with
+// the consumers' key would sign whatever they said (the queue is where the
+// replay sends it, so the runtime sets that anew).
 var keptOnReplay = map[string]bool{
-	wire.HeaderNotes: true, wire.HeaderDropped: true, wire.HeaderOriginalExchange: true, wire.HeaderOriginalRoutingKey: true,
+	wire.HeaderNotes: true, wire.HeaderDropped: true,
 	wire.HeaderOriginalExpiration: true, wire.HeaderOriginalUserID: true,
 }
 
@@ -428,6 +431,10 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	}
 	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
 		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
+	}
+	if e := r.Envelope; e.OriginalExchange != "" || e.OriginalRouting != "" {
+		h[wire.HeaderOriginalExchange] = e.OriginalExchange
+		h[wire.HeaderOriginalRoutingKey] = e.OriginalRouting
 	}
 	h[wire.HeaderRedriveCount] = int64(r.Redrives + 1)
 	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)

@@ -3,7 +3,6 @@ package quarantine
 import (
 	"context"
 	"errors"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"sort"
 	"sync"
 	"testing"
@@ -14,6 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // 100 records across 3 fingerprints: stats groups them exactly; two readers
@@ -441,5 +442,31 @@ func TestReplayStopsCleanlyWhenCancelled(t *testing.T) {
 	last := snap.Events[len(snap.Events)-1]
 	if last.Kind != EventReplayFinished || last.Counts["stopped"] != 1 || last.Counts["sent"] != 5 {
 		t.Fatalf("last event %+v", last)
+	}
+}
+
+// A replay signs the origin the record's envelope holds, never one a
+// header names: a message the broker dead-lettered on its own keeps the
+// producer's headers, forged dlxbridge-original-* included, and the
+// consumers' key must not vouch for those.
+func TestReplaySignsTheEnvelopesOriginNotAHeaders(t *testing.T) {
+	t.Parallel()
+	signer, err := triage.NewSigner([]byte("the consumers' key, 32 bytes...."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Record{
+		Envelope:   Envelope{Source: SourceBroker, OriginalExchange: "orders", OriginalRouting: "order.created", OriginalQueue: "orders"},
+		Properties: Properties{MessageID: "m-1"},
+		headers:    amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
+	}
+	body := []byte(`{}`)
+	p := (&Replayer{Signer: signer}).message(r, body, "why", "orders")
+	h := p.Headers
+	if h[wire.HeaderOriginalExchange] != "orders" || h[wire.HeaderOriginalRoutingKey] != "order.created" || h["keep"] != "me" {
+		t.Fatalf("replayed headers %v", h)
+	}
+	if v := signer.Verify(triage.Subject{Queue: "orders", MessageID: "m-1", Body: body}, h, triage.SignedHeaders()); !v.Valid {
+		t.Fatalf("signature: %s", v.Problem)
 	}
 }

@@ -300,6 +300,11 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 		return fail("%v", err)
 	}
 	rp.Signer = signer
+	if signer == nil && sub == "replay" && !ro.dryRun {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine replay: $%s is unset: the runtime cannot verify the origin (exchange, routing key) the replayed messages carry. "+
+			"One that fails again is recorded with where the replay sent it, and the origin it claimed in an \"origin not verified\" note. "+
+			"Set the consumers' signing key to keep it.\n", cfg.Security.SigningKeyEnv)
+	}
 	if sub == "purge" {
 		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
 		if err != nil {
@@ -433,7 +438,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	row("prior replays", r.Redrives) // see listColumns
 	row("first failure", formatTime(e.FirstFailureAt))
 	row("quarantined", formatTime(e.QuarantinedAt))
-	row("original", strings.Trim(fmt.Sprintf("%s %s %s", e.OriginalExchange, e.OriginalRouting, e.OriginalQueue), " "))
+	row("original", originText(e))
 	row("message id", r.Properties.MessageID)
 	row("idempotency key", e.IdempotencyKey)
 	row("type", r.Properties.Type)
@@ -596,4 +601,19 @@ func envSigner(cfg *config.Config) (*triage.Signer, error) {
 		return nil, fmt.Errorf("$%s: %w", env, err)
 	}
 	return signer, nil
+}
+
+// originText is a record's origin for show: exchange, routing key, queue.
+// The default exchange is named, so that "orders orders" (published to
+// queue orders directly, or replayed without a key: see the notes) does
+// not read as an exchange called orders.
+func originText(e quarantine.Envelope) string {
+	if e.OriginalExchange == "" && e.OriginalRouting == "" && e.OriginalQueue == "" {
+		return ""
+	}
+	ex := e.OriginalExchange
+	if ex == "" {
+		ex = "(default exchange)"
+	}
+	return strings.TrimSpace(fmt.Sprintf("%s %s %s", ex, e.OriginalRouting, e.OriginalQueue))
 }

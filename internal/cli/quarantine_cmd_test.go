@@ -154,9 +154,13 @@ func TestQuarantineCommands(t *testing.T) {
 	if !strings.Contains(dry, "dry run: 3 selected, 3 would be sent; nothing changed") {
 		t.Fatalf("dry run:\n%s", dry)
 	}
-	out := run(cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-b", "--reason", "fixed in 1.2.4", "--rate", "100")
-	if !strings.Contains(out, "replayed 3 of 3 selected") {
-		t.Fatalf("replay:\n%s", out)
+	code, out, errOut := b.run(t, append([]string{"quarantine", "replay", "--fingerprint", "fp-b", "--reason", "fixed in 1.2.4", "--rate", "100"}, cfgFlag...)...)
+	if code != cli.ExitOK || !strings.Contains(out, "replayed 3 of 3 selected") {
+		t.Fatalf("replay: exit %d\n%s\n%s", code, out, errOut)
+	}
+	// Without the consumers' key the replay says what that costs.
+	if os.Getenv(config.DefaultSigningKeyEnv) == "" && !strings.Contains(errOut, "$"+config.DefaultSigningKeyEnv+" is unset") {
+		t.Errorf("replay without a signing key does not warn:\n%s", errOut)
 	}
 	// PRIOR_REPLAYS is the count the message arrived with: a record just
 	// replayed still says 0 (its STATE says replayed); the JSON field keeps
