@@ -36,6 +36,20 @@ type DeleteOptions struct {
 // DeleteOptions.WithoutManagement.
 var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)")
 
+// mgmtRefusal is ErrDeleteNeedsManagement when broker.management_url is
+// set but its API did not answer, or answers for another broker.
+type mgmtRefusal struct{ cause error }
+
+func (e *mgmtRefusal) Error() string {
+	what := "did not answer"
+	if errors.Is(e.cause, ErrOtherBroker) {
+		what = "is another broker's"
+	}
+	return fmt.Sprintf("the management API (broker.management_url) %s: %v; deleting needs it to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)", what, e.cause)
+}
+
+func (e *mgmtRefusal) Unwrap() error { return ErrDeleteNeedsManagement }
+
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
 type DeleteAction string
@@ -175,6 +189,9 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	// A dry run refuses like the delete it previews: "would delete" from
 	// a command that would refuse is not what would happen.
 	if in.Mgmt == nil && !opts.WithoutManagement {
+		if in.mgmtErr != nil {
+			return nil, &mgmtRefusal{in.mgmtErr}
+		}
 		return nil, ErrDeleteNeedsManagement
 	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}

@@ -412,21 +412,27 @@ func (d *deleteBundle) deleteCmd(args ...string) []string {
 	return cmd
 }
 
-// Without the management API (none configured, or one that does not
-// answer) delete refuses and deletes nothing: only that API tells the
-// config's objects from another application's under the same names.
+// Without the management API (none configured, one that does not answer,
+// or another broker's) delete refuses and deletes nothing: only that API
+// tells the config's objects from another application's under the same
+// names. The refusal gives the cause, with no warning that it goes on.
 // --dry-run says so too, with the same message and exit code, instead of
 // listing what a delete that refuses would never do; --dry-run
 // --without-management shows what --without-management would delete.
 func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
-	for _, mgmt := range []string{"", "http://127.0.0.1:1"} {
+	other := brokertest.OtherClusterManagement(t)
+	for mgmt, cause := range map[string]string{
+		"":                   "deleting needs the management API (broker.management_url)",
+		"http://127.0.0.1:1": "the management API (broker.management_url) did not answer: ",
+		other:                `the management API (broker.management_url) is another broker's: management API at ` + other + ` is of cluster "rabbit@elsewhere"`,
+	} {
 		// The same topology (names come from the test's prefix).
 		nm := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
 		_, refused := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
-		if !strings.Contains(refused, "management API") {
-			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, refused)
+		if !strings.Contains(refused, cause) || strings.Contains(refused, "warning") || strings.Count(refused, "\n") != 1 {
+			t.Errorf("management %q: stderr %q, want one line with %q and no warning", mgmt, refused, cause)
 		}
 		d.want(t, "refused delete", append(d.queues(), d.exchanges()...)...)
 		out, dry := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--dry-run", "--include-data", "--config", nm.config)
