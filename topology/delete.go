@@ -33,7 +33,9 @@ type DeleteOptions struct {
 
 // ErrDeleteNeedsManagement: Delete was asked to delete (or to dry-run a
 // delete) without the management API and without
-// DeleteOptions.WithoutManagement.
+// DeleteOptions.WithoutManagement. When UseManagement failed, Delete's
+// error wraps it and names the cause (the API did not answer, or is
+// another broker's).
 var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)")
 
 // mgmtRefusal is ErrDeleteNeedsManagement when broker.management_url is
