@@ -33,8 +33,24 @@ type DeleteOptions struct {
 
 // ErrDeleteNeedsManagement: Delete was asked to delete (or to dry-run a
 // delete) without the management API and without
-// DeleteOptions.WithoutManagement.
+// DeleteOptions.WithoutManagement. When UseManagement failed, Delete's
+// error wraps it and names the cause (the API did not answer, or is
+// another broker's).
 var ErrDeleteNeedsManagement = errors.New("deleting needs the management API (broker.management_url) to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)")
+
+// mgmtRefusal is ErrDeleteNeedsManagement when broker.management_url is
+// set but its API did not answer, or answers for another broker.
+type mgmtRefusal struct{ cause error }
+
+func (e *mgmtRefusal) Error() string {
+	what := "did not answer"
+	if errors.Is(e.cause, ErrOtherBroker) {
+		what = "is another broker's"
+	}
+	return fmt.Sprintf("the management API (broker.management_url) %s: %v; deleting needs it to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)", what, e.cause)
+}
+
+func (e *mgmtRefusal) Unwrap() error { return ErrDeleteNeedsManagement }
 
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
@@ -62,12 +78,13 @@ type DeleteStep struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// DeleteSummary counts steps by action; a dry run counts "would delete"
-// as Deleted.
+// DeleteSummary counts steps by action. A dry run deletes nothing: it
+// counts what it would delete in WouldDelete, and Deleted is 0.
 type DeleteSummary struct {
-	Deleted int `json:"deleted"`
-	Kept    int `json:"kept"`
-	Absent  int `json:"absent"`
+	Deleted     int `json:"deleted"`
+	WouldDelete int `json:"would_delete"`
+	Kept        int `json:"kept"`
+	Absent      int `json:"absent"`
 }
 
 // DeleteReport is what Delete found and did.
@@ -127,8 +144,10 @@ func (r *DeleteReport) Kept() []string {
 func (r *DeleteReport) add(s DeleteStep) {
 	r.Steps = append(r.Steps, s)
 	switch s.Action {
-	case DeleteDeleted, DeleteWould:
+	case DeleteDeleted:
 		r.Summary.Deleted++
+	case DeleteWould:
+		r.Summary.WouldDelete++
 	case DeleteKept:
 		r.Summary.Kept++
 	case DeleteAbsent:
@@ -149,7 +168,10 @@ func (r *DeleteReport) add(s DeleteStep) {
 // and the delete are two steps: stop producers and the bridge first. A
 // queue with consumers is always kept (a stream's readers only the
 // management API counts, seconds late), and so is a queue that a kept queue
-// dead-letters into by name (a retry lane's work queue), and, with the
+// dead-letters into by name (a retry lane's work queue), and everything a
+// kept work queue's runtime publishes to or that routes back to it (its
+// retry and dead-letter exchanges, retry lanes, quarantine intake and
+// streams: a running bridge's retries would fail), and, with the
 // management API, a queue bound from an exchange outside the topology (a
 // quarantine another config shares). Every queue is
 // checked before any is deleted. With the management API, a queue or
@@ -169,6 +191,9 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 	// A dry run refuses like the delete it previews: "would delete" from
 	// a command that would refuse is not what would happen.
 	if in.Mgmt == nil && !opts.WithoutManagement {
+		if in.mgmtErr != nil {
+			return nil, &mgmtRefusal{in.mgmtErr}
+		}
 		return nil, ErrDeleteNeedsManagement
 	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
@@ -198,6 +223,39 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 			}
 			steps[j].Action, steps[j].Reason = DeleteKept, fmt.Sprintf("kept %s dead-letters into it", queueObject(q.Name))
 			changed = true
+		}
+	}
+	// The converse: a kept work queue (in use by a running bridge, or kept
+	// for any other reason) keeps everything the runtime publishes to on
+	// its behalf or that routes back to it: its retry exchange and lanes,
+	// its dead-letter exchange, and its quarantine's intake and streams.
+	// Deleting them under a running bridge fails its retries (NOT_FOUND)
+	// and ends transient failures quarantined as crash loops.
+	needed := map[string]string{} // exchange: why it is kept
+	for _, w := range t.Work {
+		i, known := index[w.Name]
+		if !known || steps[i].Action != DeleteKept {
+			continue
+		}
+		why := fmt.Sprintf("work %s is kept", queueObject(w.Name))
+		if steps[i].Consumers > 0 {
+			why += " (in use)"
+		}
+		serves := []string{w.Quarantine, w.Records, w.Events}
+		for _, tier := range w.Tiers {
+			for _, l := range tier.Lanes {
+				serves = append(serves, l.Queue)
+			}
+		}
+		for _, n := range serves {
+			if j, known := index[n]; known && steps[j].Action == DeleteWould {
+				steps[j].Action, steps[j].Reason = DeleteKept, why
+			}
+		}
+		for _, x := range []string{w.RetryExchange, w.DeadExchange} {
+			if _, ok := needed[x]; x != "" && !ok {
+				needed[x] = why
+			}
 		}
 	}
 	keptQueue := map[string]bool{}
@@ -236,7 +294,11 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 		if err := ctx.Err(); err != nil {
 			return r, r.stop(KindExchange, exchangeObject(x.Name), DeleteStepCheck, err)
 		}
-		s, step, err := in.deleteExchange(ctx, t, x, feeds[x.Name], keptQueue, opts)
+		why := needed[x.Name]
+		if why == "" && feeds[x.Name] != "" {
+			why = fmt.Sprintf("leads to kept %s", queueObject(feeds[x.Name]))
+		}
+		s, step, err := in.deleteExchange(ctx, t, x, why, keptQueue, opts)
 		if err != nil {
 			return r, r.stop(KindExchange, s.Object, step, err)
 		}
@@ -320,9 +382,10 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 	return s, nil
 }
 
-// deleteExchange checks x and deletes it unless opts.DryRun; on an error,
-// step says which of the two failed.
-func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, feeds string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
+// deleteExchange checks x and deletes it unless opts.DryRun or keep (why
+// the topology needs it) is set; on an error, step says which of the two
+// failed.
+func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, keep string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
 	s := DeleteStep{Kind: KindExchange, Object: exchangeObject(x.Name)}
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
 	if pr, _, err := classify(s.Object, err); err != nil {
@@ -343,8 +406,8 @@ func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x Exchange
 			return s, "", nil
 		}
 	}
-	if feeds != "" {
-		s.Action, s.Reason = DeleteKept, fmt.Sprintf("leads to kept %s", queueObject(feeds))
+	if keep != "" {
+		s.Action, s.Reason = DeleteKept, keep
 		return s, "", nil
 	}
 	if opts.DryRun {
@@ -455,11 +518,11 @@ func (r *DeleteReport) WriteText(w io.Writer) error {
 	if f := r.Failed; f != nil {
 		fmt.Fprintf(&b, "  %-12s %s: %s: %s\n", "failed", f.Object, f.Step, f.Error)
 	}
-	verb, cmd := "deleted", "delete"
+	n, verb, cmd := r.Summary.Deleted, "deleted", "delete"
 	if r.DryRun {
-		verb, cmd = "would delete", "delete --dry-run"
+		n, verb, cmd = r.Summary.WouldDelete, "would delete", "delete --dry-run"
 	}
-	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent", cmd, r.Summary.Deleted, verb, r.Summary.Kept, r.Summary.Absent)
+	fmt.Fprintf(&b, "%s: %d %s, %d kept, %d absent", cmd, n, verb, r.Summary.Kept, r.Summary.Absent)
 	switch {
 	case r.Failed == nil:
 	case r.Failed.Step == DeleteStepCheck && r.Failed.Kind == KindQueue:

@@ -136,6 +136,10 @@ func (m *Management) Ping(ctx context.Context) error {
 	return nil
 }
 
+// ErrOtherBroker: the management API answers for another cluster than the
+// AMQP connection's.
+var ErrOtherBroker = errors.New("not the same broker")
+
 // sameBroker refuses a management API of another cluster than the one conn
 // is connected to (a broker.management_url left at the local default while
 // the AMQP URL names another broker): verifying against it would report
@@ -152,7 +156,7 @@ func (m *Management) sameBroker(ctx context.Context, conn *amqp.Connection) erro
 		return err
 	}
 	if amqpName != "" && overview.ClusterName != "" && amqpName != overview.ClusterName {
-		return fmt.Errorf("management API at %s is of cluster %q, but the AMQP connection is to %q: not the same broker", m.BaseURL, overview.ClusterName, amqpName)
+		return fmt.Errorf("management API at %s is of cluster %q, but the AMQP connection is to %q: %w", m.BaseURL, overview.ClusterName, amqpName, ErrOtherBroker)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ type Inspector struct {
 	// MgmtError says why a configured management API is not used (set by
 	// UseManagement); reports carry it. Empty when none was configured.
 	MgmtError string
+	mgmtErr   error // MgmtError's error
 }
 
 // UseManagement checks that m answers and, if it does, sets Mgmt. If it
@@ -31,14 +32,14 @@ type Inspector struct {
 // is returned for the caller to warn with.
 func (in *Inspector) UseManagement(ctx context.Context, m *Management) error {
 	if err := m.Ping(ctx); err != nil {
-		in.Mgmt, in.MgmtError = nil, err.Error()
+		in.Mgmt, in.MgmtError, in.mgmtErr = nil, err.Error(), err
 		return err
 	}
 	if err := m.sameBroker(ctx, in.Conn); err != nil {
-		in.Mgmt, in.MgmtError = nil, err.Error()
+		in.Mgmt, in.MgmtError, in.mgmtErr = nil, err.Error(), err
 		return err
 	}
-	in.Mgmt, in.MgmtError = m, ""
+	in.Mgmt, in.MgmtError, in.mgmtErr = m, "", nil
 	return nil
 }
 

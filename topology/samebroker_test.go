@@ -2,8 +2,6 @@ package topology_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -19,21 +17,11 @@ func TestUseManagementRefusesAnotherBroker(t *testing.T) {
 	env := brokertest.Require(t)
 	env.RequireManagement()
 	conn := env.Dial("inspect")
-	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/api/whoami":
-			_, _ = w.Write([]byte(`{"name":"guest"}`))
-		case "/api/overview":
-			_, _ = w.Write([]byte(`{"cluster_name":"rabbit@elsewhere"}`))
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	defer other.Close()
+	other := brokertest.OtherClusterManagement(t)
 	for _, tc := range []struct {
 		url     string
 		sameOne bool
-	}{{env.ManagementURL, true}, {other.URL, false}} {
+	}{{env.ManagementURL, true}, {other, false}} {
 		m, err := topology.NewManagement(tc.url, env.URL)
 		if err != nil {
 			t.Fatal(err)

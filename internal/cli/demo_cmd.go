@@ -10,10 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -213,7 +215,16 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 }
 
 func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout time.Duration) (err error) {
-	out := env.Stdout
+	// `demo | head -20` closes stdout early. A write to a closed pipe on
+	// fd 1 kills a Go program with SIGPIPE unless it asks for the signal,
+	// which would leave the whole topology on the broker: ask for it (the
+	// write then fails with EPIPE), and stop printing at the first failed
+	// write, but run to the end and clean up.
+	sigpipe := make(chan os.Signal, 1)
+	signal.Notify(sigpipe, syscall.SIGPIPE)
+	defer signal.Stop(sigpipe)
+	tty := isTerminal(env.Stdout)
+	out := &stopOnError{w: env.Stdout}
 	cfgText := demoConfigYAML(prefix)
 	cfg, err := config.Parse(cfgText)
 	if err != nil {
@@ -314,7 +325,6 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	fmt.Fprintf(out, "published %d messages to %s: 6 valid orders, 2 that fail then recover, 1 the handler refuses, 1 that crashes its handler, 2 schema-invalid\n\n", len(tr.order), q.Exchange.Name)
 
 	// Live: every change as it happens, and on a terminal the whole table.
-	tty := isTerminal(out)
 	deadline := time.After(timeout)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
@@ -621,6 +631,26 @@ func demoCleanup(conn *amqp.Connection, topo *topology.Topology) error {
 		}
 	}
 	return nil
+}
+
+// stopOnError writes to w until a write fails (a reader that went away),
+// then drops everything: the demo goes on, unseen, to its clean-up.
+type stopOnError struct {
+	mu     sync.Mutex
+	w      io.Writer
+	failed bool
+}
+
+func (s *stopOnError) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failed {
+		if _, err := s.w.Write(p); err == nil {
+			return len(p), nil
+		}
+		s.failed = true
+	}
+	return len(p), nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

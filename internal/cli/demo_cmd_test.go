@@ -1,14 +1,17 @@
 package cli_test
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/internal/cli"
 )
@@ -133,5 +136,43 @@ func TestDemoKeepWritesAConfigTheQuarantineCommandsRead(t *testing.T) {
 	stats := b.mustRun(t, cli.ExitOK, "quarantine", "stats", "--config", path)
 	if !strings.Contains(stats, "total: 3 open, 1 replayed") {
 		t.Errorf("quarantine stats on the kept demo:\n%s", stats)
+	}
+}
+
+// `dlxbridge demo | head -20`: stdout, fd 1, is a pipe whose reader went
+// away. The demo must not die of SIGPIPE (which a write to fd 1 raises)
+// with its topology left on the broker: it runs to the end unseen, exits
+// 0 and deletes what it declared. It runs in a child process (this test
+// binary), since only fd 1 and 2 kill a Go program on a broken pipe.
+func TestDemoSurvivesAClosedStdout(t *testing.T) {
+	if args := os.Getenv("DLXBRIDGE_DEMO_CHILD"); args != "" {
+		os.Exit(cli.Main(context.Background(), strings.Split(args, " "), &cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin}))
+	}
+	t.Parallel()
+	env := brokertest.Require(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close() // the reader is gone before the first line
+	defer w.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDemoSurvivesAClosedStdout$")
+	cmd.Env = append(os.Environ(), "DLXBRIDGE_DEMO_CHILD=demo --prefix "+env.Prefix+" --url "+env.URL)
+	var stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	err = cmd.Run()
+	if err != nil {
+		t.Errorf("demo with a closed stdout: %v (%s)\nstderr:\n%s", err, cmd.ProcessState, stderr.String())
+	}
+	look := env.Dial("look")
+	for _, q := range []string{env.Prefix + ".orders", env.Prefix + ".orders" + config.QuarantineSuffix} {
+		ch, err := look.Channel() // a 404 closes it
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s is left on the broker", q)
+			_ = ch.Close()
+		}
 	}
 }

@@ -22,9 +22,10 @@ import (
 // reached or refused the login, or delete kept (or, with --dry-run, would
 // keep) a queue that holds data or an exchange in use. Exit 3: plan or verify could not check
 // everything (no management API) and found nothing wrong in what it could. A configured management API that
-// does not answer is warned about, and the command goes on over AMQP,
-// except delete (with or without --dry-run), which then refuses with exit 2
-// unless --without-management.
+// does not answer (or is another broker's) is warned about, and the
+// command goes on over AMQP, except delete (with or without --dry-run),
+// which then refuses with exit 2, giving the cause and no warning, unless
+// --without-management.
 func runTopology(ctx context.Context, env *Env, args []string) int {
 	sub, rest, code, ok := subcommand(env, "topology", args,
 		subcmd{"plan", "what apply would create, what exists, what conflicts; declares nothing"},
@@ -89,7 +90,9 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	defer conn.Close()
 	in := &topology.Inspector{Conn: conn}
 	if mgmt != nil {
-		if err := in.UseManagement(ctx, mgmt); err != nil {
+		// delete refuses without the API (its refusal gives the cause)
+		// unless --without-management: "going on" would contradict it.
+		if err := in.UseManagement(ctx, mgmt); err != nil && (sub != "delete" || del.WithoutManagement) {
 			fmt.Fprintf(env.Stderr, "dlxbridge topology %s: warning: %s; going on with what AMQP can check\n", sub, err)
 		}
 	}

@@ -176,6 +176,21 @@ func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
 	if !strings.Contains(errOut, "kept queue '"+d.quarantine+"'") {
 		t.Errorf("dry run's error does not name the quarantine:\n%s", errOut)
 	}
+	// JSON: a dry run deleted nothing, and says what it would delete.
+	out = d.mustRun(t, cli.ExitFail, d.deleteCmd("--dry-run", "--output", "json", "--config", d.config)...)
+	var r topology.DeleteReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("dry run JSON: %v\n%s", err, out)
+	}
+	if want := (topology.DeleteSummary{WouldDelete: 5, Kept: 4}); !r.DryRun || r.Summary != want || !strings.Contains(out, `"would_delete": 5`) {
+		t.Errorf("dry run JSON: dry_run %t, summary %+v, want %+v\n%s", r.DryRun, r.Summary, want, out)
+	}
+	for _, s := range r.Steps {
+		if s.Object == "queue '"+d.records+"'" && s.Messages != -1 {
+			t.Errorf("dry run JSON: stream %s has messages %d, want -1", d.records, s.Messages)
+		}
+	}
+	d.want(t, "dry run JSON", append(d.queues(), d.exchanges()...)...)
 
 	out, errOut = d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--config", d.config)...)
 	d.want(t, "delete", d.quarantine, d.records, d.events, d.dead)
@@ -230,7 +245,10 @@ func TestTopologyDeleteKeepsAnExchangeOthersUse(t *testing.T) {
 
 // A consumer holding a message unacked leaves the work queue's count at 0:
 // the consumer, not the count, is what keeps the queue (and E, which feeds
-// it, and Q.dead, its dead-letter exchange), even with --include-data.
+// it), even with --include-data. A running bridge also publishes retries to
+// Q.retry, which route through the lanes back to Q, and dead letters to
+// Q.dead, which feeds the quarantine and its streams: all of them stay, and
+// a retry still routes to its lane.
 func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
@@ -252,23 +270,46 @@ func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
 		t.Fatal("no delivery")
 	}
 	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
-	d.want(t, "delete --include-data", d.work, d.exchange, d.dead)
+	d.want(t, "delete --include-data", append(d.queues(), d.exchanges()...)...)
 	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 messages): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
 		t.Errorf("delete does not report the work queue kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
 	}
+	why := ": work queue '" + d.work + "' is kept (in use)"
+	for _, want := range []string{
+		"kept         queue '" + d.lanes[0] + "' (0 messages)" + why,
+		"kept         queue '" + d.quarantine + "' (0 messages)" + why,
+		"kept         queue '" + d.records + "' (stream)" + why,
+		"kept         exchange '" + d.retry + "'" + why,
+		"kept         exchange '" + d.dead + "'" + why,
+		"delete: 0 deleted, 9 kept, 0 absent",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\n%s", want, out)
+		}
+	}
+	d.publish(t, d.retry, d.lanes[1]) // mandatory: fails unless routed
 }
 
 // A retry waiting in a lane returns to its work queue: the kept lane keeps
-// the work queue, which keeps E and Q.dead; Q.retry, bound to the lane,
-// stays too. Only the empty quarantine goes.
+// the work queue, which keeps E, and everything a kept work queue needs:
+// Q.retry, Q.dead, the quarantine and its streams.
 func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t, time.Hour)
 	d.publish(t, "", d.lanes[0])
 	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--config", d.config)...)
-	d.want(t, "delete", d.work, d.lanes[0], d.records, d.events, d.exchange, d.dead, d.retry)
-	if want := "kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it"; !strings.Contains(out, want) {
-		t.Errorf("delete lacks %q:\n%s", want, out)
+	d.want(t, "delete", append(d.queues(), d.exchanges()...)...)
+	for _, want := range []string{
+		"kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it",
+		"kept         queue '" + d.quarantine + "' (0 messages): work queue '" + d.work + "' is kept",
+		"kept         exchange '" + d.retry + "': work queue '" + d.work + "' is kept",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("delete lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "(in use)") {
+		t.Errorf("delete says in use with no consumer:\n%s", out)
 	}
 	if !strings.Contains(errOut, "kept queue '"+d.work+"', queue '"+d.lanes[0]+"'") {
 		t.Errorf("delete's error does not name the work queue and the lane:\n%s", errOut)
@@ -371,21 +412,27 @@ func (d *deleteBundle) deleteCmd(args ...string) []string {
 	return cmd
 }
 
-// Without the management API (none configured, or one that does not
-// answer) delete refuses and deletes nothing: only that API tells the
-// config's objects from another application's under the same names.
+// Without the management API (none configured, one that does not answer,
+// or another broker's) delete refuses and deletes nothing: only that API
+// tells the config's objects from another application's under the same
+// names. The refusal gives the cause, with no warning that it goes on.
 // --dry-run says so too, with the same message and exit code, instead of
 // listing what a delete that refuses would never do; --dry-run
 // --without-management shows what --without-management would delete.
 func TestTopologyDeleteRefusesWithoutTheManagementAPI(t *testing.T) {
 	t.Parallel()
 	d := setupDelete(t)
-	for _, mgmt := range []string{"", "http://127.0.0.1:1"} {
+	other := brokertest.OtherClusterManagement(t)
+	for mgmt, cause := range map[string]string{
+		"":                   "deleting needs the management API (broker.management_url)",
+		"http://127.0.0.1:1": "the management API (broker.management_url) did not answer: ",
+		other:                `the management API (broker.management_url) is another broker's: management API at ` + other + ` is of cluster "rabbit@elsewhere"`,
+	} {
 		// The same topology (names come from the test's prefix).
 		nm := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
 		_, refused := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--include-data", "--config", nm.config)
-		if !strings.Contains(refused, "management API") {
-			t.Errorf("management %q: stderr %q, want it to name the management API", mgmt, refused)
+		if !strings.Contains(refused, cause) || strings.Contains(refused, "warning") || strings.Count(refused, "\n") != 1 {
+			t.Errorf("management %q: stderr %q, want one line with %q and no warning", mgmt, refused, cause)
 		}
 		d.want(t, "refused delete", append(d.queues(), d.exchanges()...)...)
 		out, dry := nm.mustRunAll(t, cli.ExitUsage, "topology", "delete", "--dry-run", "--include-data", "--config", nm.config)
