@@ -19,7 +19,7 @@ import (
 // their beam process is killed and their directory removed.
 
 // nodeRegistry holds one JSON file per private node that may be running.
-var nodeRegistry = filepath.Join(os.TempDir(), "dlxbridge-private-nodes")
+var nodeRegistry = filepath.Join(os.TempDir(), "dlxbridge_private_nodes")
 
 // nodeEntry is a registered node.
 type nodeEntry struct {
