@@ -161,7 +161,8 @@ func (w *ackWindow) expire() {
 }
 
 // beforeWait flushes for a worker about to wait for its next delivery: the
-// settled prefix, and a spill when half the prefetch waits behind a gap.
+// settled prefix, and a spill once spill acks wait behind a gap (see
+// newAckWindow).
 func (w *ackWindow) beforeWait() {
 	w.mu.Lock()
 	spill := len(w.asked) >= w.spill

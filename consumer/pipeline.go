@@ -123,7 +123,7 @@ func (w *worker) settleInOrder() {
 // take (the consumer was cancelled and its deliveries handed over, or the
 // drain deadline passed). Before it waits for a delivery it writes the
 // settled prefix of the acks waiting in the session's ack window (and what
-// waits behind a gap once that is half the prefetch: see ackWindow); after
+// waits behind a gap once that could exhaust the prefetch: see ackWindow); after
 // failed publishes it first waits out their pause, with every ack written.
 func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 	hctx := w.s.handlerCtx
