@@ -124,7 +124,8 @@ func TestUnsignedReplayKeepsTheClaimedOriginMarkedUnverified(t *testing.T) {
 	if first.Envelope.OriginalExchange == "" || e.OriginalExchange == first.Envelope.OriginalExchange {
 		t.Fatalf("first origin %q; an unsigned origin was trusted: %+v", first.Envelope.OriginalExchange, e)
 	}
-	want := fmt.Sprintf("origin not verified: a replay claimed exchange %q, routing key %q", first.Envelope.OriginalExchange, first.Envelope.OriginalRouting)
+	want := fmt.Sprintf("origin not verified: a replay claimed exchange %q (%s), routing key %q (%s)",
+		first.Envelope.OriginalExchange, wire.HeaderOriginalExchange, first.Envelope.OriginalRouting, wire.HeaderOriginalRoutingKey)
 	var found bool
 	for _, n := range e.Notes {
 		found = found || strings.HasPrefix(n, want)

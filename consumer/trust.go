@@ -103,7 +103,8 @@ func unverifiedOrigin(h amqp.Table, problem string) string {
 		if !ok {
 			s = "(" + wire.TypeName(raw) + ")"
 		}
-		claim = append(claim, fmt.Sprintf("%s %q", f.name, quarantine.Truncate(s, maxClaimBytes)))
+		// The header's name too: an operator greps for it.
+		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, quarantine.Truncate(s, maxClaimBytes), f.key))
 	}
 	if len(claim) == 0 {
 		return ""

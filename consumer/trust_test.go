@@ -571,11 +571,11 @@ func TestUnverifiedOriginNote(t *testing.T) {
 		maxBytes int
 	}{
 		"none":     {h: amqp.Table{wire.HeaderNotes: "[]"}},
-		"producer": {h: amqp.Table{wire.HeaderOriginalExchange: "ex"}, want: []string{`origin not verified: the message claimed exchange "ex" (no dlxbridge-signature)`}, notWant: []string{"replay"}},
+		"producer": {h: amqp.Table{wire.HeaderOriginalExchange: "ex"}, want: []string{`origin not verified: the message claimed exchange "ex" (dlxbridge-original-exchange) (no dlxbridge-signature)`}, notWant: []string{"replay"}},
 		"replay": {h: amqp.Table{wire.HeaderOriginalExchange: "ex", wire.HeaderOriginalRoutingKey: []byte("k"), wire.HeaderRedriveCount: int64(1)},
-			want: []string{`a replay claimed exchange "ex", routing key "k"`, "signing_key_env"}},
+			want: []string{`a replay claimed exchange "ex" (dlxbridge-original-exchange), routing key "k" (dlxbridge-original-routing-key)`, "signing_key_env"}},
 		"odd types": {h: amqp.Table{wire.HeaderOriginalExchange: int64(7), wire.HeaderOriginalRoutingKey: amqp.Table{"a": 1}, wire.HeaderOriginalQueue: long},
-			want: []string{`exchange "(int64)"`, `routing key "(amqp091.Table)"`, "[truncated]"}, maxBytes: 2 * maxClaimBytes},
+			want: []string{`exchange "(int64)"`, `routing key "(amqp091.Table)"`, "[truncated]"}, maxBytes: 3 * maxClaimBytes}, // one value cut to maxClaimBytes, the rest fixed text
 	}
 	for name, c := range cases {
 		got := unverifiedOrigin(c.h, "no dlxbridge-signature")
