@@ -50,7 +50,9 @@ func (e *mgmtRefusal) Error() string {
 	return fmt.Sprintf("the management API (broker.management_url) %s: %v; deleting needs it to tell the config's objects from other applications' under the same names; --without-management deletes without those checks (with --dry-run: shows what that would delete)", what, e.cause)
 }
 
-func (e *mgmtRefusal) Unwrap() error { return ErrDeleteNeedsManagement }
+// Unwrap gives both: errors.Is matches ErrDeleteNeedsManagement and the
+// cause (ErrOtherBroker, a dial error).
+func (e *mgmtRefusal) Unwrap() []error { return []error{ErrDeleteNeedsManagement, e.cause} }
 
 // DeleteAction is what Delete did (or, in a dry run, would do) with one
 // object.
