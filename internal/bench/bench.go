@@ -1,7 +1,9 @@
 // Package bench is `dlxbridge bench`: the dlxbridge runtime ("bridge") and a
 // plain amqp091-go consumer ("raw") drain the same pre-published messages
 // from fresh quorum queues, side by side and interleaved, and every id is
-// reconciled afterwards.
+// reconciled afterwards. With --floor a third side ("floor", drainFloor)
+// does the least failure handling that loses nothing, by hand: the
+// reference a storm's rate is read against.
 //
 // Each side runs in a process of its own (the command runs its own binary
 // again, told what to do through the DLXBRIDGE_BENCH_SIDE environment
@@ -112,6 +114,9 @@ type Options struct {
 	Tiers []time.Duration
 	// ImmediateRetries is the bridge's queues[].retry.immediate_retries.
 	ImmediateRetries int
+	// Floor adds a third side, floor (see drainFloor): the least failure
+	// handling that loses nothing, to read the bridge's storm against.
+	Floor bool
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
@@ -181,6 +186,9 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 	})
 	fs.IntVar(&o.ImmediateRetries, "immediate-retries", 0, "the bridge's in-process retries of a failed attempt before a delayed one "+
 		"(queues[].retry.immediate_retries; each counts toward its 3 attempts)")
+	fs.BoolVar(&o.Floor, "floor", false, "also run a third side, floor: hand-written, the least failure handling that loses nothing "+
+		"(decode, an in-process second call, a confirmed publish of what fails to the quarantine, acks after confirms; no gate, envelope or retry delays), "+
+		"to read the bridge's storm against what any consumer pays on this machine and broker")
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
 	fs.IntVar(&o.dup, "test-dup", 0, "")   // hidden: see Options.dup
 	fs.Usage = func() {
@@ -191,7 +199,9 @@ queues with plain amqp091-go ("raw": consume, json.Unmarshal, ack, one at a
 time) and with the dlxbridge runtime ("bridge": gate, handler binding the
 body), interleaved, each side in a process of its own. Scenario clean: every
 message succeeds. Scenario storm: 10% schema-invalid, 20% fail once, 1% always
-fail (raw has no failure handling and acks them all). Then every id is
+fail (raw has no failure handling and acks them all). With --floor, a third
+side ("floor") does the least failure handling that loses nothing, by hand:
+what a storm costs any consumer on this machine and broker. Then every id is
 reconciled: handled (raw: acked) or quarantined, body as published,
 duplicates counted apart. Exit 1 on any mismatch. Deletes what it declares.
 
@@ -274,10 +284,7 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	// compared with the bridge's own clean rate (bridge_storm_vs_clean),
 	// which on a shared machine drifts over minutes.
 	for r := range o.Rounds {
-		order := []string{Raw, Bridge}
-		if r%2 == 1 {
-			order = []string{Bridge, Raw}
-		}
+		order := sideOrder(o.Floor, r)
 		for _, sc := range o.Scenarios {
 			msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
 			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
@@ -292,6 +299,20 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	}
 	rep.finish()
 	return rep, nil
+}
+
+// sideOrder is round r's order of the sides: who goes first alternates
+// (raw and bridge), or rotates (with floor).
+func sideOrder(floor bool, r int) []string {
+	if !floor {
+		if r%2 == 1 {
+			return []string{Bridge, Raw}
+		}
+		return []string{Raw, Bridge}
+	}
+	all := []string{Raw, Bridge, Floor}
+	k := r % len(all)
+	return append(all[k:], all[:k]...)
 }
 
 // roundResult is one round of one scenario: both sides, reconciled.

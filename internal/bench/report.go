@@ -121,7 +121,7 @@ func tally(r *sideReport, s *sideSpec, handled []byte, quarantined, left []int) 
 		if h+qn+left[i] > 1 {
 			r.Duplicates++
 		}
-		wantQ := s.Side == Bridge && KindOf(s.Scenario, i).Quarantined()
+		wantQ := s.parks() && KindOf(s.Scenario, i).Quarantined()
 		if (wantQ && h > 0) || (!wantQ && qn > 0) {
 			r.Misplaced++
 		}
@@ -152,6 +152,9 @@ type Report struct {
 	// StormVsClean is the bridge's median storm rate ÷ its median clean
 	// rate, when both ran: how much of its speed a storm of failures costs.
 	StormVsClean float64 `json:"bridge_storm_vs_clean,omitempty"`
+	// FloorStormVsClean is the same for the floor side (--floor): what a
+	// storm costs a consumer that does the least and loses nothing.
+	FloorStormVsClean float64 `json:"floor_storm_vs_clean,omitempty"`
 
 	opts *Options
 }
@@ -161,12 +164,16 @@ type scenarioReport struct {
 	Scenario string `json:"scenario"`
 	// Ratios are bridge ÷ raw message rates, one per round; Ratio is their
 	// median. CPURatio is the bridge's median CPU per message ÷ raw's.
-	Ratio    float64        `json:"ratio"`
-	Ratios   []float64      `json:"ratios"`
-	CPURatio float64        `json:"cpu_ratio"`
-	Raw      sideSummary    `json:"raw"`
-	Bridge   sideSummary    `json:"bridge"`
-	rounds   []*roundResult // for the text table
+	Ratio    float64     `json:"ratio"`
+	Ratios   []float64   `json:"ratios"`
+	CPURatio float64     `json:"cpu_ratio"`
+	Raw      sideSummary `json:"raw"`
+	Bridge   sideSummary `json:"bridge"`
+	// Floor is the floor side's summary (--floor), and BridgeVsFloor the
+	// bridge's median rate ÷ the floor's.
+	Floor         *sideSummary   `json:"floor,omitempty"`
+	BridgeVsFloor float64        `json:"bridge_vs_floor,omitempty"`
+	rounds        []*roundResult // for the text table
 }
 
 type sideSummary struct {
@@ -227,19 +234,58 @@ func (rep *Report) finish() {
 		if sc.Raw.CPUPerMsgUS > 0 {
 			sc.CPURatio = round3(sc.Bridge.CPUPerMsgUS / sc.Raw.CPUPerMsgUS)
 		}
+		sc.Floor, sc.BridgeVsFloor = nil, 0
+		var floor, floorCPU []float64
+		var floorRSS int64
+		for _, r := range sc.rounds {
+			if f := r.Sides[Floor]; f != nil {
+				floor, floorCPU = append(floor, f.Rate), append(floorCPU, f.CPUPerMsgUS)
+				floorRSS = max(floorRSS, f.MaxRSSKB)
+			}
+		}
+		if len(floor) > 0 {
+			sc.Floor = &sideSummary{Rate: round3(median(floor)), CPUPerMsgUS: round3(median(floorCPU)), MaxRSSKB: floorRSS}
+			if sc.Floor.Rate > 0 {
+				sc.BridgeVsFloor = round3(sc.Bridge.Rate / sc.Floor.Rate)
+			}
+		}
 	}
+	rep.StormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 { return sc.Bridge.Rate })
+	rep.FloorStormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 {
+		if sc.Floor == nil {
+			return 0
+		}
+		return sc.Floor.Rate
+	})
+}
+
+// stormVsClean is a side's storm rate ÷ its clean rate, or 0 unless both
+// ran.
+func stormVsClean(scs []scenarioReport, rate func(*scenarioReport) float64) float64 {
 	var clean, storm float64
-	for _, sc := range rep.Scenarios {
-		switch sc.Scenario {
+	for i := range scs {
+		switch scs[i].Scenario {
 		case Clean:
-			clean = sc.Bridge.Rate
+			clean = rate(&scs[i])
 		case Storm:
-			storm = sc.Bridge.Rate
+			storm = rate(&scs[i])
 		}
 	}
 	if clean > 0 && storm > 0 {
-		rep.StormVsClean = round3(storm / clean)
+		return round3(storm / clean)
 	}
+	return 0
+}
+
+// sideNames are the sides a round ran, in a fixed order.
+func sideNames(r *roundResult) []string {
+	var names []string
+	for _, n := range []string{Raw, Bridge, Floor} {
+		if r.Sides[n] != nil {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 func median(xs []float64) float64 {
@@ -267,9 +313,9 @@ func (rep *Report) mismatch() string {
 	var parts []string
 	for _, sc := range rep.Scenarios {
 		for _, r := range sc.rounds {
-			for _, name := range []string{Raw, Bridge} {
+			for _, name := range sideNames(r) {
 				s := r.Sides[name]
-				if s == nil || !s.failed() {
+				if !s.failed() {
 					continue
 				}
 				p := fmt.Sprintf("%s round %d %s: %d lost %v, %d misplaced, %d bad bodies, %d unknown ids", sc.Scenario, r.Round, name, s.Lost, s.LostIDs, s.Misplaced, s.BadBodies, s.Unknown)
@@ -291,7 +337,7 @@ func (rep *Report) writeText(w io.Writer) {
 	fmt.Fprintln(tw, "scenario\tround\tside\tmsg/s\tseconds\tCPU µs/msg\tpeak RSS MiB\thandled\tquarantined\tlost\tduplicates\t")
 	for _, sc := range rep.Scenarios {
 		for _, r := range sc.rounds {
-			for _, name := range []string{Raw, Bridge} {
+			for _, name := range sideNames(r) {
 				s := r.Sides[name]
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%.2f\t%.1f\t%.1f\t%d\t%d\t%d\t%d\t\n", sc.Scenario, r.Round, name,
 					s.Rate, s.Seconds, s.CPUPerMsgUS, float64(s.MaxRSSKB)/1024, s.Handled, s.Quarantined, s.Lost, s.Duplicates)
@@ -314,6 +360,14 @@ func (rep *Report) writeText(w io.Writer) {
 	_ = tw.Flush()
 	if rep.StormVsClean > 0 {
 		fmt.Fprintf(w, "the bridge settles a storm at %.2f× its clean rate\n", rep.StormVsClean)
+	}
+	if rep.FloorStormVsClean > 0 {
+		fmt.Fprintf(w, "the floor (hand-written, the least failure handling that loses nothing) settles a storm at %.2f× its clean rate\n", rep.FloorStormVsClean)
+	}
+	for _, sc := range rep.Scenarios {
+		if sc.Floor != nil {
+			fmt.Fprintf(w, "%s: floor %.0f msg/s, %.1f CPU µs/msg; the bridge's rate is %.2f× the floor's\n", sc.Scenario, sc.Floor.Rate, sc.Floor.CPUPerMsgUS, sc.BridgeVsFloor)
+		}
 	}
 	fmt.Fprintln(w)
 	if rep.Error != "" {

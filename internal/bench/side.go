@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/dlxbridge/dlxbridge/consumer"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -26,6 +28,7 @@ import (
 const (
 	Raw    = "raw"    // plain amqp091-go: consume, json.Unmarshal, ack, one at a time
 	Bridge = "bridge" // the dlxbridge runtime with a handler that binds the body
+	Floor  = "floor"  // hand-written, the least failure handling that loses nothing (see drainFloor)
 )
 
 // sideSpec is what one side's process is told: where its queue is and what
@@ -61,11 +64,15 @@ type sideResult struct {
 	BadBodies int    `json:"-"` // records whose body differed from what was published
 }
 
+// parks reports whether the side parks the messages that can never
+// succeed (raw acks them all).
+func (s *sideSpec) parks() bool { return s.Side != Raw }
+
 // expectation says what a side must see before it is done: successes
 // (distinct ids) and messages in the quarantine.
 func expectation(s *sideSpec) (handled, quarantined int) {
 	for i := range s.Count {
-		if s.Side == Bridge && KindOf(s.Scenario, i).Quarantined() {
+		if s.parks() && KindOf(s.Scenario, i).Quarantined() {
 			quarantined++
 		} else {
 			handled++
@@ -312,6 +319,8 @@ func runSide(ctx context.Context, s *sideSpec, recordsOut io.Writer, enough <-ch
 		err = drainRaw(ctx, s, rep, enough, &r)
 	case Bridge:
 		err = drainBridge(ctx, s, rep, enough, wantQuarantined, &r, stderr)
+	case Floor:
+		err = drainFloor(ctx, s, rep, enough, wantQuarantined, &r)
 	default:
 		err = fmt.Errorf("unknown side %q", s.Side)
 	}
@@ -356,24 +365,30 @@ func (w *stopwatch) stop(r *sideResult) {
 	r.CPUSeconds = (cpu - w.cpu0).Seconds()
 }
 
+// consume opens a hand-written side's connection (named after the side)
+// and consumes its work queue with the bench's prefetch. The caller closes
+// conn, also after an error.
+func consume(s *sideSpec) (conn *amqp.Connection, ch *amqp.Channel, deliveries <-chan amqp.Delivery, err error) {
+	if conn, err = dial(s.URL, s.Prefix+"/"+s.Side); err != nil {
+		return nil, nil, nil, err
+	}
+	if ch, err = conn.Channel(); err == nil {
+		if err = ch.Qos(s.Prefetch, 0, false); err == nil {
+			deliveries, err = ch.Consume(s.Prefix+".work", "", false, false, false, false, nil)
+		}
+	}
+	return conn, ch, deliveries, err
+}
+
 // drainRaw is the baseline a hand-written consumer would be: one channel,
 // the same prefetch, each delivery decoded with json.Unmarshal and acked,
 // one at a time. It has no failure handling, so in a storm it acks every
 // message, the invalid and failing ones too.
 func drainRaw(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan struct{}, r *sideResult) error {
-	conn, err := dial(s.URL, s.Prefix+"/raw")
-	if err != nil {
-		return err
+	conn, _, deliveries, err := consume(s)
+	if conn != nil {
+		defer conn.Close()
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Qos(s.Prefetch, 0, false); err != nil {
-		return err
-	}
-	deliveries, err := ch.Consume(s.Prefix+".work", "", false, false, false, false, nil)
 	if err != nil {
 		return err
 	}
