@@ -187,9 +187,9 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	m, invalidFor := g.checkStream(in.Body, typ, version)
-	if m != nil {
-		return m, nil
+	m, verr, invalidFor := g.checkStream(in.Body, typ, version)
+	if m != nil || verr != nil {
+		return m, verr
 	}
 
 	doc, raw, derr := g.decode(in.Body)
@@ -252,13 +252,14 @@ func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) *Val
 
 // checkStream runs the gate's tree-free path (see stream.go) on a body that
 // passed the size, content type and encoding checks; typ and version are
-// set for FromProperties. It returns a message the gate passes, or nil: the
-// tree path then decides, and gives the error. invalidFor is the schema
-// whose fast path found the body's data (the body, or an envelope's "data"
-// member) invalid, if it got that far.
-func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, invalidFor *jsonschema.Schema) {
+// set for FromProperties. It returns a message the gate passes, or with
+// FromProperties the error of one it refuses (through the invalid path, on
+// the tokens), or neither: the tree path then decides, and gives the error.
+// invalidFor is the schema whose fast path found the body's data (the
+// body, or an envelope's "data" member) invalid, if it got that far.
+func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema) {
 	if g.noStream {
-		return nil, nil
+		return nil, nil, nil
 	}
 	d := getTokDoc()
 	defer d.release()
@@ -266,36 +267,46 @@ func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, invali
 		// A panic here is a bug, but the tree path still gives the
 		// right verdict.
 		if recover() != nil {
-			m, invalidFor = nil, nil
+			m, verr, invalidFor = nil, nil, nil
 		}
 	}()
 	if !d.tokenize(body) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	data, raw, ok := int32(0), body, false
 	switch g.id.From {
 	case FromEnvelope:
 		if typ, version, data, ok = d.envelope(); !ok {
-			return nil, nil
+			return nil, nil, nil
 		}
 		raw = d.text(data)
 	case FromPointer:
 		if typ, version, ok = d.identity(g.id.TypePointer, g.id.VersionPointer); !ok {
-			return nil, nil
+			return nil, nil, nil
 		}
 	}
 	if g.id.From != FromProperties && g.known(typ, version) != nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	schema, _ := g.reg.Lookup(typ, version)
 	f := g.reg.fast[schema]
 	if f == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
-	if !f.validTok(d, data) {
-		return nil, schema
+	if f.validTok(d, data) {
+		return &Message{Type: typ, Version: version, Raw: raw}, nil, nil
 	}
-	return &Message{Type: typ, Version: version, Raw: raw}, nil
+	// With FromProperties the tree path would decode the body (which
+	// tokenized, so it decodes), skip preflight for a small one, and
+	// validate the whole body against this same schema: the invalid path
+	// on the tokens gives that error without the tree.
+	if n := g.reg.inv[schema]; n != nil && g.id.From == FromProperties && !g.fullValidate && len(body) < preflightMinBody {
+		if leaves, err := leavesOf(n, tokVals{d}, data); err == nil && len(leaves) > 0 {
+			vs, truncated := leafViolations(leaves, "", g.maxViolations)
+			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: vs, Truncated: truncated}, schema
+		}
+	}
+	return nil, nil, schema
 }
 
 // decode decodes the body: the document, and the text of what the gate

@@ -60,7 +60,8 @@ type vnode struct {
 	ownF  *fastSchema
 	whole bool
 
-	props      []vchild // properties
+	props      []vchild       // properties, by name
+	propIndex  map[string]int // index in props
 	patterns   []vpattern
 	additional *vnode // additionalProperties as a schema
 	itemsAll   *vnode // items as one schema (before 2020-12)
@@ -74,6 +75,7 @@ type vnode struct {
 
 type vchild struct {
 	name, esc string // esc: the name as jsonschema escapes it
+	seg       string // "properties/" + esc
 	n         *vnode
 }
 
@@ -148,8 +150,11 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 		}
 		sort.Strings(names)
 		own.Properties = make(map[string]*jsonschema.Schema, len(names))
+		n.propIndex = make(map[string]int, len(names))
 		for _, name := range names {
-			n.props = append(n.props, vchild{name: name, esc: escapeToken(name), n: one(s.Properties[name])})
+			esc := escapeToken(name)
+			n.props = append(n.props, vchild{name: name, esc: esc, seg: "properties/" + esc, n: one(s.Properties[name])})
+			n.propIndex[name] = len(n.props) - 1
 			own.Properties[name] = alwaysTrue
 		}
 		stripped = true
@@ -249,108 +254,133 @@ func (r *Registry) violations(schema *jsonschema.Schema, data any, prefix string
 
 // leaves lists the leaves of jsonschema's error tree for data, which the
 // fast path finds invalid, or fails.
-func (n *vnode) leaves(data any) (out []vleaf, err error) {
+func (n *vnode) leaves(data any) ([]vleaf, error) {
+	return leavesOf(n, treeVals{}, data)
+}
+
+func leavesOf[V any, D vdoc[V]](n *vnode, d D, data V) (out []vleaf, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("%w: panic: %v", errFallBack, r)
 		}
 	}()
-	if err := n.collect(data, "", "", &out); err != nil {
+	if err := collectLeaves(n, d, data, "", "", &out); err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-// collect appends the leaves of v, which n's fast path finds invalid, at
+// vdoc is how collectLeaves reads a value of type V: a decoded value (treeVals)
+// or a token of a tokenized body (tokVals), which is decoded only where
+// jsonschema is asked about it.
+type vdoc[V any] interface {
+	// valid is f's fast path on v; typeOK its "type" keyword (which is
+	// jsonschema's, exactly).
+	valid(f *fastSchema, v V) bool
+	typeOK(f *fastSchema, v V) bool
+	// tree is v decoded, for jsonschema.
+	tree(v V) any
+	// members calls f with each member of v if it is an object, and
+	// elements with each element if it is an array, until f fails.
+	members(v V, f func(name string, mv V) error) error
+	elements(v V, f func(i int, e V) error) error
+}
+
+// collectLeaves appends the leaves of v, which n's fast path finds invalid, at
 // instance location inst and keyword location kw.
-func (n *vnode) collect(v any, inst, kw string, out *[]vleaf) error {
-	if n.whole || !n.typeOK(v) {
-		return jsLeaves(n.s, v, inst, kw, out)
+func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, out *[]vleaf) error {
+	if n.whole || !d.typeOK(n.f, v) {
+		return jsLeaves(n.s, d.tree(v), inst, kw, out)
 	}
 	found := len(*out)
-	if !n.ownF.valid(v) {
-		if err := jsLeaves(n.own, v, inst, kw, out); err != nil {
+	if !d.valid(n.ownF, v) {
+		if err := jsLeaves(n.own, d.tree(v), inst, kw, out); err != nil {
 			return err
 		}
 	}
-	sub := func(c *vnode, v any, inst, kw string) error {
-		if c.f.valid(v) {
+	// sub descends into c at v when c's fast path finds v invalid, at
+	// instance location inst/tok and keyword location kw/seg; the
+	// locations are only built then.
+	sub := func(c *vnode, v V, tok, seg string) error {
+		if d.valid(c.f, v) {
 			return nil
 		}
-		return c.collect(v, inst, kw, out)
+		return collectLeaves(c, d, v, joinInst(inst, tok), kw+"/"+seg, out)
 	}
-	switch x := v.(type) {
-	case map[string]any:
-		for _, p := range n.props {
-			if pv, ok := x[p.name]; ok {
-				if err := sub(p.n, pv, joinInst(inst, p.esc), kw+"/properties/"+p.esc); err != nil {
+	if n.props != nil || n.patterns != nil || n.additional != nil {
+		err := d.members(v, func(name string, mv V) error {
+			p, evaluated := n.propIndex[name]
+			if evaluated {
+				if err := sub(n.props[p].n, mv, n.props[p].esc, n.props[p].seg); err != nil {
 					return err
 				}
 			}
-		}
-		if n.patterns != nil || n.additional != nil {
-			for name, pv := range x {
-				evaluated := false
-				for _, p := range n.props {
-					if p.name == name {
-						evaluated = true
-						break
-					}
-				}
-				for _, pp := range n.patterns {
-					if pp.re.MatchString(name) {
-						evaluated = true
-						if err := sub(pp.n, pv, joinInst(inst, escapeToken(name)), kw+"/"+pp.seg); err != nil {
-							return err
-						}
-					}
-				}
-				if !evaluated && n.additional != nil {
-					if err := sub(n.additional, pv, joinInst(inst, escapeToken(name)), kw+"/additionalProperties"); err != nil {
+			for _, pp := range n.patterns {
+				if pp.re.MatchString(name) {
+					evaluated = true
+					if err := sub(pp.n, mv, escapeToken(name), pp.seg); err != nil {
 						return err
 					}
 				}
 			}
+			if !evaluated && n.additional != nil {
+				return sub(n.additional, mv, escapeToken(name), "additionalProperties")
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-	case []any:
-		for i, e := range x {
-			ei := joinInst(inst, strconv.Itoa(i))
+	}
+	if n.itemsAll != nil || n.tuple != nil || n.prefix != nil || n.items != nil {
+		// item is sub for element i; indexed: the keyword location
+		// names i too (a tuple's items, prefixItems).
+		item := func(c *vnode, e V, i int, seg string, indexed bool) error {
+			if d.valid(c.f, e) {
+				return nil
+			}
+			if indexed {
+				seg += "/" + strconv.Itoa(i)
+			}
+			return collectLeaves(c, d, e, inst+"/"+strconv.Itoa(i), kw+"/"+seg, out)
+		}
+		err := d.elements(v, func(i int, e V) error {
 			if n.itemsAll != nil {
-				if err := sub(n.itemsAll, e, ei, kw+"/items"); err != nil {
+				if err := item(n.itemsAll, e, i, "items", false); err != nil {
 					return err
 				}
 			}
-			if n.tuple != nil || n.tupleAdd != nil {
+			if n.tuple != nil {
 				switch {
 				case i < len(n.tuple):
-					if err := sub(n.tuple[i], e, ei, kw+"/items/"+strconv.Itoa(i)); err != nil {
+					if err := item(n.tuple[i], e, i, "items", true); err != nil {
 						return err
 					}
 				case n.tupleAdd != nil:
-					if err := sub(n.tupleAdd, e, ei, kw+"/additionalItems"); err != nil {
+					if err := item(n.tupleAdd, e, i, "additionalItems", false); err != nil {
 						return err
 					}
 				}
 			}
 			switch {
 			case i < len(n.prefix):
-				if err := sub(n.prefix[i], e, ei, kw+"/prefixItems/"+strconv.Itoa(i)); err != nil {
-					return err
-				}
+				return item(n.prefix[i], e, i, "prefixItems", true)
 			case n.items != nil:
-				if err := sub(n.items, e, ei, kw+"/items"); err != nil {
-					return err
-				}
+				return item(n.items, e, i, "items", false)
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	if n.ref != nil {
-		if err := sub(n.ref, v, inst, kw+"/$ref"); err != nil {
+		if err := sub(n.ref, v, "", "$ref"); err != nil {
 			return err
 		}
 	}
 	for i, a := range n.allOf {
-		if err := sub(a, v, inst, kw+"/allOf/"+strconv.Itoa(i)); err != nil {
+		if err := sub(a, v, "", "allOf/"+strconv.Itoa(i)); err != nil {
 			return err
 		}
 	}
@@ -361,9 +391,13 @@ func (n *vnode) collect(v any, inst, kw string, out *[]vleaf) error {
 	return nil
 }
 
-// typeOK is jsonschema's "type" check (the fast path's, which is exact).
-func (n *vnode) typeOK(v any) bool {
-	s := n.f
+// treeVals reads decoded values.
+type treeVals struct{}
+
+func (treeVals) valid(f *fastSchema, v any) bool { return f.valid(v) }
+func (treeVals) tree(v any) any                  { return v }
+
+func (treeVals) typeOK(s *fastSchema, v any) bool {
 	switch x := v.(type) {
 	case map[string]any:
 		return s.allows(typeObject)
@@ -379,6 +413,78 @@ func (n *vnode) typeOK(v any) bool {
 		return s.allows(typeNumber) || s.allows(typeInteger) && isInteger(x)
 	}
 	panic(fmt.Sprintf("schemas: invalid path got a %T", v))
+}
+
+func (treeVals) members(v any, f func(string, any) error) error {
+	m, _ := v.(map[string]any)
+	for name, mv := range m {
+		if err := f(name, mv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (treeVals) elements(v any, f func(int, any) error) error {
+	a, _ := v.([]any)
+	for i, e := range a {
+		if err := f(i, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tokVals reads the tokens of a body the stream path tokenized (so its
+// keys have no escapes, and any value's text decodes).
+type tokVals struct{ d *tokDoc }
+
+func (t tokVals) valid(f *fastSchema, i int32) bool { return f.validTok(t.d, i) }
+func (t tokVals) tree(i int32) any                  { return t.d.tree(i) }
+
+func (t tokVals) typeOK(s *fastSchema, i int32) bool {
+	switch t.d.toks[i].kind {
+	case TokenBeginObject:
+		return s.allows(typeObject)
+	case TokenBeginArray:
+		return s.allows(typeArray)
+	case TokenString:
+		return s.allows(typeString)
+	case TokenTrue, TokenFalse:
+		return s.allows(typeBoolean)
+	case TokenNull:
+		return s.allows(typeNull)
+	case TokenNumber:
+		return s.allows(typeNumber) || s.allows(typeInteger) && isInteger(t.d.num(i))
+	}
+	panic(fmt.Sprintf("schemas: invalid path got token %v", t.d.toks[i].kind))
+}
+
+func (t tokVals) members(i int32, f func(string, int32) error) error {
+	d := t.d
+	if d.toks[i].kind != TokenBeginObject {
+		return nil
+	}
+	for j := i + 1; d.toks[j].kind == TokenKey; j = d.toks[j+1].next {
+		if err := f(d.str(j), j+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t tokVals) elements(i int32, f func(int, int32) error) error {
+	d := t.d
+	if d.toks[i].kind != TokenBeginArray {
+		return nil
+	}
+	idx := 0
+	for j := i + 1; d.toks[j].kind != TokenEndArray; j, idx = d.toks[j].next, idx+1 {
+		if err := f(idx, j); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // joinInst extends an instance location as jsonschema does: an empty

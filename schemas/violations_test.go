@@ -62,6 +62,13 @@ func allViolationsCases(t testing.TB) []violationsCase {
 // the number of violations (0: doc is valid).
 func violationsAgree(t testing.TB, c violationsCase, doc any) int {
 	t.Helper()
+	return violationsAgreeText(t, c, doc, []byte(mustJSON(doc)))
+}
+
+// violationsAgreeText is violationsAgree, with body the text of doc, which
+// the invalid path also reads as tokens, as the gate does.
+func violationsAgreeText(t testing.TB, c violationsCase, doc any, body []byte) int {
+	t.Helper()
 	if c.reg.fastValid(c.s, doc) {
 		return 0
 	}
@@ -81,6 +88,17 @@ func violationsAgree(t testing.TB, c violationsCase, doc any) int {
 		if !reflect.DeepEqual(sortedLeaves(got), sortedLeaves(want)) {
 			t.Errorf("%s: %s:\ninvalid path leaves %q\nfull               %q", c.name, mustJSON(doc), sortedLeaves(got), sortedLeaves(want))
 		}
+		d := getTokDoc()
+		if d.tokenize(body) {
+			got, err := leavesOf(c.reg.inv[c.s], tokVals{d}, 0)
+			if err != nil {
+				t.Errorf("%s: %s: invalid path on tokens: %v", c.name, body, err)
+			}
+			if !reflect.DeepEqual(sortedLeaves(got), sortedLeaves(want)) {
+				t.Errorf("%s: %s:\ninvalid path leaves on tokens %q\nfull                          %q", c.name, body, sortedLeaves(got), sortedLeaves(want))
+			}
+		}
+		d.release()
 	}
 	n := 0
 	for _, o := range []struct {
@@ -146,9 +164,9 @@ func sameViolations(a, b *ValidationError) bool {
 // violationsDocs are instances for testdata/violations (the fastpath and
 // registry ones come from fastInstances and the examples).
 var violationsDocs = []string{
-	`{"":1,"a/b":"abc","t~x":2.5,"sp ace":[0,1],"ü%":["s",true,false],"deep":{"x y":{"~":1}},"typed":{"k":"v"},"p/d":"2026-01-02","q~":1,"extra":"s","z":1}`,
+	`{"":1,"a/b":"abc","t~x":2.5,"sp ace":[0,1],"ü%":["s",true,false],"deep":{"x y":{"~":1}},"int":2.0,"typed":{"k":"v"},"p/d":"2026-01-02","q~":1,"extra":"s","z":1}`,
 	`{"":1.5,"a/b":"a","t~x":101.3,"sp ace":[-1,"x",2,3,4],"ü%":[1,"x",true,true],"never":1,"deep":{"x y":{"~":3}},"p/d":"2026-02-30","q~":4,"extra":"x","e2":[]}`,
-	`{"a/b":"abcdef","t~x":-1,"sp ace":{},"ü%":"s","p/":5,"~":"s","deep":{"x y":[]},"typed":"s"}`,
+	`{"a/b":"abcdef","t~x":-1,"sp ace":{},"ü%":"s","p/":5,"~":"s","deep":{"x y":[]},"int":-1.5,"typed":"s"}`,
 	`{"":"s","a/b":7,"t~x":"n","sp ace":[1,2,3,4],"p/x":null,"%~":10}`,
 	`{"all":[1,2,0,-1,"x"],"tuple":["a",0,true,1],"closed":["a","b"],"refd":6}`,
 	`{"all":[1],"tuple":[1,"x"],"closed":[1],"refd":0}`,
@@ -318,11 +336,19 @@ func TestGateViolationsAgree(t *testing.T) {
 	}
 }
 
-// FuzzViolationsAgree decodes arbitrary bytes as the gate does, replaces up
+// gateErr is the error g.check gives on in.
+func gateErr(g *Gate, in Input) *ValidationError {
+	_, verr := g.check(in)
+	return verr
+}
+
+// FuzzViolationsAgree runs the gate on arbitrary bytes as each registry type
+// and checks it gives the error it gives with the full validation. Then it
+// decodes the bytes as the gate does, replaces up
 // to two of its values (the at-th and at2-th in document order, see
 // replaceNth) by alt and alt2, and checks that the invalid path gives
 // exactly the full validation's error on every schema TestViolationsAgree
-// uses.
+// uses, on the decoded value and on the tokens.
 func FuzzViolationsAgree(f *testing.F) {
 	alts := []string{`null`, `0`, `-1.5e3`, `""`, `"x"`, `[]`, `{}`, `[1,1]`, `{"a":"b"}`, `"2026-11-29T19:13:25Z"`}
 	for i, ex := range examples(f) {
@@ -332,13 +358,34 @@ func FuzzViolationsAgree(f *testing.F) {
 		f.Add([]byte(inst), uint16(i), []byte(alts[i%len(alts)]), uint16(i+2), []byte(alts[(i+5)%len(alts)]))
 	}
 	cases := allViolationsCases(f)
+	reg := cases[0].reg // the embedded registry
+	var gates []*Gate
+	for _, max := range []int{2, 0} {
+		g, err := NewGate(GateConfig{Registry: reg, MaxViolations: max})
+		if err != nil {
+			f.Fatal(err)
+		}
+		gates = append(gates, g)
+	}
+	exs := examples(f)
 	f.Fuzz(func(t *testing.T, body []byte, at uint16, alt []byte, at2 uint16, alt2 []byte) {
+		// The gate, on the body as it is, as each registry type.
+		for _, g := range gates {
+			full := *g
+			full.fullValidate = true
+			for _, ex := range exs {
+				in := Input{Type: ex.Type, Headers: map[string]any{"schema-version": ex.Version}, Body: body}
+				if got, want := gateErr(g, in), gateErr(&full, in); !sameViolations(got, want) {
+					t.Fatalf("gate, %s v%s: %q:\ninvalid path %s\nfull         %s", ex.Type, ex.Version, body, mustJSON(got), mustJSON(want))
+				}
+			}
+		}
 		doc, derr := decodeJSON(body)
 		if derr != nil {
 			return
 		}
 		for _, c := range cases {
-			violationsAgree(t, c, doc)
+			violationsAgreeText(t, c, doc, body)
 		}
 		for _, r := range []struct {
 			at  uint16
