@@ -178,6 +178,9 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 		own.Items = alwaysTrue
 		stripped = true
 	case []*jsonschema.Schema:
+		// Not nil even when empty (which the meta-schemas forbid):
+		// additionalItems would then apply to every element.
+		n.tuple = make([]*vnode, 0, len(items))
 		trues := make([]*jsonschema.Schema, len(items))
 		for i, sub := range items {
 			n.tuple = append(n.tuple, one(sub))
