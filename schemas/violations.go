@@ -34,7 +34,11 @@ import (
 //     extended as jsonschema extends them.
 //
 // A value whose fast path passes has no leaves (the fast path is exact in
-// both directions), so only the failing branches cost anything. A node that
+// both directions), so only the failing branches cost anything. Like the
+// gate, this path trusts only the fast path's "valid" (now also of the
+// subschemas and of the own copies, which are compiled the same way): a
+// wrong "invalid" makes jsonschema find nothing, and the full validation
+// decides. A node that
 // is a boolean schema, or whose "type" fails (jsonschema then reports that
 // alone), is handed to jsonschema whole; so is every applicator not listed
 // above (anyOf, oneOf, not, if/then/else, dependent schemas, contains,
@@ -43,6 +47,10 @@ import (
 // disagreement between the fast path and jsonschema falls back to the full
 // validation (validate), which TestViolationsAgree and FuzzViolationsAgree
 // also use as the oracle. jsonschema writes every message.
+//
+// It reads a value decoded, or as the stream path's tokens (vdoc): with
+// FromProperties the gate then never decodes an invalid body whole, only
+// the values it hands to jsonschema.
 //
 // The leaves are then sorted by (instance location, keyword location) and
 // cut as flatten does; that key identifies a leaf (one keyword location is

@@ -403,3 +403,45 @@ func FuzzViolationsAgree(f *testing.F) {
 		}
 	})
 }
+
+// TestGateCheckInvalidAllocs: on an orders.created v2 message with one bad
+// line item quantity (the storm's invalid message), the invalid path makes
+// at most a third of the allocations of the full validation, and the same
+// error.
+func TestGateCheckInvalidAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled token lists at random")
+	}
+	reg, err := Load(LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGate(GateConfig{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := *g
+	full.fullValidate = true
+	var body []byte
+	for _, ex := range examples(t) {
+		if ex.Type == "orders.created" && ex.Version == "2" {
+			doc, derr := decodeJSON(ex.Body)
+			if derr != nil {
+				t.Fatal(derr)
+			}
+			doc.(map[string]any)["lineItems"].([]any)[0].(map[string]any)["quantity"] = json.Number("0")
+			body = []byte(mustJSON(doc))
+		}
+	}
+	in := Input{ContentType: "application/json", Type: "orders.created", Headers: map[string]any{"schema-version": "2"}, Body: body}
+	got, want := gateErr(g, in), gateErr(&full, in)
+	if want == nil || len(want.Violations) != 1 || want.Violations[0].Pointer != "/lineItems/0/quantity" || !reflect.DeepEqual(got, want) {
+		t.Fatalf("invalid path %s, full validation %s", mustJSON(got), mustJSON(want))
+	}
+	fast := testing.AllocsPerRun(50, func() { _, _ = g.Check(in) })
+	slow := testing.AllocsPerRun(50, func() { _, _ = full.Check(in) })
+	t.Logf("%.0f allocations per Check (full validation %.0f)", fast, slow)
+	if fast > slow/3 {
+		t.Errorf("%.0f allocations per Check, want at most a third of the full validation's %.0f", fast, slow)
+	}
+}
