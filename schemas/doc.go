@@ -25,7 +25,9 @@
 // format, the numeric bounds, multipleOf, enum, const, $ref, allOf, anyOf,
 // oneOf, not and if/then/else. A message it calls valid passes; any other is
 // validated by jsonschema, whose verdict and violations the gate reports, so
-// the gate's verdicts and messages are jsonschema's. A schema that uses
+// the gate's verdicts and messages are jsonschema's (on an invalid message,
+// jsonschema runs only on the subschemas and values the fast path finds
+// failing, with the violations a whole validation gives). A schema that uses
 // anything else (unevaluated*, $dynamicRef, asserted content*, extensions)
 // is validated by jsonschema alone.
 //

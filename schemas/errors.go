@@ -111,23 +111,21 @@ func (v Violation) String() string {
 // of them, each pointer prefixed with prefix (the location of the validated
 // value in the body). It reports whether leaves were left out.
 func flatten(ve *jsonschema.ValidationError, prefix string, max int) ([]Violation, bool) {
-	var leaves []*jsonschema.ValidationError
-	var walk func(*jsonschema.ValidationError)
-	walk = func(e *jsonschema.ValidationError) {
-		if len(e.Causes) == 0 {
-			leaves = append(leaves, e)
-		}
-		for _, c := range e.Causes {
-			walk(c)
-		}
-	}
-	walk(ve)
+	var leaves []vleaf
+	appendLeaves(ve, "", "", &leaves)
+	return leafViolations(leaves, prefix, max)
+}
+
+// leafViolations sorts leaves (in place) by instance location, then
+// keyword location, keeps at most max and makes them violations, each
+// pointer prefixed with prefix. It reports whether leaves were left out.
+func leafViolations(leaves []vleaf, prefix string, max int) ([]Violation, bool) {
 	sort.SliceStable(leaves, func(i, j int) bool {
 		a, b := leaves[i], leaves[j]
-		if a.InstanceLocation != b.InstanceLocation {
-			return a.InstanceLocation < b.InstanceLocation
+		if a.inst != b.inst {
+			return a.inst < b.inst
 		}
-		return a.KeywordLocation < b.KeywordLocation
+		return a.kw < b.kw
 	})
 	truncated := len(leaves) > max
 	if truncated {
@@ -135,11 +133,11 @@ func flatten(ve *jsonschema.ValidationError, prefix string, max int) ([]Violatio
 	}
 	out := make([]Violation, len(leaves))
 	for i, e := range leaves {
-		kw := keyword(e.KeywordLocation)
+		kw := keyword(e.kw)
 		out[i] = Violation{
-			Pointer: prefix + e.InstanceLocation,
+			Pointer: prefix + e.inst,
 			Keyword: kw,
-			Message: capLen(redactMessage(kw, e.Message)),
+			Message: capLen(redactMessage(kw, e.msg)),
 		}
 	}
 	return out, truncated

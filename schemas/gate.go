@@ -44,8 +44,9 @@ type Gate struct {
 	accepts       map[string]map[string]bool
 	maxBody       int
 	maxViolations int
-	// noStream turns the tree-free path off (for tests that compare).
-	noStream bool
+	// noStream turns the tree-free path off, and fullValidate the invalid
+	// path (for tests that compare).
+	noStream, fullValidate bool
 }
 
 // NewGate validates cfg and returns a Gate.
@@ -186,8 +187,9 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	if m, ok := g.checkStream(in.Body, typ, version); ok {
-		return m, nil
+	m, verr, invalidFor := g.checkStream(in.Body, typ, version)
+	if m != nil || verr != nil {
+		return m, verr
 	}
 
 	doc, raw, derr := g.decode(in.Body)
@@ -220,27 +222,44 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 	}
 
 	schema, _ := g.reg.Lookup(typ, version)
-	if !g.reg.fastValid(schema, data) {
-		if len(in.Body) >= preflightMinBody {
-			if pv := preflight(schema, data, 0); pv != nil {
-				return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
-			}
+	// The stream path's fast path already found the same data invalid
+	// for this schema: no need to ask the tree's.
+	if invalidFor != schema && g.reg.fastValid(schema, data) {
+		return &Message{Type: typ, Version: version, Raw: raw, data: data, hasData: true}, nil
+	}
+	if len(in.Body) >= preflightMinBody {
+		if pv := preflight(schema, data, 0); pv != nil {
+			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
 		}
-		if verr := validate(schema, data, prefix, g.maxViolations); verr != nil {
-			verr.Type, verr.Version = typ, version
-			return nil, verr
-		}
+	}
+	if verr := g.validate(schema, data, prefix); verr != nil {
+		verr.Type, verr.Version = typ, version
+		return nil, verr
 	}
 	return &Message{Type: typ, Version: version, Raw: raw, data: data, hasData: true}, nil
 }
 
+// validate lists what is wrong with data, a value the decoder made, which
+// the fast path finds invalid (or which has none): through the invalid
+// path (see vnode), unless the gate is told to take the full validation,
+// its oracle in tests.
+func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) *ValidationError {
+	if g.fullValidate {
+		return validate(schema, data, prefix, g.maxViolations)
+	}
+	return g.reg.violations(schema, data, prefix, g.maxViolations)
+}
+
 // checkStream runs the gate's tree-free path (see stream.go) on a body that
 // passed the size, content type and encoding checks; typ and version are
-// set for FromProperties. It returns a message the gate passes, or false:
-// the tree path then decides, and gives the error.
-func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, ok bool) {
+// set for FromProperties. It returns a message the gate passes, or with
+// FromProperties the error of one it refuses (through the invalid path, on
+// the tokens), or neither: the tree path then decides, and gives the error.
+// invalidFor is the schema whose fast path found the body's data (the
+// body, or an envelope's "data" member) invalid, if it got that far.
+func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema) {
 	if g.noStream {
-		return nil, false
+		return nil, nil, nil
 	}
 	d := getTokDoc()
 	defer d.release()
@@ -248,33 +267,46 @@ func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, ok boo
 		// A panic here is a bug, but the tree path still gives the
 		// right verdict.
 		if recover() != nil {
-			m, ok = nil, false
+			m, verr, invalidFor = nil, nil, nil
 		}
 	}()
 	if !d.tokenize(body) {
-		return nil, false
+		return nil, nil, nil
 	}
-	data, raw := int32(0), body
+	data, raw, ok := int32(0), body, false
 	switch g.id.From {
 	case FromEnvelope:
 		if typ, version, data, ok = d.envelope(); !ok {
-			return nil, false
+			return nil, nil, nil
 		}
 		raw = d.text(data)
 	case FromPointer:
 		if typ, version, ok = d.identity(g.id.TypePointer, g.id.VersionPointer); !ok {
-			return nil, false
+			return nil, nil, nil
 		}
 	}
 	if g.id.From != FromProperties && g.known(typ, version) != nil {
-		return nil, false
+		return nil, nil, nil
 	}
 	schema, _ := g.reg.Lookup(typ, version)
 	f := g.reg.fast[schema]
-	if f == nil || !f.validTok(d, data) {
-		return nil, false
+	if f == nil {
+		return nil, nil, nil
 	}
-	return &Message{Type: typ, Version: version, Raw: raw}, true
+	if f.validTok(d, data) {
+		return &Message{Type: typ, Version: version, Raw: raw}, nil, nil
+	}
+	// With FromProperties the tree path would decode the body (which
+	// tokenized, so it decodes), skip preflight for a small one, and
+	// validate the whole body against this same schema: the invalid path
+	// on the tokens gives that error without the tree.
+	if n := g.reg.inv[schema]; n != nil && g.id.From == FromProperties && !g.fullValidate && len(body) < preflightMinBody {
+		if leaves, err := leavesOf(n, tokVals{d}, data); err == nil && len(leaves) > 0 {
+			vs, truncated := leafViolations(leaves, "", g.maxViolations)
+			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: vs, Truncated: truncated}, schema
+		}
+	}
+	return nil, nil, schema
 }
 
 // decode decodes the body: the document, and the text of what the gate
@@ -427,10 +459,16 @@ func (r *Registry) Validate(typ, version string, data any) error {
 	}
 	// An upcaster may build values the decoder never makes (int, float64,
 	// a struct); only jsonschema knows what it makes of them.
-	if decoded(data) && r.fastValid(schema, data) {
+	var verr *ValidationError
+	switch {
+	case !decoded(data):
+		verr = validate(schema, data, "", DefaultMaxViolations)
+	case r.fastValid(schema, data):
 		return nil
+	default:
+		verr = r.violations(schema, data, "", DefaultMaxViolations)
 	}
-	if verr := validate(schema, data, "", DefaultMaxViolations); verr != nil {
+	if verr != nil {
 		verr.Type, verr.Version = typ, NormalizeVersion(version)
 		return verr
 	}

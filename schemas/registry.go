@@ -106,6 +106,9 @@ type Registry struct {
 	// fastSchema); noFast says why the others have none.
 	fast   map[*jsonschema.Schema]*fastSchema
 	noFast map[*jsonschema.Schema]error
+	// inv holds the invalid path of each schema with a fast path (see
+	// vnode).
+	inv map[*jsonschema.Schema]*vnode
 }
 
 // FileError is one schema file that failed to load or compile.
@@ -276,6 +279,7 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 		elideRefs(roots)
 	}
 	r.fast, r.noFast = compileFast(roots, c.Formats)
+	r.inv = buildInvalidPath(r.fast, c.Formats)
 	sort.Slice(r.refs, func(i, j int) bool {
 		a, b := r.refs[i], r.refs[j]
 		if a.Type != b.Type {

@@ -21,7 +21,10 @@ import (
 // Like the fast path it only ever says "valid": anything else (a syntax
 // error, a duplicate key, an identity it cannot read, an invalid verdict, a
 // body shape it does not handle) sends the gate down the tree path, which
-// gives the verdict and the error exactly as before. So it must never pass
+// gives the verdict and the error exactly as before; only an invalid
+// verdict with FromProperties, where the tree path would validate this
+// same body against this same schema, gets its error here, from the
+// invalid path on the tokens (see vnode). So it must never pass
 // a message the tree path refuses; FuzzStreamAgrees checks that against the
 // tree path and jsonschema on every registry schema.
 //
