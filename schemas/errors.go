@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -134,13 +135,64 @@ func leafViolations(leaves []vleaf, prefix string, max int) ([]Violation, bool) 
 	out := make([]Violation, len(leaves))
 	for i, e := range leaves {
 		kw := keyword(e.kw)
+		msg := e.msg
+		if kw == "additionalProperties" {
+			msg = sortNames(msg)
+		}
 		out[i] = Violation{
 			Pointer: prefix + e.inst,
 			Keyword: kw,
-			Message: capLen(redactMessage(kw, e.msg)),
+			Message: capLen(redactMessage(kw, msg)),
 		}
 	}
 	return out, truncated
+}
+
+// sortNames puts the names of jsonschema's "additionalProperties 'b', 'a'
+// not allowed" in one order: jsonschema lists them in map order, so the
+// same message would read differently from one check to the next (in the
+// envelope, the error header, the logs). Each name is quoted as jsonschema
+// quotes it ('…', with \ and \' escaped); a message of any other shape is
+// returned as it is.
+func sortNames(msg string) string {
+	const head, tail = "additionalProperties ", " not allowed"
+	if !strings.HasPrefix(msg, head) || !strings.HasSuffix(msg, tail) || len(msg) < len(head)+len(tail) {
+		return msg
+	}
+	rest := msg[len(head) : len(msg)-len(tail)]
+	var names []string
+	for len(rest) > 0 {
+		if rest[0] != '\'' {
+			return msg
+		}
+		end := -1
+		for i := 1; i < len(rest); i++ {
+			if rest[i] == '\\' {
+				i++ // an escaped byte, a quote too
+				continue
+			}
+			if rest[i] == '\'' {
+				end = i
+				break
+			}
+		}
+		if end < 0 {
+			return msg
+		}
+		names = append(names, rest[:end+1])
+		rest = rest[end+1:]
+		if len(rest) > 0 {
+			if !strings.HasPrefix(rest, ", ") {
+				return msg
+			}
+			rest = rest[2:]
+		}
+	}
+	if len(names) < 2 {
+		return msg
+	}
+	slices.Sort(names)
+	return head + strings.Join(names, ", ") + tail
 }
 
 // keyword is the last segment of a keyword location.

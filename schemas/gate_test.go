@@ -2,6 +2,7 @@ package schemas_test
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -331,5 +332,28 @@ func TestViolationsNeverQuoteValues(t *testing.T) {
 	}
 	if ve := asValidation(t, reg.Validate("test.pii", "9", data)); ve.Reason != schemas.ReasonUnknownVersion {
 		t.Errorf("unknown version: %v", ve)
+	}
+}
+
+// jsonschema names the extra properties of an additionalProperties
+// violation in map order: the same message gave a different text from call
+// to call, in the envelope's violations, the error header and the logs. The
+// gate sorts them.
+func TestAdditionalPropertiesNamesInOneOrder(t *testing.T) {
+	t.Parallel()
+	g := ordersGate(t)
+	body := strings.Replace(orderV2, `"channel": "web",`,
+		`"channel": "web", "zeta": 1, "alpha": 2, "it's": 3, "back\\slash": 4, "a, b": 5, "mid": 6,`, 1)
+	in := orderInput("orders.created", "2", body)
+	const want = `additionalProperties 'a, b', 'alpha', 'back\\slash', 'it\'s', 'mid', 'zeta' not allowed`
+	for range 40 {
+		_, err := g.Check(in)
+		var verr *schemas.ValidationError
+		if !errors.As(err, &verr) || len(verr.Violations) != 1 {
+			t.Fatalf("got %v", err)
+		}
+		if got := verr.Violations[0].Message; got != want {
+			t.Fatalf("message\n%s\nwant\n%s", got, want)
+		}
 	}
 }
