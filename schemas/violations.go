@@ -182,8 +182,12 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 	}
 	switch items := s.Items.(type) {
 	case *jsonschema.Schema:
+		// Removed, not "true": jsonschema would still visit every
+		// element, and nothing of the own copy reads what items
+		// evaluated (additionalItems needs a tuple; unevaluatedItems has
+		// no fast path).
 		n.itemsAll = one(items)
-		own.Items = alwaysTrue
+		own.Items = nil
 		stripped = true
 	case []*jsonschema.Schema:
 		// Not nil even when empty (which the meta-schemas forbid):
@@ -211,7 +215,7 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 	}
 	if s.Items2020 != nil {
 		n.items = one(s.Items2020)
-		own.Items2020 = alwaysTrue
+		own.Items2020 = nil // as items above
 		stripped = true
 	}
 	if s.Ref != nil {

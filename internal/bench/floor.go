@@ -66,7 +66,10 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 		// As raw: let the last acks reach a 3.10 broker before the close.
 		time.Sleep(50 * time.Millisecond)
 	}()
-	parked := 0    // confirmed in the quarantine
+	// parkedIDs are the distinct ids published to the quarantine: a
+	// duplicate delivery of one is parked again, and must not stand for
+	// another id (nor stall the count as one too many).
+	parkedIDs := map[int]bool{}
 	wake := enough // nil once seen: a closed channel would wake the select forever
 	batch := uint64(max(1, s.Prefetch/4))
 	// Settled deliveries behind a parked one whose confirm is still out
@@ -98,7 +101,8 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 				}
 			}
 		}
-		if closed(enough) && parked == wantQuarantined && acks.idle() {
+		// idle: every publish confirmed, every delivery acked.
+		if closed(enough) && len(parkedIDs) >= wantQuarantined && acks.idle() {
 			clock.stop(r)
 			return nil
 		}
@@ -131,6 +135,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 					return err
 				}
 				acks.park(seq, d.DeliveryTag)
+				parkedIDs[i] = true
 			} else {
 				acks.settle(d.DeliveryTag)
 			}
@@ -139,7 +144,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			if !c.Ack {
 				return fmt.Errorf("the broker refused a quarantine publish (seq %d)", c.DeliveryTag)
 			}
-			parked += acks.confirm(c.DeliveryTag)
+			acks.confirm(c.DeliveryTag)
 		case ret := <-returns:
 			return fmt.Errorf("a quarantine publish of %s was returned: %s", ret.MessageId, ret.ReplyText)
 		case <-wake:
