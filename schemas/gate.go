@@ -187,7 +187,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	m, verr, invalidFor := g.checkStream(in.Body, typ, version)
+	m, verr, invalidFor, overBudget := g.checkStream(in.Body, typ, version)
 	if m != nil || verr != nil {
 		return m, verr
 	}
@@ -232,7 +232,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
 		}
 	}
-	if verr := g.validate(schema, data, prefix); verr != nil {
+	if verr := g.validate(schema, data, prefix, overBudget); verr != nil {
 		verr.Type, verr.Version = typ, version
 		return nil, verr
 	}
@@ -243,11 +243,12 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 // the fast path finds invalid (or which has none): through the invalid
 // path (see vnode), unless the gate is told to take the full validation,
 // its oracle in tests.
-func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) *ValidationError {
+// overBudget: the invalid path already gave up on the body's tokens.
+func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string, overBudget bool) *ValidationError {
 	if g.fullValidate {
 		return validate(schema, data, prefix, g.maxViolations)
 	}
-	return g.reg.violations(schema, data, prefix, g.maxViolations)
+	return g.reg.violationsAfter(schema, data, prefix, g.maxViolations, overBudget)
 }
 
 // checkStream runs the gate's tree-free path (see stream.go) on a body that
@@ -256,10 +257,12 @@ func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string) *Val
 // FromProperties the error of one it refuses (through the invalid path, on
 // the tokens), or neither: the tree path then decides, and gives the error.
 // invalidFor is the schema whose fast path found the body's data (the
-// body, or an envelope's "data" member) invalid, if it got that far.
-func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema) {
+// body, or an envelope's "data" member) invalid, if it got that far;
+// overBudget says the invalid path on the tokens gave up for too many
+// failing values (the tree path then validates in full at once).
+func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema, overBudget bool) {
 	if g.noStream {
-		return nil, nil, nil
+		return nil, nil, nil, false
 	}
 	d := getTokDoc()
 	defer d.release()
@@ -267,46 +270,48 @@ func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *
 		// A panic here is a bug, but the tree path still gives the
 		// right verdict.
 		if recover() != nil {
-			m, verr, invalidFor = nil, nil, nil
+			m, verr, invalidFor, overBudget = nil, nil, nil, false
 		}
 	}()
 	if !d.tokenize(body) {
-		return nil, nil, nil
+		return nil, nil, nil, false
 	}
 	data, raw, ok := int32(0), body, false
 	switch g.id.From {
 	case FromEnvelope:
 		if typ, version, data, ok = d.envelope(); !ok {
-			return nil, nil, nil
+			return nil, nil, nil, false
 		}
 		raw = d.text(data)
 	case FromPointer:
 		if typ, version, ok = d.identity(g.id.TypePointer, g.id.VersionPointer); !ok {
-			return nil, nil, nil
+			return nil, nil, nil, false
 		}
 	}
 	if g.id.From != FromProperties && g.known(typ, version) != nil {
-		return nil, nil, nil
+		return nil, nil, nil, false
 	}
 	schema, _ := g.reg.Lookup(typ, version)
 	f := g.reg.fast[schema]
 	if f == nil {
-		return nil, nil, nil
+		return nil, nil, nil, false
 	}
 	if f.validTok(d, data) {
-		return &Message{Type: typ, Version: version, Raw: raw}, nil, nil
+		return &Message{Type: typ, Version: version, Raw: raw}, nil, nil, false
 	}
 	// With FromProperties the tree path would decode the body (which
 	// tokenized, so it decodes), skip preflight for a small one, and
 	// validate the whole body against this same schema: the invalid path
 	// on the tokens gives that error without the tree.
 	if n := g.reg.inv[schema]; n != nil && g.id.From == FromProperties && !g.fullValidate && len(body) < preflightMinBody {
-		if leaves, err := leavesOf(n, tokVals{d}, data); err == nil && len(leaves) > 0 {
+		leaves, err := leavesOf(n, tokVals{d}, data, maxInvalidCalls)
+		if err == nil && len(leaves) > 0 {
 			vs, truncated := leafViolations(leaves, "", g.maxViolations)
-			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: vs, Truncated: truncated}, schema
+			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: vs, Truncated: truncated}, schema, false
 		}
+		return nil, nil, schema, errors.Is(err, errOverBudget)
 	}
-	return nil, nil, schema
+	return nil, nil, schema, false
 }
 
 // decode decodes the body: the document, and the text of what the gate

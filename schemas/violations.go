@@ -254,12 +254,31 @@ func escapeToken(token string) string {
 // errFallBack says the invalid path cannot answer: validate decides.
 var errFallBack = errors.New("schemas: invalid path falls back")
 
+// maxInvalidCalls bounds the jsonschema calls of one invalid path walk.
+// Each failing value costs one (and, on the tokens, a decode of that
+// value): a body with many failing values (a thousand empty line items)
+// cost more than the one full validation it replaces. Past the bound the
+// walk gives up and the full validation runs instead, once: a message
+// breaking a schema in a few places (a storm's usual case) takes one to
+// three calls.
+const maxInvalidCalls = 8
+
+// errOverBudget: the walk made maxInvalidCalls calls and more were due.
+var errOverBudget = fmt.Errorf("%w: over %d jsonschema calls", errFallBack, maxInvalidCalls)
+
 // violations is validate for a value the decoder made, through the
 // invalid path when the schema has one (see above): the same
 // *ValidationError, or nil.
 func (r *Registry) violations(schema *jsonschema.Schema, data any, prefix string, maxViolations int) *ValidationError {
-	if n := r.inv[schema]; n != nil {
-		if leaves, err := n.leaves(data); err == nil && len(leaves) > 0 {
+	return r.violationsAfter(schema, data, prefix, maxViolations, false)
+}
+
+// violationsAfter is violations; overBudget says a walk on the body's
+// tokens already gave up (errOverBudget): the same walk on the tree would
+// too, so the full validation runs at once.
+func (r *Registry) violationsAfter(schema *jsonschema.Schema, data any, prefix string, maxViolations int, overBudget bool) *ValidationError {
+	if n := r.inv[schema]; n != nil && !overBudget {
+		if leaves, err := n.leaves(data, maxInvalidCalls); err == nil && len(leaves) > 0 {
 			vs, truncated := leafViolations(leaves, prefix, maxViolations)
 			return &ValidationError{Reason: ReasonInvalid, Violations: vs, Truncated: truncated}
 		}
@@ -269,20 +288,38 @@ func (r *Registry) violations(schema *jsonschema.Schema, data any, prefix string
 
 // leaves lists the leaves of jsonschema's error tree for data, which the
 // fast path finds invalid, or fails.
-func (n *vnode) leaves(data any) ([]vleaf, error) {
-	return leavesOf(n, treeVals{}, data)
+func (n *vnode) leaves(data any, maxCalls int) ([]vleaf, error) {
+	return leavesOf(n, treeVals{}, data, maxCalls)
 }
 
-func leavesOf[V any, D vdoc[V]](n *vnode, d D, data V) (out []vleaf, err error) {
+// leavesOf walks data with at most maxCalls jsonschema calls (the gate's
+// is maxInvalidCalls; tests lift it to compare every walk with the full
+// validation).
+func leavesOf[V any, D vdoc[V]](n *vnode, d D, data V, maxCalls int) (out []vleaf, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("%w: panic: %v", errFallBack, r)
 		}
 	}()
-	if err := collectLeaves(n, d, data, "", "", &out); err != nil {
+	w := vwalk{maxCalls: maxCalls}
+	if err := collectLeaves(n, d, data, "", "", &w); err != nil {
 		return nil, err
 	}
-	return out, nil
+	return w.out, nil
+}
+
+// vwalk is what one walk collects: the leaves, and its jsonschema calls.
+type vwalk struct {
+	out             []vleaf
+	calls, maxCalls int
+}
+
+// js runs jsLeaves within the walk's budget.
+func (w *vwalk) js(s *jsonschema.Schema, v func() any, inst, kw string) error {
+	if w.calls++; w.calls > w.maxCalls {
+		return errOverBudget
+	}
+	return jsLeaves(s, v(), inst, kw, &w.out)
 }
 
 // vdoc is how collectLeaves reads a value of type V: a decoded value (treeVals)
@@ -303,13 +340,14 @@ type vdoc[V any] interface {
 
 // collectLeaves appends the leaves of v, which n's fast path finds invalid, at
 // instance location inst and keyword location kw.
-func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, out *[]vleaf) error {
+func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, w *vwalk) error {
+	tree := func() any { return d.tree(v) }
 	if n.whole || !d.typeOK(n.f, v) {
-		return jsLeaves(n.s, d.tree(v), inst, kw, out)
+		return w.js(n.s, tree, inst, kw)
 	}
-	found := len(*out)
+	found := len(w.out)
 	if !d.valid(n.ownF, v) {
-		if err := jsLeaves(n.own, d.tree(v), inst, kw, out); err != nil {
+		if err := w.js(n.own, tree, inst, kw); err != nil {
 			return err
 		}
 	}
@@ -320,7 +358,7 @@ func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, out *[
 		if d.valid(c.f, v) {
 			return nil
 		}
-		return collectLeaves(c, d, v, joinInst(inst, tok), kw+"/"+seg, out)
+		return collectLeaves(c, d, v, joinInst(inst, tok), kw+"/"+seg, w)
 	}
 	if n.props != nil || n.patterns != nil || n.additional != nil {
 		err := d.members(v, func(name string, mv V) error {
@@ -357,7 +395,7 @@ func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, out *[
 			if indexed {
 				seg += "/" + strconv.Itoa(i)
 			}
-			return collectLeaves(c, d, e, inst+"/"+strconv.Itoa(i), kw+"/"+seg, out)
+			return collectLeaves(c, d, e, inst+"/"+strconv.Itoa(i), kw+"/"+seg, w)
 		}
 		err := d.elements(v, func(i int, e V) error {
 			if n.itemsAll != nil {
@@ -399,7 +437,7 @@ func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, out *[
 			return err
 		}
 	}
-	if len(*out) == found {
+	if len(w.out) == found {
 		// The fast path found v invalid, and jsonschema nothing wrong.
 		return fmt.Errorf("%w: no leaves at %q", errFallBack, inst)
 	}

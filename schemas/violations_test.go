@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -81,7 +82,7 @@ func violationsAgreeText(t testing.TB, c violationsCase, doc any, body []byte) i
 		}
 		var want []vleaf
 		appendLeaves(ve, "", "", &want)
-		got, err := c.reg.inv[c.s].leaves(doc)
+		got, err := c.reg.inv[c.s].leaves(doc, math.MaxInt)
 		if err != nil {
 			t.Errorf("%s: %s: invalid path: %v", c.name, mustJSON(doc), err)
 		}
@@ -90,7 +91,7 @@ func violationsAgreeText(t testing.TB, c violationsCase, doc any, body []byte) i
 		}
 		d := getTokDoc()
 		if d.tokenize(body) {
-			got, err := leavesOf(c.reg.inv[c.s], tokVals{d}, 0)
+			got, err := leavesOf(c.reg.inv[c.s], tokVals{d}, 0, math.MaxInt)
 			if err != nil {
 				t.Errorf("%s: %s: invalid path on tokens: %v", c.name, body, err)
 			}
