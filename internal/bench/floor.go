@@ -141,12 +141,20 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			}
 			idle.Reset(s.Idle)
 		case c := <-confirms:
+			// The broker sends a publish's return before its ack, and the
+			// library hands them over in that order: a return is in its
+			// channel by now, and the select may have picked the ack.
+			select {
+			case ret := <-returns:
+				return errReturned(ret)
+			default:
+			}
 			if !c.Ack {
 				return fmt.Errorf("the broker refused a quarantine publish (seq %d)", c.DeliveryTag)
 			}
 			acks.confirm(c.DeliveryTag)
 		case ret := <-returns:
-			return fmt.Errorf("a quarantine publish of %s was returned: %s", ret.MessageId, ret.ReplyText)
+			return errReturned(ret)
 		case <-wake:
 			wake = nil
 		case <-idle.C:
@@ -157,6 +165,10 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			return ctx.Err()
 		}
 	}
+}
+
+func errReturned(ret amqp.Return) error {
+	return fmt.Errorf("a quarantine publish of %s was returned: %s", ret.MessageId, ret.ReplyText)
 }
 
 // floorHandle is the floor's handler for message i: "" when it succeeds,
