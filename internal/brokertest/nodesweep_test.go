@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // A node whose test process died (no t.Cleanup ran) is killed and its
@@ -58,9 +59,12 @@ func TestSweepStopsOrphanedPrivateNodes(t *testing.T) {
 
 	sweepOrphans()
 
+	// The sweep waits until the pid is gone, which is when the goroutine's
+	// Wait reaps it; its close of exited may come a moment after (CI saw
+	// that moment once).
 	select {
 	case <-exited:
-	default:
+	case <-time.After(10 * time.Second):
 		t.Fatal("the orphaned node's process is still running after the sweep")
 	}
 	if _, err := os.Stat(orphanDir); !os.IsNotExist(err) {
