@@ -44,25 +44,16 @@ func BenchmarkReview4Invalid(b *testing.B) {
 			opts = LoadOptions{Dir: filepath.Join("testdata", c.dir), NoEmbedded: true}
 			version = "1"
 		}
-		reg, err := Load(opts)
-		if err != nil {
-			b.Fatal(err)
-		}
-		g, err := NewGate(GateConfig{Registry: reg})
-		if err != nil {
-			b.Fatal(err)
-		}
-		full := *g
-		full.fullValidate = true
+		g, full := gateAndOracle(b, opts)
 		in := Input{ContentType: "application/json", Type: c.typ, Headers: map[string]any{"schema-version": version}, Body: []byte(c.body)}
-		got, want := gateErr(g, in), gateErr(&full, in)
+		got, want := gateErr(g, in), gateErr(full, in)
 		if want == nil || !sameViolations(got, want) {
 			b.Fatalf("%s (%d bytes): invalid path %s, full %s", c.name, len(c.body), mustJSON(got), mustJSON(want))
 		}
 		for _, p := range []struct {
 			name string
 			g    *Gate
-		}{{"new", g}, {"full", &full}} {
+		}{{"new", g}, {"full", full}} {
 			b.Run(c.name+"/"+p.name, func(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; i < b.N; i++ {

@@ -413,16 +413,7 @@ func TestGateCheckInvalidAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector drops pooled token lists at random")
 	}
-	reg, err := Load(LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := NewGate(GateConfig{Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := *g
-	full.fullValidate = true
+	g, full := gateAndOracle(t, LoadOptions{})
 	var body []byte
 	for _, ex := range examples(t) {
 		if ex.Type == "orders.created" && ex.Version == "2" {
@@ -435,7 +426,7 @@ func TestGateCheckInvalidAllocs(t *testing.T) {
 		}
 	}
 	in := Input{ContentType: "application/json", Type: "orders.created", Headers: map[string]any{"schema-version": "2"}, Body: body}
-	got, want := gateErr(g, in), gateErr(&full, in)
+	got, want := gateErr(g, in), gateErr(full, in)
 	if want == nil || len(want.Violations) != 1 || want.Violations[0].Pointer != "/lineItems/0/quantity" || !reflect.DeepEqual(got, want) {
 		t.Fatalf("invalid path %s, full validation %s", mustJSON(got), mustJSON(want))
 	}
@@ -445,4 +436,21 @@ func TestGateCheckInvalidAllocs(t *testing.T) {
 	if fast > slow/3 {
 		t.Errorf("%.0f allocations per Check, want at most a third of the full validation's %.0f", fast, slow)
 	}
+}
+
+// gateAndOracle is a gate on the registry opts loads, with identity from
+// properties, and its twin that takes the full validation (the oracle of
+// the invalid path).
+func gateAndOracle(tb testing.TB, opts LoadOptions) (g, full *Gate) {
+	tb.Helper()
+	reg, err := Load(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if g, err = NewGate(GateConfig{Registry: reg}); err != nil {
+		tb.Fatal(err)
+	}
+	twin := *g
+	twin.fullValidate = true
+	return g, &twin
 }
