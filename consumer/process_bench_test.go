@@ -1,8 +1,10 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -37,6 +39,7 @@ func (a *nopAcknowledger) Reject(uint64, bool) error     { return nil }
 type processBundle struct {
 	w       *worker
 	ch      *nopAcknowledger
+	out     *fakeConfirmer     // the retry and quarantine publishes
 	cancel  context.CancelFunc // the session's handlers
 	handled atomic.Int64
 	acked   atomic.Int64
@@ -115,7 +118,8 @@ func newProcessBundle(tb testing.TB, edit func(*Config), h HandlerFunc) *process
 	qs := &queueSession{deps: c.deps, q: qr, wq: wq, isRetry: map[string]bool{},
 		handlerCtx: ctx, cancelHandler: cancel, stopping: make(chan struct{}), cancelled: make(chan struct{})}
 	qs.acks = newAckWindow(qs.settle, 200, 1)
-	b.w = newWorker(qs, &fakeConfirmer{})
+	b.out = &fakeConfirmer{}
+	b.w = newWorker(qs, b.out)
 	tb.Cleanup(func() {
 		b.w.close()
 		cancel()
@@ -222,5 +226,45 @@ func TestProcessAllocs(t *testing.T) {
 	t.Logf("%.0f allocations per delivery, %.0f of them the gate's and the Unmarshal's", got, base)
 	if got-base > runtimeAllocs {
 		t.Fatalf("the runtime makes %.0f allocations per delivery beyond the gate's and the Unmarshal's, want at most %d", got-base, runtimeAllocs)
+	}
+}
+
+// BenchmarkProcessKinds is worker.process on each kind of delivery of
+// "dlxbridge bench --scenario storm" at --immediate-retries 1, the publishes
+// confirmed at once by a fake: what each costs the runtime beyond the
+// network. ok is BenchmarkProcess; invalid is refused by the gate and
+// quarantined; transient fails its first call and succeeds on the
+// immediate retry; failing fails both calls and is sent to a retry lane.
+func BenchmarkProcessKinds(b *testing.B) {
+	errTransient := errors.New("transient")
+	for _, kind := range []string{"ok", "invalid", "transient", "failing"} {
+		b.Run(kind, func(b *testing.B) {
+			var calls int
+			h := HandlerFunc(func(ctx context.Context, m *Message) error {
+				var o processOrder
+				if err := m.Bind(&o); err != nil {
+					return err
+				}
+				calls++
+				switch {
+				case kind == "transient" && m.Attempt == 1, kind == "failing":
+					return errTransient
+				}
+				return nil
+			})
+			pb := newProcessBundle(b, func(c *Config) { c.File.Queues[0].Retry.ImmediateRetries = 1 }, h)
+			if kind == "invalid" {
+				pb.body = bytes.Replace(pb.body, []byte(`"quantity":1`), []byte(`"quantity":0`), 1)
+			}
+			pb.w.process(pb.delivery())
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				pb.w.process(pb.delivery())
+				pb.out.mu.Lock()
+				pb.out.sent = pb.out.sent[:0]
+				pb.out.mu.Unlock()
+			}
+		})
 	}
 }
