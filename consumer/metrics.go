@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Outcome labels of dlxbridge_deliveries_total.
@@ -42,6 +44,7 @@ type metrics struct {
 	validation       *prometheus.CounterVec
 	attemptsSuccess  *prometheus.HistogramVec
 	publishFailures  *prometheus.CounterVec
+	publishConfirm   *prometheus.HistogramVec
 	deadLettered     *prometheus.CounterVec
 	reconnects       prometheus.Counter
 	abandonedHandler *prometheus.CounterVec
@@ -86,6 +89,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_publish_failures_total",
 			Help: "Retry or quarantine publishes that were not confirmed (returned, nacked, channel lost), by queue and kind.",
 		}, []string{"queue", "kind"}),
+		publishConfirm: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dlxbridge_publish_confirm_seconds",
+			Help: "Time from sending a retry, quarantine or re-admission copy to the broker's confirm of it, by queue and kind: how long a failed delivery stays unacked, holding prefetch, after its handler is done.",
+			// 0.5 ms to about 8 s: a quorum queue's confirm waits for its
+			// log's fsync; seconds mean a slow disk or a blocked broker.
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 11),
+		}, []string{"queue", "kind"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_dead_lettered_total",
 			Help: "Failed deliveries that no retry or quarantine copy could carry, rejected without requeue so that the broker dead-letters them as received into the quarantine, by queue and reason (max_message_size: the body is over the broker's limit; frame_max: not even the bare envelope fits one frame).",
@@ -111,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
-		m.validation, m.attemptsSuccess, m.publishFailures, m.deadLettered, m.reconnects, m.abandonedHandler,
+		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.reconnects, m.abandonedHandler,
 		m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -127,7 +137,10 @@ func tierLabel(i int) string { return strconv.Itoa(i) }
 type queueMetrics struct {
 	handlerOK, handlerError prometheus.Observer
 	attemptsSuccess         prometheus.Observer
-	immediateRetries        prometheus.Counter
+	// confirmRetry, confirmQuarantine and confirmReadmit observe
+	// dlxbridge_publish_confirm_seconds for each kind of copy.
+	confirmRetry, confirmQuarantine, confirmReadmit prometheus.Observer
+	immediateRetries                                prometheus.Counter
 	// firstAttempt observes a success on the first attempt, the common
 	// case, without a closure per message.
 	firstAttempt func()
@@ -138,9 +151,12 @@ type queueMetrics struct {
 
 func (m *metrics) forQueue(queue string) *queueMetrics {
 	qm := &queueMetrics{
-		handlerOK:       m.handlerDuration.WithLabelValues(queue, "ok"),
-		handlerError:    m.handlerDuration.WithLabelValues(queue, "error"),
-		attemptsSuccess: m.attemptsSuccess.WithLabelValues(queue),
+		handlerOK:         m.handlerDuration.WithLabelValues(queue, "ok"),
+		handlerError:      m.handlerDuration.WithLabelValues(queue, "error"),
+		attemptsSuccess:   m.attemptsSuccess.WithLabelValues(queue),
+		confirmRetry:      m.publishConfirm.WithLabelValues(queue, "retry"),
+		confirmQuarantine: m.publishConfirm.WithLabelValues(queue, "quarantine"),
+		confirmReadmit:    m.publishConfirm.WithLabelValues(queue, "readmit"),
 		// Resolved up front: a queue's series exists (at 0) from the start.
 		immediateRetries: m.immediate.WithLabelValues(queue),
 		queue:            queue,
@@ -148,6 +164,18 @@ func (m *metrics) forQueue(queue string) *queueMetrics {
 	}
 	qm.firstAttempt = func() { qm.attemptsSuccess.Observe(1) }
 	return qm
+}
+
+// confirmWait is the observer of dlxbridge_publish_confirm_seconds for
+// the copy a verdict's action publishes.
+func (qm *queueMetrics) confirmWait(a triage.Action) prometheus.Observer {
+	switch a {
+	case triage.ActionRetry:
+		return qm.confirmRetry
+	case triage.ActionReadmit:
+		return qm.confirmReadmit
+	}
+	return qm.confirmQuarantine
 }
 
 // succeeded returns what observes a success on attempt.

@@ -124,12 +124,19 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 		w.deadLetter(span, a, w.settled, f, log, why, err)
 		return true
 	}
+	wait := qr.metrics.confirmWait(v.Action)
 	publish := func(confirmed func(error)) {
 		if err != nil { // not built: settled as a failed publish
 			confirmed(err)
 			return
 		}
-		w.out.Publish(out.ctx, out.b.exchange, out.b.key, out.b.p, confirmed)
+		sent := time.Now()
+		w.out.Publish(out.ctx, out.b.exchange, out.b.key, out.b.p, func(err error) {
+			if err == nil {
+				wait.Observe(time.Since(sent).Seconds())
+			}
+			confirmed(err)
+		})
 	}
 	st := w.settled
 	if !w.settleLater(publish, func(err error, at time.Time) { w.finishFailure(span, out.span, a, d, f, st, log, err, at) }) {

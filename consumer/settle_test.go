@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -1166,5 +1167,70 @@ func TestAckWindowSpillsBeforeAWaitWhenHandlersHoldTheRestOfThePrefetch(t *testi
 	sort.Strings(got)
 	if strings.Join(got, " ") != "10 8 9" {
 		t.Fatalf("a worker about to wait with the whole prefetch unacked wrote %q, want 8 9 10 one by one", got)
+	}
+}
+
+// delayedConfirmer confirms each publish after delay, from another
+// goroutine, as the broker's confirm arrives on the connection's reader.
+type delayedConfirmer struct{ delay time.Duration }
+
+func (c delayedConfirmer) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
+	go func() {
+		time.Sleep(c.delay)
+		confirmed(nil)
+	}()
+}
+
+// confirmWaits reads dlxbridge_publish_confirm_seconds{queue,kind} from
+// the runtime's collector: its sample count and sum.
+func confirmWaits(t *testing.T, m *metrics, kind string) (n uint64, sum float64) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(m.publishConfirm); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range s.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["queue"] == settleQueue && labels["kind"] == kind {
+				return s.GetHistogram().GetSampleCount(), s.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	t.Fatalf("no %s series", kind)
+	return 0, 0
+}
+
+// The time a copy waits for the broker's confirm is observed per kind,
+// from its send to its confirm; a publish that failed is not (it is
+// counted by dlxbridge_publish_failures_total).
+func TestSettleObservesTheConfirmWait(t *testing.T) {
+	t.Parallel()
+	const delay = 30 * time.Millisecond
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b.w.out = delayedConfirmer{delay}
+	b.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
+	b.settle(context.Background(), &fakeAcker{}, delivery(), retryFailure())
+	for _, kind := range []string{"quarantine", "retry"} {
+		if n, sum := confirmWaits(t, b.w.deps.metrics, kind); n != 1 || sum < delay.Seconds() {
+			t.Errorf("%s: %d samples, sum %.3fs; want 1, at least %s", kind, n, sum, delay)
+		}
+	}
+	if n, _ := confirmWaits(t, b.w.deps.metrics, "readmit"); n != 0 {
+		t.Errorf("readmit: %d samples, want 0", n)
+	}
+
+	failed := newSettleBundle(t, quarantine.DefaultFrameSize)
+	failed.out.fail = func(published) error { return amqpx.ErrNacked }
+	failed.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
+	if n, _ := confirmWaits(t, failed.w.deps.metrics, "quarantine"); n != 0 {
+		t.Errorf("a nacked publish: %d samples, want 0", n)
 	}
 }
