@@ -81,6 +81,11 @@ func TestTransientFailureSucceedsOnThirdAttemptWithGrowingDelays(t *testing.T) {
 	if got := testutil.ToFloat64(b.consumer.metrics.retries.WithLabelValues(b.queue.Name, "1")); got != 1 {
 		t.Fatalf("retries at tier 1 = %v, want 1", got)
 	}
+	// Each retry's copy waited for the broker's confirm, observed before
+	// its ack (which the retries counter follows).
+	if n, sum := confirmWaits(t, b.consumer.metrics, b.queue.Name, "retry"); n != 2 || sum <= 0 {
+		t.Fatalf("confirm waits of the retries: %d samples, sum %vs; want 2, above 0", n, sum)
+	}
 	if d := b.queueDepth(b.wq.Quarantine); d != 0 {
 		t.Fatalf("quarantine holds %d messages, want 0", d)
 	}

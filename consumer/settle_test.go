@@ -1182,8 +1182,8 @@ func (c delayedConfirmer) Publish(ctx context.Context, exchange, key string, p a
 }
 
 // confirmWaits reads dlxbridge_publish_confirm_seconds{queue,kind} from
-// the runtime's collector: its sample count and sum.
-func confirmWaits(t *testing.T, m *metrics, kind string) (n uint64, sum float64) {
+// the runtime's collectors: its sample count and sum.
+func confirmWaits(t *testing.T, m *metrics, queue, kind string) (n uint64, sum float64) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(m.publishConfirm); err != nil {
@@ -1199,7 +1199,7 @@ func confirmWaits(t *testing.T, m *metrics, kind string) (n uint64, sum float64)
 			for _, l := range s.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["queue"] == settleQueue && labels["kind"] == kind {
+			if labels["queue"] == queue && labels["kind"] == kind {
 				return s.GetHistogram().GetSampleCount(), s.GetHistogram().GetSampleSum()
 			}
 		}
@@ -1219,18 +1219,18 @@ func TestSettleObservesTheConfirmWait(t *testing.T) {
 	b.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
 	b.settle(context.Background(), &fakeAcker{}, delivery(), retryFailure())
 	for _, kind := range []string{"quarantine", "retry"} {
-		if n, sum := confirmWaits(t, b.w.deps.metrics, kind); n != 1 || sum < delay.Seconds() {
+		if n, sum := confirmWaits(t, b.w.deps.metrics, settleQueue, kind); n != 1 || sum < delay.Seconds() {
 			t.Errorf("%s: %d samples, sum %.3fs; want 1, at least %s", kind, n, sum, delay)
 		}
 	}
-	if n, _ := confirmWaits(t, b.w.deps.metrics, "readmit"); n != 0 {
+	if n, _ := confirmWaits(t, b.w.deps.metrics, settleQueue, "readmit"); n != 0 {
 		t.Errorf("readmit: %d samples, want 0", n)
 	}
 
 	failed := newSettleBundle(t, quarantine.DefaultFrameSize)
 	failed.out.fail = func(published) error { return amqpx.ErrNacked }
 	failed.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
-	if n, _ := confirmWaits(t, failed.w.deps.metrics, "quarantine"); n != 0 {
+	if n, _ := confirmWaits(t, failed.w.deps.metrics, settleQueue, "quarantine"); n != 0 {
 		t.Errorf("a nacked publish: %d samples, want 0", n)
 	}
 }
