@@ -70,6 +70,16 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 	// duplicate delivery of one is parked again, and must not stand for
 	// another id (nor stall the count as one too many).
 	parkedIDs := map[int]bool{}
+	// sent is when each quarantine publish (by sequence number) went out,
+	// until its confirm: waited sums the confirms' waits.
+	sent := map[uint64]time.Time{}
+	var waited time.Duration
+	var confirmed int
+	defer func() {
+		if confirmed > 0 {
+			r.ConfirmWaitMS = float64(waited) / float64(confirmed) / float64(time.Millisecond)
+		}
+	}()
 	wake := enough // nil once seen: a closed channel would wake the select forever
 	batch := uint64(max(1, s.Prefetch/4))
 	// Settled deliveries behind a parked one whose confirm is still out
@@ -134,6 +144,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 				if err := pub.PublishWithContext(ctx, exchange, d.RoutingKey, true, false, p); err != nil {
 					return err
 				}
+				sent[seq] = time.Now()
 				acks.park(seq, d.DeliveryTag)
 				parkedIDs[i] = true
 			} else {
@@ -151,6 +162,11 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			}
 			if !c.Ack {
 				return fmt.Errorf("the broker refused a quarantine publish (seq %d)", c.DeliveryTag)
+			}
+			if at, ok := sent[c.DeliveryTag]; ok {
+				waited += time.Since(at)
+				confirmed++
+				delete(sent, c.DeliveryTag)
 			}
 			acks.confirm(c.DeliveryTag)
 		case ret := <-returns:

@@ -116,6 +116,13 @@ func TestBenchFloorSide(t *testing.T) {
 	for _, sc := range rep.Scenarios {
 		if sc.Floor == nil || sc.Floor.Rate <= 0 || sc.BridgeVsFloor <= 0 {
 			t.Errorf("%s: no floor figures: %+v", sc.Scenario, sc)
+			continue
+		}
+		// A storm's parked copies waited for their confirms, on both
+		// sides; a clean run publishes none.
+		parks := sc.Scenario == Storm
+		if (sc.Bridge.ConfirmWaitMS > 0) != parks || (sc.Floor.ConfirmWaitMS > 0) != parks {
+			t.Errorf("%s: confirm waits bridge %v ms, floor %v ms", sc.Scenario, sc.Bridge.ConfirmWaitMS, sc.Floor.ConfirmWaitMS)
 		}
 	}
 	assertNothingLeft(t, env)

@@ -39,6 +39,8 @@ type sideReport struct {
 	Duplicates int  `json:"duplicates"`
 	Left       int  `json:"left"`
 	TimedOut   bool `json:"timed_out,omitempty"`
+	// ConfirmWaitMS: see sideResult.
+	ConfirmWaitMS float64 `json:"confirm_wait_ms,omitempty"`
 }
 
 func (r *sideReport) failed() bool {
@@ -53,7 +55,7 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 		return nil, fmt.Errorf("the %s side reported %d ids, want %d", s.Side, len(res.Handled), s.Count)
 	}
 	r := &sideReport{
-		Seconds: res.Seconds, MaxRSSKB: res.MaxRSSKB, TimedOut: res.TimedOut,
+		Seconds: res.Seconds, MaxRSSKB: res.MaxRSSKB, TimedOut: res.TimedOut, ConfirmWaitMS: res.ConfirmWaitMS,
 		BadBodies: res.BadBodies, Unknown: res.Unknown,
 	}
 	if res.Seconds > 0 {
@@ -180,6 +182,9 @@ type sideSummary struct {
 	Rate        float64 `json:"msgs_per_s"`     // median over rounds
 	CPUPerMsgUS float64 `json:"cpu_us_per_msg"` // median over rounds
 	MaxRSSKB    int64   `json:"peak_rss_kb"`    // the largest of the rounds
+	// ConfirmWaitMS is the median over rounds of the mean wait for a
+	// parked or retried copy's confirm (sides that publish them).
+	ConfirmWaitMS float64 `json:"confirm_wait_ms,omitempty"`
 }
 
 func newReport(o *Options, conn *amqp.Connection) *Report {
@@ -216,12 +221,15 @@ func (rep *Report) finish() {
 	rep.Load1 = loadAverage()
 	for i := range rep.Scenarios {
 		sc := &rep.Scenarios[i]
-		var raw, bridge, rawCPU, bridgeCPU []float64
+		var raw, bridge, rawCPU, bridgeCPU, bridgeWait, floorWait []float64
 		sc.Ratios = nil
 		for _, r := range sc.rounds {
 			a, b := r.Sides[Raw], r.Sides[Bridge]
 			raw, rawCPU = append(raw, a.Rate), append(rawCPU, a.CPUPerMsgUS)
 			bridge, bridgeCPU = append(bridge, b.Rate), append(bridgeCPU, b.CPUPerMsgUS)
+			if b.ConfirmWaitMS > 0 {
+				bridgeWait = append(bridgeWait, b.ConfirmWaitMS)
+			}
 			sc.Raw.MaxRSSKB = max(sc.Raw.MaxRSSKB, a.MaxRSSKB)
 			sc.Bridge.MaxRSSKB = max(sc.Bridge.MaxRSSKB, b.MaxRSSKB)
 			if a.Rate > 0 {
@@ -230,6 +238,7 @@ func (rep *Report) finish() {
 		}
 		sc.Raw.Rate, sc.Bridge.Rate = round3(median(raw)), round3(median(bridge))
 		sc.Raw.CPUPerMsgUS, sc.Bridge.CPUPerMsgUS = round3(median(rawCPU)), round3(median(bridgeCPU))
+		sc.Bridge.ConfirmWaitMS = round3(median(bridgeWait))
 		sc.Ratio = round3(median(sc.Ratios))
 		if sc.Raw.CPUPerMsgUS > 0 {
 			sc.CPURatio = round3(sc.Bridge.CPUPerMsgUS / sc.Raw.CPUPerMsgUS)
@@ -241,10 +250,14 @@ func (rep *Report) finish() {
 			if f := r.Sides[Floor]; f != nil {
 				floor, floorCPU = append(floor, f.Rate), append(floorCPU, f.CPUPerMsgUS)
 				floorRSS = max(floorRSS, f.MaxRSSKB)
+				if f.ConfirmWaitMS > 0 {
+					floorWait = append(floorWait, f.ConfirmWaitMS)
+				}
 			}
 		}
 		if len(floor) > 0 {
-			sc.Floor = &sideSummary{Rate: round3(median(floor)), CPUPerMsgUS: round3(median(floorCPU)), MaxRSSKB: floorRSS}
+			sc.Floor = &sideSummary{Rate: round3(median(floor)), CPUPerMsgUS: round3(median(floorCPU)), MaxRSSKB: floorRSS,
+				ConfirmWaitMS: round3(median(floorWait))}
 			if sc.Floor.Rate > 0 {
 				sc.BridgeVsFloor = round3(sc.Bridge.Rate / sc.Floor.Rate)
 			}
@@ -367,6 +380,13 @@ func (rep *Report) writeText(w io.Writer) {
 	for _, sc := range rep.Scenarios {
 		if sc.Floor != nil {
 			fmt.Fprintf(w, "%s: floor %.0f msg/s, %.1f CPU µs/msg; the bridge's rate is %.2f× the floor's\n", sc.Scenario, sc.Floor.Rate, sc.Floor.CPUPerMsgUS, sc.BridgeVsFloor)
+		}
+		if sc.Bridge.ConfirmWaitMS > 0 {
+			fmt.Fprintf(w, "%s: a retry or quarantine copy waited %.1f ms for the broker's confirm (bridge, mean)", sc.Scenario, sc.Bridge.ConfirmWaitMS)
+			if sc.Floor != nil && sc.Floor.ConfirmWaitMS > 0 {
+				fmt.Fprintf(w, ", %.1f ms (floor)", sc.Floor.ConfirmWaitMS)
+			}
+			fmt.Fprintln(w, "; its delivery holds prefetch meanwhile")
 		}
 	}
 	fmt.Fprintln(w)

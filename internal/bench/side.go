@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/consumer"
@@ -59,6 +60,11 @@ type sideResult struct {
 	Records    int64   `json:"records"`     // records written to the parent: it checks it read as many
 	Unknown    int     `json:"unknown"`     // deliveries whose message id is no bench id
 	TimedOut   bool    `json:"timed_out"`   // stopped for lack of progress
+	// ConfirmWaitMS is how long, on average, a parked (or retried)
+	// message's copy waited for the broker's confirm: the bridge's
+	// dlxbridge_publish_confirm_seconds, the floor's own clock. The
+	// delivery holds prefetch meanwhile.
+	ConfirmWaitMS float64 `json:"confirm_wait_ms,omitempty"`
 
 	Handled   []byte `json:"-"` // per index: successes (raw: acks), capped at 255; from the records
 	BadBodies int    `json:"-"` // records whose body differed from what was published
@@ -447,6 +453,7 @@ func drainBridge(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan 
 	if err != nil {
 		return err
 	}
+	metrics := prometheus.NewRegistry()
 	c, err := consumer.New(&consumer.Config{
 		URL: s.URL, File: cfg, Registry: registry,
 		ConnectionName: s.Prefix + "/bridge",
@@ -456,6 +463,7 @@ func drainBridge(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan 
 		DrainTimeout: 10 * time.Second,
 		// The reconciliation reads the quarantine queue itself.
 		KeepQuarantineIntake: true,
+		Registerer:           metrics,
 	})
 	if err != nil {
 		return err
@@ -538,5 +546,30 @@ func drainBridge(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan 
 	if err := <-done; err != nil {
 		return fmt.Errorf("the runtime: %w", err)
 	}
+	r.ConfirmWaitMS = confirmWaitMS(metrics)
 	return nil
+}
+
+// confirmWaitMS is the mean of the dlxbridge_publish_confirm_seconds
+// histograms in reg, in milliseconds; 0 without a sample.
+func confirmWaitMS(reg prometheus.Gatherer) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "dlxbridge_publish_confirm_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n) * 1000
 }
