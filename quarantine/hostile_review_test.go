@@ -22,7 +22,7 @@ func TestAForgedRecordIntakeIsNotTrusted(t *testing.T) {
 	b := setupStore(t, nil)
 	d := &amqp.Delivery{MessageId: "forged-intake", Type: "test.job", ContentType: "application/json",
 		Headers: envelopeHeaders(b.q.Name, "fp-intake", "failed", time.Now()), Body: []byte(validJob(1))}
-	msg, _, err := encodeRecord(d, b.env.Name("elsewhere"), time.Now())
+	msg, _, err := encodeRecord(d, b.env.Name("elsewhere"), time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
 	b.quarantineJobs(2, "fp-a", validJob)
 	b.keep(2)
 	d := &amqp.Delivery{MessageId: "x", Headers: envelopeHeaders(b.q.Name, "fp-g", "failed", time.Now()), Body: []byte(validJob(9))}
-	good, _, err := encodeRecord(d, b.q.Quarantine.Queue, time.Now())
+	good, _, err := encodeRecord(d, b.q.Quarantine.Queue, time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
