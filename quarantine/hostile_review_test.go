@@ -142,14 +142,15 @@ func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
 		[]byte(recordMagic2),
 		append([]byte(recordMagic2), 0xff, 0xff, 0xff, 0xff, 1, 2, 3),
 		append([]byte(recordMagic), 0, 0, 0, 3, '{', '"', 'x'),
-		append([]byte("DLXREC3\n"), good.Body[len(recordMagic2):]...),
-		good.Body[:len(good.Body)-len(d.Body)-3], // cut inside the headers
+		append([]byte("DLXREC4\n"), good.Body[len(recordMagic3):]...),
+		append([]byte(recordMagic2), good.Body[len(recordMagic3):]...), // layout 3's meta read as layout 2's: one byte too many
+		good.Body[:len(good.Body)-len(d.Body)-3],                       // cut inside the headers
 	)
-	// A layout 2 record whose header table is not EncodeTable's: it lists,
-	// with no headers.
-	meta, rest, _ := cutSized(good.Body[len(recordMagic2):])
+	// A record whose header table is not EncodeTable's: it lists, with no
+	// headers.
+	meta, rest, _ := cutSized(good.Body[len(recordMagic3):])
 	_, payload, _ := cutSized(rest)
-	bad := append([]byte(recordMagic2), good.Body[len(recordMagic2):len(recordMagic2)+4+len(meta)]...)
+	bad := append([]byte(recordMagic3), good.Body[len(recordMagic3):len(recordMagic3)+4+len(meta)]...)
 	bad = append(bad, 0, 0, 0, 5, '[', '[', '[', '[', '[')
 	bad = append(bad, payload...)
 	bodies = append(bodies, bad)

@@ -70,8 +70,8 @@ func TestRecordLayoutsReadTheSame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(msg.Body[:len(recordMagic2)]) != recordMagic2 {
-		t.Fatalf("the keeper writes %q, want layout 2", msg.Body[:8])
+	if string(msg.Body[:len(recordMagic3)]) != recordMagic3 {
+		t.Fatalf("the keeper writes %q, want layout 3", msg.Body[:8])
 	}
 	set := &quarantineSet{cfg: &config.Queue{Name: "q", Quarantine: config.Quarantine{Queue: "q.quarantine"}}}
 	got, err := recordFrom(msg.Body, 7, set)
@@ -84,7 +84,7 @@ func TestRecordLayoutsReadTheSame(t *testing.T) {
 	}
 	want, _ := Read(d)
 	if !reflect.DeepEqual(normalized(got.Envelope), normalized(want)) {
-		t.Errorf("layout 2 envelope:\n got %+v\nwant %+v", got.Envelope, want)
+		t.Errorf("layout 3 envelope:\n got %+v\nwant %+v", got.Envelope, want)
 	}
 	if !reflect.DeepEqual(normalized(old.Envelope), normalized(got.Envelope)) {
 		t.Errorf("layouts differ in the envelope:\n1: %+v\n2: %+v", old.Envelope, got.Envelope)
