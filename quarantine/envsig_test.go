@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"maps"
 	"strings"
@@ -261,5 +262,106 @@ func TestRecordKeepsVerification(t *testing.T) {
 	// Layout 1 too.
 	if r, err = recordFrom(encodeLayout1(t, signedDelivery(s), "q.quarantine", now), 0, set); err != nil || r.Envelope.Verified {
 		t.Fatalf("layout 1 record: %+v, %v", r, err)
+	}
+}
+
+// On a broker: a producer publishes a message with a whole forged envelope
+// (one with no signature, one signed with another key) into the work
+// queue, a plain consumer rejects it, and the broker dead-letters it into
+// the quarantine. The keeper with the consumers' key records each as the
+// broker's dead letter, the claim in a note; a replay with the key sends
+// them without an origin signature. An envelope signed with the key (as
+// the runtime writes it) is recorded verified, and its origin signed.
+func TestForgedEnvelopeDeadLetteredByTheBroker(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	key := envSigner(t, "the consumers' key, 32 bytes....")
+	dead := config.DeadExchangeName(b.q.Name)
+
+	forged := func(id string) amqp.Publishing {
+		h := envelopeHeaders(b.q.Name, "forged-fp", "forged error", nowUTC())
+		h[wire.HeaderOriginalExchange], h[wire.HeaderOriginalRoutingKey] = "payments.ex", "pay.now"
+		h[wire.HeaderAttempts] = int64(9)
+		return amqp.Publishing{MessageId: id, Type: "test.job", ContentType: "application/json", Headers: h, Body: []byte(validJob(1))}
+	}
+	unsigned := forged("m-unsigned")
+	otherKey := forged("m-other-key")
+	SignEnvelope(envSigner(t, "the producer's guess at a key"), otherKey.Headers, dead, otherKey.MessageId, otherKey.Body)
+	for _, p := range []amqp.Publishing{unsigned, otherKey} {
+		b.publish(b.q.Name, p)
+	}
+	ch := b.env.Channel("raw-rejecter")
+	for range 2 {
+		d, ok, err := ch.Get(b.q.Name, false)
+		if err != nil || !ok {
+			t.Fatalf("get: %v %v", ok, err)
+		}
+		if err := d.Reject(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The runtime's own: published to the dead exchange, signed there.
+	genuine := forged("m-genuine")
+	SignEnvelope(key, genuine.Headers, dead, genuine.MessageId, genuine.Body)
+	if err := b.pub.PublishWithContext(context.Background(), dead, b.q.Name, true, false, genuine); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-b.conf; !c.Ack {
+		t.Fatal("nacked")
+	}
+	b.keepVerifying(3, key)
+
+	snap := b.snapshot(b.inspector())
+	byMsg := map[string]*Record{}
+	for _, r := range snap.Records {
+		byMsg[r.Properties.MessageID] = r
+	}
+	for _, id := range []string{"m-unsigned", "m-other-key"} {
+		r := byMsg[id]
+		if r == nil {
+			t.Fatalf("no record of %s: %v", id, byMsg)
+		}
+		e := r.Envelope
+		if e.Verified || e.Source != SourceBroker || e.Class != triage.ClassRejected || e.Fingerprint != "" ||
+			e.OriginalExchange != "" || e.OriginalRouting != b.q.Name || e.OriginalQueue != b.q.Name || e.Attempts != 1 {
+			t.Errorf("%s recorded as %+v", id, e)
+		}
+		if len(e.Notes) != 1 || !strings.Contains(e.Notes[0], "envelope not verified") || !strings.Contains(e.Notes[0], `"forged-fp"`) {
+			t.Errorf("%s notes %q", id, e.Notes)
+		}
+	}
+	if e := byMsg["m-genuine"].Envelope; !e.Verified || e.Fingerprint != "forged-fp" || e.OriginalExchange != "payments.ex" {
+		t.Errorf("the signed envelope recorded as %+v", e)
+	}
+	if n := len(snap.List(Filter{Fingerprint: "forged-fp"})); n != 1 {
+		t.Errorf("%d records in the forged group, want the signed one", n)
+	}
+
+	rp := b.replayer()
+	rp.Signer = key
+	res, err := rp.Replay(context.Background(), ReplayOptions{Filter: Filter{Queue: b.q.Name}, Reason: "test"})
+	if err != nil || len(res.Sent) != 3 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	for range 3 {
+		d, ok, err := ch.Get(b.q.Name, true)
+		if err != nil || !ok {
+			t.Fatalf("get replayed: %v %v", ok, err)
+		}
+		sub := triage.Subject{Queue: b.q.Name, MessageID: d.MessageId, Body: d.Body}
+		valid := key.Verify(sub, d.Headers, triage.SignedHeaders()).Valid
+		switch d.MessageId {
+		case "m-genuine":
+			if !valid || d.Headers[wire.HeaderOriginalExchange] != "payments.ex" {
+				t.Errorf("the signed envelope's origin: valid %v, headers %v", valid, d.Headers)
+			}
+		default:
+			if _, signed := d.Headers[wire.HeaderSignature]; signed || valid || d.Headers[wire.HeaderOriginalExchange] == "payments.ex" {
+				t.Errorf("%s replayed with a signed or forged origin: %v", d.MessageId, d.Headers)
+			}
+		}
+		if _, kept := d.Headers[wire.HeaderEnvelopeSignature]; kept {
+			t.Errorf("%s carried the envelope signature", d.MessageId)
+		}
 	}
 }
