@@ -120,7 +120,7 @@ func (s *Signer) SignEnvelope(sub Subject, h map[string]any, fields []string) st
 // VerifyEnvelope checks h's HeaderEnvelopeSignature against the headers
 // named in fields, as Verify does.
 func (s *Signer) VerifyEnvelope(sub Subject, h map[string]any, fields []string) Verification {
-	return s.verify(domainEnvelope, HeaderEnvelopeSignature, sub, h, fields)
+	return s.verify(domainEnvelope, &envelopeSig, sub, h, fields)
 }
 
 func (s *Signer) sign(domain string, sub Subject, h map[string]any, fields []string) string {
@@ -146,29 +146,40 @@ var placeholder = sigPrefix + strings.Repeat("-", base64.RawURLEncoding.EncodedL
 // Verify checks h's HeaderSignature against the headers named in fields. It
 // compares in constant time and never panics.
 func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verification {
-	return s.verify(domainRetry, HeaderSignature, sub, h, fields)
+	return s.verify(domainRetry, &retrySig, sub, h, fields)
 }
 
-// verify checks the signature in header name, made in domain.
-func (s *Signer) verify(domain, name string, sub Subject, h map[string]any, fields []string) Verification {
+// sigHeader is a signature header and its problems, spelled once: a
+// problem built per call would cost every unsigned delivery an allocation.
+type sigHeader struct{ name, missing, malformed, mismatch string }
+
+var (
+	retrySig = sigHeader{HeaderSignature, "no " + HeaderSignature, HeaderSignature + " is malformed",
+		HeaderSignature + " does not match (another key, queue or message, or altered headers)"}
+	envelopeSig = sigHeader{HeaderEnvelopeSignature, "no " + HeaderEnvelopeSignature, HeaderEnvelopeSignature + " is malformed",
+		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)"}
+)
+
+// verify checks the signature in header sh, made in domain.
+func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]any, fields []string) Verification {
 	if s == nil {
 		return Verification{Problem: "no signing key"}
 	}
-	raw, present := h[name]
+	raw, present := h[sh.name]
 	if !present {
-		return Verification{Problem: "no " + name}
+		return Verification{Problem: sh.missing}
 	}
 	str, ok := wire.String(raw)
 	// A valid value is 46 bytes: a longer one is not decoded.
 	if !ok || !strings.HasPrefix(str, sigPrefix) || len(str) != len(placeholder) {
-		return Verification{Problem: name + " is malformed"}
+		return Verification{Problem: sh.malformed}
 	}
 	got, err := base64.RawURLEncoding.DecodeString(str[len(sigPrefix):])
 	if err != nil || len(got) != sha256.Size {
-		return Verification{Problem: name + " is malformed"}
+		return Verification{Problem: sh.malformed}
 	}
 	if !hmac.Equal(got, s.mac(domain, sub, h, fields)) {
-		return Verification{Problem: name + " does not match (another key, queue or message, or altered headers)"}
+		return Verification{Problem: sh.mismatch}
 	}
 	return Verification{Valid: true}
 }
