@@ -241,7 +241,10 @@ func encodeStrings(ss []string, limit int) string {
 // Read returns the envelope recorded in a quarantined message's headers. A
 // message the broker dead-lettered on its own has no envelope: Read then
 // derives one from x-death (Source "broker", Class from the dead-letter
-// reason). ok is false when neither is present.
+// reason). ok is false when neither is present. Read checks no signature:
+// the envelope is whatever the headers claim (a message the broker
+// dead-letters keeps the producer's headers), never Verified; readers with
+// the runtime's key use ReadVerified.
 func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	h := map[string]any(d.Headers)
 	env.MessageID = d.MessageId
