@@ -229,8 +229,11 @@ func origin(d *amqp.Delivery, queue string, signed bool) (exchange, key, from st
 
 // buildQuarantine is the quarantine record: the message as received
 // (redacted as configured) with the failure envelope, for the queue's dead
-// exchange. Nothing in it is signed: the quarantine is no way back into the
-// work queue (a replay starts the message's retry state over).
+// exchange. No retry state in it is signed: the quarantine is no way back
+// into the work queue (a replay starts the message's retry state over).
+// The envelope is (finish signs it, wire.HeaderEnvelopeSignature): a
+// message the broker dead-letters on its own keeps the producer's headers,
+// and the signature tells this envelope from one a producer wrote.
 func buildQuarantine(in *buildInput) (built, error) {
 	d, f := in.d, in.f
 	v := f.verdict
@@ -280,6 +283,9 @@ func buildQuarantine(in *buildInput) (built, error) {
 	p := republish(d, red.Headers, red.Body, nil)
 	delete(p.Headers, wire.HeaderSignature)
 	env.Apply(p.Headers)
+	// Room for the envelope signature, which finish writes over it once
+	// fitting has made the envelope final.
+	p.Headers[wire.HeaderEnvelopeSignature] = in.signer.Placeholder()
 	return finish(in, in.wq.DeadExchange, in.queue, p, false)
 }
 
@@ -289,14 +295,19 @@ func buildQuarantine(in *buildInput) (built, error) {
 // error wrapping quarantine.ErrNoFit. Fitting may cut headers and add
 // notes, so signed retry state (back: the publishing goes back to the work
 // queue) is signed after it, in place of seal's placeholder of the same
-// size, so p still fits.
+// size, so p still fits; a quarantine publish's envelope likewise, in
+// place of buildQuarantine's placeholder (one HMAC per quarantine publish).
 func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) (built, error) {
 	for k, v := range in.trace {
 		p.Headers[k] = v
 	}
 	changed, err := quarantine.Fit(&p, in.frameMax, fitRank(back, in.versionHeader))
-	if err == nil && back {
+	switch {
+	case err != nil:
+	case back:
 		sign(in, p.Headers)
+	default:
+		quarantine.SignEnvelope(in.signer, p.Headers, exchange, p.MessageId, p.Body)
 	}
 	return built{exchange: exchange, key: key, p: p, changed: changed}, err
 }
@@ -326,6 +337,9 @@ func sign(in *buildInput, h amqp.Table) {
 // go too; versionHeader and the idempotency key go last of them.
 func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
 	return func(k string) quarantine.Rank {
+		if k == wire.HeaderEnvelopeSignature && !back {
+			return quarantine.FixedHeader // a placeholder of the signature's size
+		}
 		switch k {
 		case wire.HeaderTraceparent, wire.HeaderTracestate, wire.HeaderBaggage:
 			return quarantine.TraceHeader

@@ -14,6 +14,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // storeBundle is one quarantine test: a work queue with its quarantine
@@ -94,8 +95,14 @@ func (b *storeBundle) publish(queue string, msg amqp.Publishing) {
 // keep runs a Keeper on the test's intake until want records were kept.
 func (b *storeBundle) keep(want int) {
 	b.t.Helper()
+	b.keepVerifying(want, nil)
+}
+
+// keepVerifying is keep with a Keeper that verifies envelopes with v.
+func (b *storeBundle) keepVerifying(want int, v *triage.Signer) {
+	b.t.Helper()
 	kept := make(chan string, want+16)
-	k := &Keeper{Consume: b.env.Dial("keeper"), Publish: b.env.Dial("keeper-pub"),
+	k := &Keeper{Consume: b.env.Dial("keeper"), Publish: b.env.Dial("keeper-pub"), Verifier: v,
 		Intake: b.q.Quarantine.Queue, Records: b.q.Quarantine.RecordsStream(), kept: func(id string) { kept <- id }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -12,7 +12,7 @@ import (
 func BenchmarkRecordDecode(b *testing.B) {
 	now := time.Now()
 	d := &amqp.Delivery{MessageId: "m-1", Type: "test.job", Headers: envelopeHeaders("q", "fp", "failed", now), Body: []byte(validJob(1))}
-	msg, _, err := encodeRecord(d, "q.quarantine", now)
+	msg, _, err := encodeRecord(d, "q.quarantine", now, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -40,6 +40,9 @@ const (
 const (
 	SourceBridge = "bridge" // the bridge quarantined it with an envelope
 	SourceBroker = "broker" // the broker dead-lettered it (x-death only)
+	// SourceUnverified: the message carries an envelope that no valid
+	// signature vouches for and no x-death either (see ReadVerified).
+	SourceUnverified = "unverified"
 )
 
 // Violation is one schema violation.
@@ -80,6 +83,13 @@ type Envelope struct {
 	// PayloadOmitted is set only by the keeper, in a record's meta (never
 	// read from headers): the record keeps the message without its payload.
 	PayloadOmitted *PayloadOmitted `json:"payload_omitted,omitempty"`
+	// Verified is true when the envelope was read under a valid envelope
+	// signature (wire.HeaderEnvelopeSignature) with the runtime's key: the
+	// runtime wrote every field the signature covers (see ReadVerified).
+	// False for a broker dead letter (x-death is no signature), for an
+	// envelope read without the key, and for a record written before
+	// envelopes were signed.
+	Verified bool `json:"verified"`
 }
 
 // PayloadOmitted says why a record holds no payload: the message with its
@@ -231,7 +241,10 @@ func encodeStrings(ss []string, limit int) string {
 // Read returns the envelope recorded in a quarantined message's headers. A
 // message the broker dead-lettered on its own has no envelope: Read then
 // derives one from x-death (Source "broker", Class from the dead-letter
-// reason). ok is false when neither is present.
+// reason). ok is false when neither is present. Read checks no signature:
+// the envelope is whatever the headers claim (a message the broker
+// dead-letters keeps the producer's headers), never Verified; readers with
+// the runtime's key use ReadVerified.
 func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	h := map[string]any(d.Headers)
 	env.MessageID = d.MessageId
@@ -263,6 +276,14 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 		env.Stack = wire.Str(h, wire.HeaderStack)
 		return env, true
 	}
+	return readDeadLetter(d, h)
+}
+
+// readDeadLetter derives an envelope from x-death: a message the broker
+// dead-lettered on its own. ok is false without a dead-letter reason.
+func readDeadLetter(d *amqp.Delivery, h map[string]any) (env Envelope, ok bool) {
+	env.MessageID = d.MessageId
+	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
 	hist := triage.ParseXDeath(h[wire.HeaderXDeath])
 	class, found := triage.ClassifyDeadLetter(hist, h)
 	if !found {
@@ -286,6 +307,126 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 		env.FirstFailureAt = first
 	}
 	return env, true
+}
+
+// envelopeFields are the headers an envelope signature covers: every one
+// Read takes an envelope from, the format version first. With the
+// signature's subject (the exchange the envelope was published to, the
+// message id, the body as published) that is the whole record but the
+// producer's own headers and the trace context.
+var envelopeFields = []string{
+	wire.HeaderEnvelope, wire.HeaderSource, wire.HeaderClass, wire.HeaderReason, wire.HeaderError,
+	wire.HeaderFingerprint, wire.HeaderAttempts,
+	wire.HeaderFirstFailureAt, wire.HeaderLastFailureAt, wire.HeaderQuarantinedAt,
+	wire.HeaderOriginalExchange, wire.HeaderOriginalRoutingKey, wire.HeaderOriginalQueue,
+	wire.HeaderIdempotencyKeyCopy, wire.HeaderMessageType, wire.HeaderSchemaVersion,
+	wire.HeaderValidationErrors, wire.HeaderTraceID, wire.HeaderWorkerHost, wire.HeaderWorkerVersion,
+	wire.HeaderRedacted, wire.HeaderRedactionFailed, wire.HeaderNotes, wire.HeaderDropped, wire.HeaderStack,
+}
+
+// EnvelopeFields returns the headers an envelope signature covers (a
+// copy).
+func EnvelopeFields() []string { return append([]string(nil), envelopeFields...) }
+
+// envelopeSubject is what an envelope signature is bound to: the exchange
+// the envelope was published to (the work queue's dead exchange, which the
+// broker sets on the intake delivery), the message id and the body as
+// published.
+func envelopeSubject(exchange, messageID string, body []byte) triage.Subject {
+	return triage.Subject{Queue: exchange, MessageID: messageID, Body: body}
+}
+
+// SignEnvelope signs the envelope in h (written by Apply, and final: fitted
+// to its frame) for a publish to exchange of a message with messageID and
+// body, in wire.HeaderEnvelopeSignature. A nil Signer removes that header:
+// nothing else may stand there.
+func SignEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, body []byte) {
+	if s == nil {
+		delete(h, wire.HeaderEnvelopeSignature)
+		return
+	}
+	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFields)
+}
+
+// VerifyEnvelope checks the envelope signature of d as it reached the
+// intake (d.Exchange is the exchange the envelope was published to). It
+// never panics, whatever the headers hold.
+func VerifyEnvelope(s *triage.Signer, d *amqp.Delivery) triage.Verification {
+	return s.VerifyEnvelope(envelopeSubject(d.Exchange, d.MessageId, d.Body), d.Headers, envelopeFields)
+}
+
+// ReadVerified is Read for a reader that holds the runtime's signing key
+// (v): an envelope is taken from the headers only under a valid envelope
+// signature, and is then Verified. Any other envelope is the word of
+// whoever published the message (a message the broker dead-letters on its
+// own keeps the producer's headers, a whole forged envelope included): the
+// message is read as the broker's dead letter, from x-death as Read does
+// when there is no envelope, and a note says what the envelope claimed and
+// why it was not trusted. With no x-death either, the record's Source is
+// SourceUnverified and it has no class. d must be the message as it reached
+// the intake: its exchange, message id and body are signed.
+//
+// With v nil it is Read: the envelope as the headers claim it, not
+// Verified.
+func ReadVerified(d *amqp.Delivery, v *triage.Signer) (Envelope, bool) {
+	if v == nil {
+		return Read(d)
+	}
+	h := map[string]any(d.Headers)
+	if _, has := h[wire.HeaderEnvelope]; !has {
+		return Read(d)
+	}
+	res := VerifyEnvelope(v, d)
+	if res.Valid {
+		env, ok := Read(d)
+		env.Verified = ok
+		return env, ok
+	}
+	env, ok := readDeadLetter(d, h)
+	if !ok {
+		env.Source = SourceUnverified
+		env.Reason = "an envelope no valid signature vouches for, and no x-death (see the notes)"
+	}
+	env.Notes = append(env.Notes, unverifiedEnvelope(h, res.Problem))
+	return env, true
+}
+
+// maxClaimBytes caps each claimed value quoted in a note.
+const maxClaimBytes = 128
+
+// unverifiedEnvelope is the note for an envelope that no valid signature
+// vouches for: what it claimed (quoted, cut, never used) and why it was
+// not trusted.
+func unverifiedEnvelope(h map[string]any, problem string) string {
+	var claim []string
+	for _, f := range []struct{ name, key string }{
+		{"source", wire.HeaderSource},
+		{"class", wire.HeaderClass},
+		{"fingerprint", wire.HeaderFingerprint},
+		{"attempts", wire.HeaderAttempts},
+		{"reason", wire.HeaderReason},
+		{"exchange", wire.HeaderOriginalExchange},
+		{"routing key", wire.HeaderOriginalRoutingKey},
+		{"queue", wire.HeaderOriginalQueue},
+	} {
+		raw, present := h[f.key]
+		if !present {
+			continue
+		}
+		s, ok := wire.String(raw)
+		if n, res := wire.Int(raw); !ok && res == wire.IntOK {
+			s, ok = fmt.Sprint(n), true
+		}
+		if !ok {
+			s = "(" + wire.TypeName(raw) + ")"
+		}
+		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, Truncate(s, maxClaimBytes), f.key))
+	}
+	what := "an envelope"
+	if len(claim) > 0 {
+		what += " with " + strings.Join(claim, ", ")
+	}
+	return fmt.Sprintf("envelope not verified: the message claimed %s (%s); read as the broker's dead letter", what, problem)
 }
 
 // headerTime reads an envelope time: a time.Time or an RFC 3339 string.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/dlxbridge/dlxbridge/wire"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -97,6 +98,20 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("round trip:\n got %#v\nwant %#v", got, want)
 		}
+		// Signed, it reads back the same under the key, verified; with its
+		// reason changed it does not.
+		body := []byte(stack)
+		SignEnvelope(fuzzSigner, h, "q.dead", in.MessageID, body)
+		signed, ok := ReadVerified(&amqp.Delivery{Headers: h, Exchange: "q.dead", MessageId: in.MessageID, Body: body}, fuzzSigner)
+		want.Verified = true
+		if !ok || !reflect.DeepEqual(signed, want) {
+			t.Fatalf("signed round trip:\n got %#v\nwant %#v", signed, want)
+		}
+		forged := maps.Clone(h)
+		forged[wire.HeaderReason] = "x" + Truncate(in.Reason, MaxErrorBytes)
+		if env, _ := ReadVerified(&amqp.Delivery{Headers: forged, Exchange: "q.dead", MessageId: in.MessageID, Body: body}, fuzzSigner); env.Verified {
+			t.Fatal("a changed reason verified")
+		}
 		for _, k := range []string{wire.HeaderFirstFailureAt, wire.HeaderLastFailureAt, wire.HeaderQuarantinedAt} {
 			if s, ok := h[k].(string); ok {
 				if _, err := time.Parse(time.RFC3339Nano, s); err != nil {
@@ -111,6 +126,8 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+var fuzzSigner, _ = triage.NewSigner([]byte("the fuzz target's key, 32 bytes."))
 
 func fuzzTime(sec, nsec int64) time.Time {
 	if sec == 0 && nsec == 0 {

@@ -22,7 +22,7 @@ func TestAForgedRecordIntakeIsNotTrusted(t *testing.T) {
 	b := setupStore(t, nil)
 	d := &amqp.Delivery{MessageId: "forged-intake", Type: "test.job", ContentType: "application/json",
 		Headers: envelopeHeaders(b.q.Name, "fp-intake", "failed", time.Now()), Body: []byte(validJob(1))}
-	msg, _, err := encodeRecord(d, b.env.Name("elsewhere"), time.Now())
+	msg, _, err := encodeRecord(d, b.env.Name("elsewhere"), time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
 	b.quarantineJobs(2, "fp-a", validJob)
 	b.keep(2)
 	d := &amqp.Delivery{MessageId: "x", Headers: envelopeHeaders(b.q.Name, "fp-g", "failed", time.Now()), Body: []byte(validJob(9))}
-	good, _, err := encodeRecord(d, b.q.Quarantine.Queue, time.Now())
+	good, _, err := encodeRecord(d, b.q.Quarantine.Queue, time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,14 +142,15 @@ func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
 		[]byte(recordMagic2),
 		append([]byte(recordMagic2), 0xff, 0xff, 0xff, 0xff, 1, 2, 3),
 		append([]byte(recordMagic), 0, 0, 0, 3, '{', '"', 'x'),
-		append([]byte("DLXREC3\n"), good.Body[len(recordMagic2):]...),
-		good.Body[:len(good.Body)-len(d.Body)-3], // cut inside the headers
+		append([]byte("DLXREC4\n"), good.Body[len(recordMagic3):]...),
+		append([]byte(recordMagic2), good.Body[len(recordMagic3):]...), // layout 3's meta read as layout 2's: one byte too many
+		good.Body[:len(good.Body)-len(d.Body)-3],                       // cut inside the headers
 	)
-	// A layout 2 record whose header table is not EncodeTable's: it lists,
-	// with no headers.
-	meta, rest, _ := cutSized(good.Body[len(recordMagic2):])
+	// A record whose header table is not EncodeTable's: it lists, with no
+	// headers.
+	meta, rest, _ := cutSized(good.Body[len(recordMagic3):])
 	_, payload, _ := cutSized(rest)
-	bad := append([]byte(recordMagic2), good.Body[len(recordMagic2):len(recordMagic2)+4+len(meta)]...)
+	bad := append([]byte(recordMagic3), good.Body[len(recordMagic3):len(recordMagic3)+4+len(meta)]...)
 	bad = append(bad, 0, 0, 0, 5, '[', '[', '[', '[', '[')
 	bad = append(bad, payload...)
 	bodies = append(bodies, bad)

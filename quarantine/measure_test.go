@@ -36,7 +36,7 @@ func TestMeasureListing(t *testing.T) {
 			fp := fmt.Sprintf("fp-%d", i%3)
 			d := &amqp.Delivery{MessageId: fmt.Sprintf("m-%d", i), Type: "test.job", ContentType: "application/json",
 				Headers: envelopeHeaders(b.q.Name, fp, "failed "+fp, now), Body: []byte(validJob(i))}
-			msg, _, err := encodeRecord(d, b.q.Quarantine.Queue, now)
+			msg, _, err := encodeRecord(d, b.q.Quarantine.Queue, now, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,10 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
+// Layout 3 (recordMagic3) is layout 2 with one more byte at the end of the
+// binary meta: Envelope.Verified (1) or not (0). Layout 2 is still read,
+// as unverified.
+//
 // Layout 2 of a record body (recordMagic2) keeps what listing reads in a
 // small binary meta and the header table apart, so that reading a stream
 // decodes no JSON at all:
@@ -118,6 +122,12 @@ func appendMeta(b []byte, m *recordMeta) []byte {
 		w = append(w, 1)
 		w.str(e.PayloadOmitted.Reason)
 		w.int(int64(e.PayloadOmitted.Bytes))
+	}
+	// Layout 3 (recordMagic3) adds the one byte below.
+	if e.Verified {
+		w = append(w, 1)
+	} else {
+		w = append(w, 0)
 	}
 	return w
 }
@@ -234,8 +244,10 @@ func (r *metaReader) u8() uint8 {
 	return uint8(n)
 }
 
-// readMeta reads a binary meta written by appendMeta.
-func readMeta(b []byte) (*recordMeta, error) {
+// readMeta reads a binary meta written by appendMeta (layout 3), or by its
+// layout 2 version (without Envelope.Verified: such a record is
+// unverified).
+func readMeta(b []byte, layout3 bool) (*recordMeta, error) {
 	r := metaReader{s: string(b)}
 	m := &recordMeta{Envelope: &Envelope{}}
 	m.ID = r.str()
@@ -298,6 +310,15 @@ func readMeta(b []byte) (*recordMeta, error) {
 		e.PayloadOmitted = &PayloadOmitted{Reason: r.str(), Bytes: int(r.int())}
 	default:
 		r.fail()
+	}
+	if layout3 {
+		switch r.byte() {
+		case 0:
+		case 1:
+			e.Verified = true
+		default:
+			r.fail()
+		}
 	}
 	if r.err == nil && r.s != "" {
 		r.fail() // trailing bytes: not a layout this version writes

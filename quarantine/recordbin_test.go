@@ -66,12 +66,12 @@ func TestRecordLayoutsReadTheSame(t *testing.T) {
 	t.Parallel()
 	d := fullDelivery()
 	now := time.Now()
-	msg, _, err := encodeRecord(d, "q.quarantine", now)
+	msg, _, err := encodeRecord(d, "q.quarantine", now, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(msg.Body[:len(recordMagic2)]) != recordMagic2 {
-		t.Fatalf("the keeper writes %q, want layout 2", msg.Body[:8])
+	if string(msg.Body[:len(recordMagic3)]) != recordMagic3 {
+		t.Fatalf("the keeper writes %q, want layout 3", msg.Body[:8])
 	}
 	set := &quarantineSet{cfg: &config.Queue{Name: "q", Quarantine: config.Quarantine{Queue: "q.quarantine"}}}
 	got, err := recordFrom(msg.Body, 7, set)
@@ -84,7 +84,7 @@ func TestRecordLayoutsReadTheSame(t *testing.T) {
 	}
 	want, _ := Read(d)
 	if !reflect.DeepEqual(normalized(got.Envelope), normalized(want)) {
-		t.Errorf("layout 2 envelope:\n got %+v\nwant %+v", got.Envelope, want)
+		t.Errorf("layout 3 envelope:\n got %+v\nwant %+v", got.Envelope, want)
 	}
 	if !reflect.DeepEqual(normalized(old.Envelope), normalized(got.Envelope)) {
 		t.Errorf("layouts differ in the envelope:\n1: %+v\n2: %+v", old.Envelope, got.Envelope)
@@ -122,7 +122,7 @@ func normalized(e Envelope) Envelope {
 func TestRecordMetaFields(t *testing.T) {
 	t.Parallel()
 	for typ, n := range map[reflect.Type]int{
-		reflect.TypeOf(recordMeta{}): 10, reflect.TypeOf(Properties{}): 12, reflect.TypeOf(Envelope{}): 27,
+		reflect.TypeOf(recordMeta{}): 10, reflect.TypeOf(Properties{}): 12, reflect.TypeOf(Envelope{}): 28,
 		reflect.TypeOf(Violation{}): 3, reflect.TypeOf(PayloadOmitted{}): 2,
 	} {
 		if typ.NumField() != n {
@@ -137,7 +137,7 @@ func TestBinaryMetaRefusesEveryCutAndTrailingBytes(t *testing.T) {
 	env, _ := Read(d)
 	env.PayloadOmitted = &PayloadOmitted{Reason: "too big", Bytes: 1 << 20}
 	meta := appendMeta(nil, &recordMeta{ID: "abc", Intake: "i", StoredAt: time.Now(), Props: propertiesOf(d), Envelope: &env})
-	m, err := readMeta(meta)
+	m, err := readMeta(meta, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,25 +145,25 @@ func TestBinaryMetaRefusesEveryCutAndTrailingBytes(t *testing.T) {
 		t.Errorf("payload omitted: %+v", m.Envelope.PayloadOmitted)
 	}
 	for n := range len(meta) {
-		if _, err := readMeta(meta[:n]); !errors.Is(err, errMeta) {
+		if _, err := readMeta(meta[:n], true); !errors.Is(err, errMeta) {
 			t.Fatalf("cut at %d of %d: err %v", n, len(meta), err)
 		}
 	}
-	if _, err := readMeta(append(meta, 0)); !errors.Is(err, errMeta) {
+	if _, err := readMeta(append(meta, 0), true); !errors.Is(err, errMeta) {
 		t.Fatalf("trailing byte: err %v", err)
 	}
 	// A forged length or count larger than what remains allocates nothing.
 	huge := binary.AppendUvarint(nil, 1<<62)
-	if _, err := readMeta(huge); !errors.Is(err, errMeta) {
+	if _, err := readMeta(huge, true); !errors.Is(err, errMeta) {
 		t.Fatalf("huge length: err %v", err)
 	}
-	if _, err := readMeta([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}); !errors.Is(err, errMeta) {
+	if _, err := readMeta([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, true); !errors.Is(err, errMeta) {
 		t.Fatalf("varint over 64 bits: err %v", err)
 	}
 }
 
 func FuzzDecodeRecord(f *testing.F) {
-	msg, _, _ := encodeRecord(fullDelivery(), "q.quarantine", time.Now())
+	msg, _, _ := encodeRecord(fullDelivery(), "q.quarantine", time.Now(), nil)
 	f.Add(msg.Body)
 	f.Add([]byte(recordMagic2 + "\x00\x00\x00\x01\x00"))
 	set := &quarantineSet{cfg: &config.Queue{Name: "q", Quarantine: config.Quarantine{Queue: "q.quarantine"}}}
@@ -208,7 +208,7 @@ func TestBinaryMetaCountsAllocateNothingLarge(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	if _, err := readMeta(meta); err == nil {
+	if _, err := readMeta(meta, true); err == nil {
 		t.Fatal("a malformed meta was read")
 	}
 	runtime.ReadMemStats(&after)

@@ -153,9 +153,12 @@ type Replayer struct {
 	Now func() time.Time
 	// Signer, with the consumers' signing key, signs the origin headers a
 	// replayed message keeps (the exchange and routing key it was first
-	// published with), so the runtime trusts them if it fails again. Without
-	// it the runtime ignores them (and notes it): the message's origin is
-	// then where the replay sent it. Defaults to nil.
+	// published with), so the runtime trusts them if it fails again; only
+	// for a record whose envelope signature verifies with the same key
+	// (the runtime wrote it). Without it, or for any other record (a broker
+	// dead letter, a forged or an unsigned envelope), the runtime ignores
+	// them (and notes it): the message's origin is then where the replay
+	// sent it. Defaults to nil.
 	Signer *triage.Signer
 
 	// eventWaits: see Inspector.eventWaits (tests).
@@ -432,7 +435,19 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
 		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
 	}
-	if e := r.Envelope; e.OriginalExchange != "" || e.OriginalRouting != "" {
+	// The origin is signed only from an envelope whose signature verifies
+	// with this key, read again from the record's headers and payload (not
+	// from its meta, which anyone who may write the records stream
+	// writes). Any other origin travels unsigned: the runtime then notes it
+	// as a claim and records where the replay sent the message.
+	e, signed := r.Envelope, false
+	if rp.Signer != nil {
+		d := &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, RoutingKey: r.RoutingKey, MessageId: r.Properties.MessageID, Body: r.Body}
+		if v, _ := ReadVerified(d, rp.Signer); v.Verified {
+			e, signed = v, true
+		}
+	}
+	if e.OriginalExchange != "" || e.OriginalRouting != "" {
 		h[wire.HeaderOriginalExchange] = e.OriginalExchange
 		h[wire.HeaderOriginalRoutingKey] = e.OriginalRouting
 	}
@@ -446,7 +461,7 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	if p.UserID != "" {
 		h[wire.HeaderOriginalUserID] = p.UserID
 	}
-	if rp.Signer != nil {
+	if signed {
 		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageID, Body: body}, h, triage.SignedHeaders())
 	}
 	return amqp.Publishing{

@@ -3,6 +3,7 @@ package quarantine
 import (
 	"context"
 	"errors"
+	"maps"
 	"sort"
 	"sync"
 	"testing"
@@ -454,28 +455,63 @@ func TestReplayStopsCleanlyWhenCancelled(t *testing.T) {
 	}
 }
 
-// A replay signs the origin the record's envelope holds, never one a
-// header names: a message the broker dead-lettered on its own keeps the
-// producer's headers, forged dlxbridge-original-* included, and the
-// consumers' key must not vouch for those.
-func TestReplaySignsTheEnvelopesOriginNotAHeaders(t *testing.T) {
+// A replay signs an origin only from an envelope whose signature verifies
+// with its key, read from the record's headers: never one a header names
+// (a message the broker dead-lettered on its own keeps the producer's
+// headers, forged dlxbridge-original-* included), nor a broker dead
+// letter's (x-death is no signature), nor the record's meta.
+func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	t.Parallel()
 	signer, err := triage.NewSigner([]byte("the consumers' key, 32 bytes...."))
 	if err != nil {
 		t.Fatal(err)
 	}
+	body := []byte(`{}`)
+	sub := triage.Subject{Queue: "orders", MessageID: "m-1", Body: body}
+
+	// A broker dead letter: the envelope's origin travels, unsigned.
 	r := &Record{
 		Envelope:   Envelope{Source: SourceBroker, OriginalExchange: "orders", OriginalRouting: "order.created", OriginalQueue: "orders"},
-		Properties: Properties{MessageID: "m-1"},
-		headers:    amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
+		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead",
+		headers: amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
 	}
-	body := []byte(`{}`)
-	p := (&Replayer{Signer: signer}).message(r, body, "why", "orders")
-	h := p.Headers
+	h := (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
 	if h[wire.HeaderOriginalExchange] != "orders" || h[wire.HeaderOriginalRoutingKey] != "order.created" || h["keep"] != "me" {
 		t.Fatalf("replayed headers %v", h)
 	}
-	if v := signer.Verify(triage.Subject{Queue: "orders", MessageID: "m-1", Body: body}, h, triage.SignedHeaders()); !v.Valid {
-		t.Fatalf("signature: %s", v.Problem)
+	if _, signed := h[wire.HeaderSignature]; signed {
+		t.Fatalf("a broker dead letter's origin was signed: %v", h)
+	}
+
+	// The runtime's envelope, signed: its origin is signed.
+	env := Envelope{Source: SourceBridge, Class: "permanent", Reason: "r", Fingerprint: "fp", Attempts: 2,
+		OriginalExchange: "orders", OriginalRouting: "order.created", OriginalQueue: "orders"}
+	eh := amqp.Table{"keep": "me"}
+	env.Apply(eh)
+	SignEnvelope(signer, eh, "orders.dead", "m-1", body)
+	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
+	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	if v := signer.Verify(sub, h, triage.SignedHeaders()); !v.Valid || h[wire.HeaderOriginalExchange] != "orders" {
+		t.Fatalf("verified envelope's origin: %s %v", v.Problem, h)
+	}
+	if _, kept := h[wire.HeaderEnvelopeSignature]; kept {
+		t.Fatal("the replay carried the envelope signature")
+	}
+
+	// A record whose meta says verified but whose headers do not verify
+	// (written into the stream by hand, or by another key): unsigned.
+	forged := maps.Clone(eh)
+	forged[wire.HeaderOriginalExchange] = "payments"
+	r = &Record{Envelope: Envelope{Source: SourceBridge, Verified: true, OriginalExchange: "payments", OriginalRouting: "pay"},
+		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: forged}
+	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	if _, signed := h[wire.HeaderSignature]; signed {
+		t.Fatalf("an envelope that does not verify had its origin signed: %v", h)
+	}
+	// Signed with another key.
+	other, _ := triage.NewSigner([]byte("another key, at least 16 bytes"))
+	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
+	if _, signed := (&Replayer{Signer: other}).message(r, body, "why", "orders").Headers[wire.HeaderSignature]; signed {
+		t.Fatal("another key signed the origin")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -46,12 +47,14 @@ const (
 	HeaderRecordIntake = wire.HeaderRecordIntake
 )
 
-// recordMagic starts every record body of layout 1 (JSON meta), and
-// recordMagic2 of layout 2 (binary meta, see recordbin.go), which the
-// keeper writes; the digit is the layout version. Both are read.
+// recordMagic starts every record body of layout 1 (JSON meta),
+// recordMagic2 of layout 2 (binary meta, see recordbin.go) and recordMagic3
+// of layout 3 (layout 2 and whether the envelope was verified), which the
+// keeper writes; the digit is the layout version. All are read.
 const (
 	recordMagic  = "DLXREC1\n"
 	recordMagic2 = "DLXREC2\n"
+	recordMagic3 = "DLXREC3\n"
 )
 
 // ErrNotRecord: a stream message that is not a record in a layout this
@@ -153,21 +156,22 @@ func storable(h amqp.Table) amqp.Table {
 
 // encodeRecord turns an intake delivery into the stream message that keeps
 // it.
-func encodeRecord(d *amqp.Delivery, intake string, now time.Time) (amqp.Publishing, string, error) {
-	return encodeRecordOmitting(d, intake, now, nil)
+// With v (the runtime's signing key) the envelope is read by ReadVerified.
+func encodeRecord(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer) (amqp.Publishing, string, error) {
+	return encodeRecordOmitting(d, intake, now, v, nil)
 }
 
 // encodeStub is the record of a message whose full record the broker
 // refused as too large: everything but the payload, and why (refusal is the
 // broker's answer). Its id is the full record's.
-func encodeStub(d *amqp.Delivery, intake string, now time.Time, refusal error) (amqp.Publishing, string, error) {
-	return encodeRecordOmitting(d, intake, now, &PayloadOmitted{
+func encodeStub(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, refusal error) (amqp.Publishing, string, error) {
+	return encodeRecordOmitting(d, intake, now, v, &PayloadOmitted{
 		Reason: "the message with its record was over the broker's max message size (" + refusal.Error() + ")",
 		Bytes:  len(d.Body),
 	})
 }
 
-func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
+func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
 	id, err := RecordID(d)
 	if err != nil {
 		return amqp.Publishing{}, "", err
@@ -176,7 +180,7 @@ func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitte
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
-	env, _ := Read(d)
+	env, _ := ReadVerified(d, v) // d is the message as published: its body too
 	env.PayloadOmitted = omitted
 	payload := d.Body
 	if omitted != nil {
@@ -187,8 +191,8 @@ func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, omitte
 		Props: propertiesOf(d), Envelope: &env,
 		Redrives: redrives(d.Headers), Version: wire.Str(d.Headers, versionHeader),
 	})
-	body := make([]byte, 0, len(recordMagic2)+8+len(meta)+len(headers)+len(payload))
-	body = append(body, recordMagic2...)
+	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
+	body = append(body, recordMagic3...)
 	body = binary.BigEndian.AppendUint32(body, uint32(len(meta)))
 	body = append(body, meta...)
 	body = binary.BigEndian.AppendUint32(body, uint32(len(headers)))
@@ -212,8 +216,9 @@ const versionHeader = wire.DefaultVersionHeader
 // them; layout 2 needs no JSON decode at all.
 func decodeRecord(body []byte) (*recordMeta, []byte, error) {
 	switch {
-	case bytes.HasPrefix(body, []byte(recordMagic2)):
-		meta, rest, ok := cutSized(body[len(recordMagic2):])
+	case bytes.HasPrefix(body, []byte(recordMagic3)), bytes.HasPrefix(body, []byte(recordMagic2)):
+		layout3 := bytes.HasPrefix(body, []byte(recordMagic3))
+		meta, rest, ok := cutSized(body[len(recordMagic3):])
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: meta length over the body", ErrNotRecord)
 		}
@@ -221,7 +226,7 @@ func decodeRecord(body []byte) (*recordMeta, []byte, error) {
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: headers length over the body", ErrNotRecord)
 		}
-		m, err := readMeta(meta)
+		m, err := readMeta(meta, layout3)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: %v", ErrNotRecord, err)
 		}
@@ -272,6 +277,13 @@ type Keeper struct {
 	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Verifier, with the runtime's signing key, verifies each envelope as
+	// its record is written (see ReadVerified): an envelope no valid
+	// signature vouches for is kept as a claim in the record's notes, and
+	// the record reads as the broker's dead letter. Without it the record
+	// keeps the envelope as its headers claim it, marked not verified.
+	// Defaults to nil.
+	Verifier *triage.Signer
 	// kept, when set, is called after each record is acked (tests).
 	kept  func(id string)
 	moved atomic.Int64
@@ -333,7 +345,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("keeper %s: intake channel closed", k.Intake)
 		}
-		msg, id, err := encodeRecord(&d, k.Intake, now())
+		msg, id, err := encodeRecord(&d, k.Intake, now(), k.Verifier)
 		if err != nil {
 			// Cannot happen for anything amqp091-go decoded; never ack it.
 			log.Error("quarantine keeper: cannot encode a record; left on the intake", "intake", k.Intake, "error", err)
@@ -377,7 +389,7 @@ func (k *Keeper) Moved() int64 { return k.moved.Load() }
 // record (refusal), on a new publisher, since the refusal closed the old
 // one's channel. Only a confirmed stub lets the caller ack d.
 func (k *Keeper) publishStub(ctx context.Context, pub **amqpx.Publisher, d *amqp.Delivery, now time.Time, refusal error) error {
-	stub, _, err := encodeStub(d, k.Intake, now, refusal)
+	stub, _, err := encodeStub(d, k.Intake, now, k.Verifier, refusal)
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func TestKeeperStoresRecordsAsReceivedAndReadingChangesNothing(t *testing.T) {
 
 	// A crash between confirm and ack writes a record again: same id.
 	dup, id, err := encodeRecord(&amqp.Delivery{MessageId: "m-1", Type: "test.job", Headers: s1.Records[1].Headers(),
-		Body: s1.Records[1].Body, Exchange: s1.Records[1].Exchange, RoutingKey: s1.Records[1].RoutingKey}, intake, time.Now())
+		Body: s1.Records[1].Body, Exchange: s1.Records[1].Exchange, RoutingKey: s1.Records[1].RoutingKey}, intake, time.Now(), nil)
 	if err != nil || id != s1.Records[1].ID {
 		t.Fatalf("re-encoded id %s, want %s (%v)", id, s1.Records[1].ID, err)
 	}

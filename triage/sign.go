@@ -91,10 +91,43 @@ type Verification struct {
 // other types as their type name, which no verifier will match by chance.
 // A nil Signer returns "".
 func (s *Signer) Sign(sub Subject, h map[string]any, fields []string) string {
+	return s.sign(domainRetry, sub, h, fields)
+}
+
+// The domains a Signer signs in: the first item of every encoding, so that
+// a signature made for one use never verifies for another, whatever the
+// fields.
+const (
+	domainRetry    = "dlxbridge retry state v1"
+	domainEnvelope = "dlxbridge quarantine envelope v1"
+)
+
+// HeaderEnvelopeSignature is the bridge's signature over the quarantine
+// envelope it wrote (see SignEnvelope).
+const HeaderEnvelopeSignature = wire.HeaderEnvelopeSignature
+
+// SignEnvelope returns the HeaderEnvelopeSignature value over the headers
+// named in fields, as Sign does, under a domain of its own: a quarantine
+// envelope's signature never verifies as retry state, nor the other way
+// round. The runtime signs each envelope it writes; a reader with the key
+// trusts an envelope only under a valid one (a message the broker
+// dead-letters on its own keeps the producer's headers, a forged envelope
+// included). A nil Signer returns "".
+func (s *Signer) SignEnvelope(sub Subject, h map[string]any, fields []string) string {
+	return s.sign(domainEnvelope, sub, h, fields)
+}
+
+// VerifyEnvelope checks h's HeaderEnvelopeSignature against the headers
+// named in fields, as Verify does.
+func (s *Signer) VerifyEnvelope(sub Subject, h map[string]any, fields []string) Verification {
+	return s.verify(domainEnvelope, &envelopeSig, sub, h, fields)
+}
+
+func (s *Signer) sign(domain string, sub Subject, h map[string]any, fields []string) string {
 	if s == nil {
 		return ""
 	}
-	return sigPrefix + base64.RawURLEncoding.EncodeToString(s.mac(sub, h, fields))
+	return sigPrefix + base64.RawURLEncoding.EncodeToString(s.mac(domain, sub, h, fields))
 }
 
 // Placeholder is a value of the size of every signature this Signer makes
@@ -113,23 +146,40 @@ var placeholder = sigPrefix + strings.Repeat("-", base64.RawURLEncoding.EncodedL
 // Verify checks h's HeaderSignature against the headers named in fields. It
 // compares in constant time and never panics.
 func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verification {
+	return s.verify(domainRetry, &retrySig, sub, h, fields)
+}
+
+// sigHeader is a signature header and its problems, spelled once: a
+// problem built per call would cost every unsigned delivery an allocation.
+type sigHeader struct{ name, missing, malformed, mismatch string }
+
+var (
+	retrySig = sigHeader{HeaderSignature, "no " + HeaderSignature, HeaderSignature + " is malformed",
+		HeaderSignature + " does not match (another key, queue or message, or altered headers)"}
+	envelopeSig = sigHeader{HeaderEnvelopeSignature, "no " + HeaderEnvelopeSignature, HeaderEnvelopeSignature + " is malformed",
+		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)"}
+)
+
+// verify checks the signature in header sh, made in domain.
+func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]any, fields []string) Verification {
 	if s == nil {
 		return Verification{Problem: "no signing key"}
 	}
-	raw, present := h[HeaderSignature]
+	raw, present := h[sh.name]
 	if !present {
-		return Verification{Problem: "no " + HeaderSignature}
+		return Verification{Problem: sh.missing}
 	}
 	str, ok := wire.String(raw)
-	if !ok || !strings.HasPrefix(str, sigPrefix) {
-		return Verification{Problem: HeaderSignature + " is malformed"}
+	// A valid value is 46 bytes: a longer one is not decoded.
+	if !ok || !strings.HasPrefix(str, sigPrefix) || len(str) != len(placeholder) {
+		return Verification{Problem: sh.malformed}
 	}
 	got, err := base64.RawURLEncoding.DecodeString(str[len(sigPrefix):])
 	if err != nil || len(got) != sha256.Size {
-		return Verification{Problem: HeaderSignature + " is malformed"}
+		return Verification{Problem: sh.malformed}
 	}
-	if !hmac.Equal(got, s.mac(sub, h, fields)) {
-		return Verification{Problem: HeaderSignature + " does not match (another key, queue or message, or altered headers)"}
+	if !hmac.Equal(got, s.mac(domain, sub, h, fields)) {
+		return Verification{Problem: sh.mismatch}
 	}
 	return Verification{Valid: true}
 }
@@ -139,7 +189,7 @@ func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verifica
 // encoding is built in one buffer and hashed with a pooled HMAC: a retry is
 // signed once on the way out and verified on the way back, and the
 // encoding's many small writes were most of a retry's allocations.
-func (s *Signer) mac(sub Subject, h map[string]any, fields []string) []byte {
+func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []string) []byte {
 	e := encodings.Get().(*encoding)
 	defer func() {
 		if cap(e.b) <= maxPooledEncoding { // a hostile header's size is not kept
@@ -147,7 +197,7 @@ func (s *Signer) mac(sub Subject, h map[string]any, fields []string) []byte {
 		}
 	}()
 	e.b = e.b[:0]
-	e.put('v', "dlxbridge retry state v1")
+	e.put('v', domain)
 	e.put('q', sub.Queue)
 	e.put('m', sub.MessageID)
 	body := sha256.Sum256(sub.Body)

@@ -190,3 +190,28 @@ func TestSignerEncodingIsStable(t *testing.T) {
 		t.Errorf("signature %q, want %q", got, want)
 	}
 }
+
+// An envelope signature and a retry-state signature over the same headers
+// differ (each has its own domain), and neither verifies as the other.
+func TestSignEnvelopeHasItsOwnDomain(t *testing.T) {
+	t.Parallel()
+	fields := []string{HeaderAttempts, "dlxbridge-class"}
+	h := table{HeaderAttempts: int64(2), "dlxbridge-class": "permanent"}
+	env := testSigner.SignEnvelope(testSubject, h, fields)
+	retry := testSigner.Sign(testSubject, h, fields)
+	if env == retry || len(env) != len(retry) {
+		t.Fatalf("envelope %q, retry %q", env, retry)
+	}
+	h[HeaderEnvelopeSignature], h[HeaderSignature] = env, retry
+	if v := testSigner.VerifyEnvelope(testSubject, h, fields); !v.Valid {
+		t.Fatalf("envelope: %+v", v)
+	}
+	h[HeaderEnvelopeSignature], h[HeaderSignature] = retry, env
+	if testSigner.VerifyEnvelope(testSubject, h, fields).Valid || testSigner.Verify(testSubject, h, fields).Valid {
+		t.Fatal("a signature verified in the other domain")
+	}
+	var none *Signer
+	if none.SignEnvelope(testSubject, h, fields) != "" || none.VerifyEnvelope(testSubject, h, fields).Valid {
+		t.Fatal("nil signer")
+	}
+}

@@ -92,6 +92,10 @@ const (
 	HeaderRedactionFailed = "dlxbridge-redaction-failed"
 	// HeaderStack is the stack of a handler panic (class panic).
 	HeaderStack = "dlxbridge-stack"
+	// HeaderEnvelopeSignature is the runtime's signature over the envelope
+	// it wrote (see triage.Signer.SignEnvelope and quarantine.SignEnvelope):
+	// a reader with the key trusts an envelope only under a valid one.
+	HeaderEnvelopeSignature = "dlxbridge-envelope-signature"
 )
 
 // Headers on a record in a quarantine's records stream.

@@ -387,7 +387,12 @@ columns:
   ID             the record's id (for show, --id)
   QUEUE          the work queue the message failed on
   CLASS, FINGERPRINT, REASON
-                 from the failure envelope
+                 from the failure envelope. A "?" after the class: the envelope
+                 claims the bridge wrote it, and no valid envelope signature
+                 was checked (a record stored before envelopes were signed, or
+                 by a keeper without the consumers' key): its fields are the
+                 message's word. "(unverified)": an envelope whose signature
+                 did not verify, on a message without x-death (see show's notes)
   AGE            since the message was quarantined
   STATE          open, or what became of this record: replayed, purged, expired
   PRIOR_REPLAYS  how many times the message had been replayed out of the
@@ -402,7 +407,7 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tPRIOR_REPLAYS\tREASON")
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, printable(string(r.Envelope.Class), ""), printable(r.Envelope.Fingerprint, ""),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, listClass(r.Envelope), printable(r.Envelope.Fingerprint, ""),
 			age(now, r.Seen()), r.State, r.Redrives, printable(quarantine.Truncate(r.Envelope.Reason, 80), ""))
 	}
 	if err := tw.Flush(); err != nil {
@@ -430,6 +435,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	row("intake", r.Intake)
 	row("stored", r.StoredAt.Format(time.RFC3339)+" ("+age(now, r.StoredAt)+" ago)")
 	row("source", e.Source)
+	row("envelope", envelopeTrust(e))
 	row("class", e.Class)
 	row("reason", e.Reason)
 	row("error", e.Error)
@@ -601,6 +607,33 @@ func envSigner(cfg *config.Config) (*triage.Signer, error) {
 		return nil, fmt.Errorf("$%s: %w", env, err)
 	}
 	return signer, nil
+}
+
+// listClass is list's CLASS: the class, marked when an envelope that
+// claims to be the bridge's was not verified (see listColumns).
+func listClass(e quarantine.Envelope) string {
+	c := printable(string(e.Class), "")
+	switch {
+	case e.Source == quarantine.SourceUnverified:
+		return "(unverified)"
+	case e.Source == quarantine.SourceBridge && !e.Verified:
+		return c + "?"
+	}
+	return c
+}
+
+// envelopeTrust says for show whether the envelope's fields are the
+// runtime's (signature verified) or someone's claim.
+func envelopeTrust(e quarantine.Envelope) string {
+	switch {
+	case e.Verified:
+		return "signed by the runtime (signature verified when stored)"
+	case e.Source == quarantine.SourceBridge:
+		return "NOT verified: no valid envelope signature was checked (stored before envelopes were signed, or by a keeper without the consumers' key); every field is the message's claim"
+	case e.Source == quarantine.SourceBroker:
+		return "none: read from the broker's x-death (not verified)"
+	}
+	return "NOT verified: see the notes"
 }
 
 // originText is a record's origin for show: exchange, routing key, queue.

@@ -144,6 +144,17 @@ func TestQuarantineCommands(t *testing.T) {
 		}
 	}
 	run(cli.ExitFail, "quarantine", "show", "ffffffffffff")
+	// These envelopes were stored by a keeper without the consumers' key:
+	// show, list and the JSON say they are the message's claim.
+	if !strings.Contains(show, "NOT verified") {
+		t.Errorf("show does not mark an unverified envelope:\n%s", show)
+	}
+	if js := run(cli.ExitOK, "quarantine", "show", first.ID, "--output", "json"); !strings.Contains(js, `"verified": false`) {
+		t.Errorf("show JSON lacks verified: false:\n%s", js)
+	}
+	if rows := strings.Split(run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b"), "\n"); len(rows) < 2 || strings.Fields(rows[1])[2] != "permanent?" {
+		t.Errorf("list does not mark an unverified envelope's class:\n%s", strings.Join(rows, "\n"))
+	}
 
 	// Replay and purge never select everything.
 	if code, _, errOut := b.run(t, append([]string{"quarantine", "replay"}, cfgFlag...)...); code != cli.ExitUsage || !strings.Contains(errOut, "selector") {
