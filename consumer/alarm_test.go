@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -98,6 +99,9 @@ func TestResourceAlarmStallsSafelyAndStopsInTime(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the runtime's publishing connection was not blocked by the alarm")
 	}
+	if g := testutil.ToFloat64(b.consumer.metrics.publishingBlocked.WithLabelValues(b.queue.Name)); g != 1 {
+		t.Errorf("dlxbridge_publishing_blocked %v during the alarm, want 1", g)
+	}
 	// Stalled: every worker holds a failed delivery it can't park.
 	stalled := 0
 	if !l.waitFor(func() bool { stalled = held(); return stalled >= concurrency }, 30*time.Second) {
@@ -127,6 +131,10 @@ func TestResourceAlarmStallsSafelyAndStopsInTime(t *testing.T) {
 	}
 	mu.Unlock()
 
+	// The session ended while blocked: nothing publishes now.
+	if g := testutil.ToFloat64(b.consumer.metrics.publishingBlocked.WithLabelValues(b.queue.Name)); g != 0 {
+		t.Errorf("dlxbridge_publishing_blocked %v after Run returned, want 0", g)
+	}
 	node.ClearMemoryAlarm()
 	alarmOn = false
 

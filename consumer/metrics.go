@@ -36,18 +36,21 @@ const (
 // from the config, types/versions only from a queue's accepted list
 // ("other" otherwise), classes and tiers from fixed sets.
 type metrics struct {
-	deliveries       *prometheus.CounterVec
-	handlerDuration  *prometheus.HistogramVec
-	retries          *prometheus.CounterVec
-	immediate        *prometheus.CounterVec
-	quarantined      *prometheus.CounterVec
-	validation       *prometheus.CounterVec
-	attemptsSuccess  *prometheus.HistogramVec
-	publishFailures  *prometheus.CounterVec
-	publishConfirm   *prometheus.HistogramVec
-	deadLettered     *prometheus.CounterVec
-	reconnects       prometheus.Counter
-	abandonedHandler *prometheus.CounterVec
+	deliveries      *prometheus.CounterVec
+	handlerDuration *prometheus.HistogramVec
+	retries         *prometheus.CounterVec
+	immediate       *prometheus.CounterVec
+	quarantined     *prometheus.CounterVec
+	validation      *prometheus.CounterVec
+	attemptsSuccess *prometheus.HistogramVec
+	publishFailures *prometheus.CounterVec
+	publishConfirm  *prometheus.HistogramVec
+	deadLettered    *prometheus.CounterVec
+	reconnects      prometheus.Counter
+	// publishingBlocked is 1 while the broker blocks the publishing
+	// connection (connection.blocked: a memory or disk alarm).
+	publishingBlocked *prometheus.GaugeVec
+	abandonedHandler  *prometheus.CounterVec
 	// breakerState and breakerTransitions: docs/breaker.md.
 	breakerState       *prometheus.GaugeVec
 	breakerTransitions *prometheus.CounterVec
@@ -92,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		publishConfirm: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dlxbridge_publish_confirm_seconds",
 			Help: "Time from sending a retry, quarantine or re-admission copy to the broker's confirm of it, by queue and kind: how long a failed delivery stays unacked, holding prefetch, after its handler is done.",
-			// 0.5 ms to about 8 s: a quorum queue's confirm waits for its
+			// 0.5 ms to about 4.8 s: a quorum queue's confirm waits for its
 			// log's fsync; seconds mean a slow disk or a blocked broker.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 11),
 		}, []string{"queue", "kind"}),
@@ -104,6 +107,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_reconnects_total",
 			Help: "Times the runtime lost its connection or a channel and reconnected.",
 		}),
+		publishingBlocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dlxbridge_publishing_blocked",
+			Help: "1 while the broker blocks the runtime's publishing connection (a memory or disk alarm), for each of its queues: no retry or quarantine copy can be sent, so failed deliveries wait unacked and no confirm wait is observed until it unblocks.",
+		}, []string{"queue"}),
 		abandonedHandler: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_handlers_abandoned_total",
 			Help: "Handlers that ignored their deadline and were left running.",
@@ -121,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
-		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.reconnects, m.abandonedHandler,
+		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.reconnects, m.publishingBlocked, m.abandonedHandler,
 		m.breakerState, m.breakerTransitions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -35,7 +35,23 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	if err != nil {
 		return err
 	}
+	// One publishing connection for every queue: each queue's gauge says
+	// whether it is blocked. A session that ends while blocked leaves them
+	// at 0: the next connection is blocked anew (and says so) if the alarm
+	// is still on.
+	setBlocked := func(v float64) {
+		for _, qr := range queues {
+			c.deps.metrics.publishingBlocked.WithLabelValues(qr.cfg.Name).Set(v)
+		}
+	}
+	setBlocked(0)
+	defer setBlocked(0)
 	blocking := amqpx.WatchBlocked(pubConn, func(b amqp.Blocking) {
+		if b.Active {
+			setBlocked(1)
+		} else {
+			setBlocked(0)
+		}
 		if b.Active {
 			c.log.Warn("the broker blocked publishing (resource alarm): retries and quarantines wait until it unblocks", "reason", b.Reason)
 		} else {
