@@ -118,6 +118,12 @@ func schemasValidate(env *Env, args []string) int {
 		return code
 	}
 	if *typ == "" || fs.NArg() != 1 || *maxBody <= 0 {
+		switch {
+		case *typ == "":
+			fmt.Fprintln(env.Stderr, "dlxbridge schemas validate: --type is required (see 'dlxbridge schemas list')")
+		case fs.NArg() != 1:
+			fmt.Fprintln(env.Stderr, "dlxbridge schemas validate: one body to validate: a file, or - for stdin")
+		}
 		fs.Usage()
 		return ExitUsage
 	}
@@ -173,7 +179,11 @@ func schemasValidate(env *Env, args []string) int {
 	if verr.Truncated {
 		fmt.Fprintf(env.Stdout, "(more violations not shown)\n")
 	}
-	fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: invalid %s v%s (%s)\n", *typ, v, verr.Reason)
+	if verr.Reason == schemas.ReasonInvalid {
+		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: invalid %s v%s\n", *typ, v)
+	} else {
+		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: invalid %s v%s (%s)\n", *typ, v, verr.Reason)
+	}
 	return ExitFail
 }
 

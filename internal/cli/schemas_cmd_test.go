@@ -151,10 +151,20 @@ func TestSchemasValidate(t *testing.T) {
 		{"unknown version", "", []string{"--type", "orders.created", "--version", "7", valid}, cli.ExitUsage, nil},
 		{"missing file", "", []string{"--type", "orders.created", filepath.Join(dir, "nope.json")}, cli.ExitUsage, nil},
 	}
+	// What stderr says, by test name: what is missing, and the verdict
+	// without the reason repeated.
+	stderr := map[string]string{
+		"no type":      "--type is required",
+		"no file":      "one body to validate",
+		"invalid file": "schemas validate: invalid orders.created v1\n",
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			code, out, errOut := runCLI(t, tt.stdin, append([]string{"schemas", "validate"}, tt.args...)...)
+			if want := stderr[tt.name]; !strings.Contains(errOut, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, errOut)
+			}
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, out, errOut)
 			}
