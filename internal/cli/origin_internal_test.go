@@ -23,3 +23,14 @@ func TestOriginTextNamesTheDefaultExchange(t *testing.T) {
 		}
 	}
 }
+
+// show prints a violation of the whole document as validate does.
+func TestViolationTextNamesTheRoot(t *testing.T) {
+	t.Parallel()
+	if got, want := violationText(quarantine.Violation{Keyword: "required", Message: "missing properties: 'orderId'"}), "(root) required: missing properties: 'orderId'"; got != want {
+		t.Errorf("root: %q, want %q", got, want)
+	}
+	if got, want := violationText(quarantine.Violation{Pointer: "/total", Keyword: "type", Message: "expected object"}), "/total type: expected object"; got != want {
+		t.Errorf("pointer: %q, want %q", got, want)
+	}
+}

@@ -417,6 +417,16 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time)
 	return err
 }
 
+// violationText is one schema violation as `schemas validate` prints it:
+// the document itself is "(root)", not a gap before the keyword.
+func violationText(v quarantine.Violation) string {
+	p := v.Pointer
+	if p == "" {
+		p = "(root)"
+	}
+	return p + " " + v.Keyword + ": " + v.Message
+}
+
 func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, now time.Time) error {
 	e := r.Envelope
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -452,7 +462,7 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	row("content type", r.Properties.ContentType)
 	row("trace id", e.TraceID)
 	for _, v := range e.Validation {
-		row("violation", v.Pointer+" "+v.Keyword+": "+v.Message)
+		row("violation", violationText(v))
 	}
 	for _, n := range e.Notes {
 		row("note", n)
