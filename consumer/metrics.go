@@ -94,10 +94,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"queue", "kind"}),
 		publishConfirm: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dlxbridge_publish_confirm_seconds",
-			Help: "Time from sending a retry, quarantine or re-admission copy to the broker's confirm of it, by queue and kind: how long a failed delivery stays unacked, holding prefetch, after its handler is done.",
-			// 0.5 ms to about 4.8 s: a quorum queue's confirm waits for its
-			// log's fsync; seconds mean a slow disk or a blocked broker.
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 11),
+			Help: "Time from publishing a retry, quarantine or re-admission copy to the broker's confirm of it, by queue and kind, including any wait for a blocked connection to unblock and a re-send after another copy's size refusal; the failed delivery stays unacked, holding prefetch, meanwhile. Copies never confirmed are not observed (dlxbridge_publish_failures_total counts them).",
+			// 0.5 ms to 10 s: a quorum queue's confirm waits for its log's
+			// fsync; seconds mean a slow disk or a blocked broker. 1 s is a
+			// bound: DlxbridgeConfirmsSlow's threshold, which
+			// histogram_quantile would otherwise interpolate across.
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 		}, []string{"queue", "kind"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_dead_lettered_total",

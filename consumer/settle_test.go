@@ -1234,3 +1234,53 @@ func TestSettleObservesTheConfirmWait(t *testing.T) {
 		t.Errorf("a nacked publish: %d samples, want 0", n)
 	}
 }
+
+// Each copy is observed under the kind it went out as: a re-admission as
+// readmit, a retry too big to retry and parked in the quarantine instead
+// as quarantine. What was never sent (dead-lettered: not even the bare
+// envelope fits) and what shutdown cut short are not observed at all.
+func TestSettleObservesTheConfirmWaitUnderTheCopysKind(t *testing.T) {
+	t.Parallel()
+	kinds := func(b *settleBundle) string {
+		var s []string
+		for _, k := range []string{"retry", "quarantine", "readmit"} {
+			n, _ := confirmWaits(t, b.w.deps.metrics, settleQueue, k)
+			s = append(s, fmt.Sprintf("%s=%d", k, n))
+		}
+		return strings.Join(s, " ")
+	}
+	readmit := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b.settle(context.Background(), &fakeAcker{}, delivery(), readmit)
+	if got := kinds(b); got != "retry=0 quarantine=0 readmit=1" {
+		t.Errorf("a re-admission: %s", got)
+	}
+
+	b = newSettleBundle(t, 4096)
+	d := delivery()
+	d.Headers["x-big"] = strings.Repeat("b", 8000)
+	b.settle(context.Background(), &fakeAcker{}, d, retryFailure())
+	if b.settled[0].Outcome != OutcomeQuarantined {
+		t.Fatalf("the oversized retry was not parked: %+v", b.settled)
+	}
+	if got := kinds(b); got != "retry=0 quarantine=1 readmit=0" {
+		t.Errorf("a retry parked in the quarantine: %s", got)
+	}
+
+	b = newSettleBundle(t, 600) // not even the bare envelope fits: dead-lettered, nothing sent
+	b.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
+	if got := kinds(b); got != "retry=0 quarantine=0 readmit=0" {
+		t.Errorf("a dead-lettered delivery: %s", got)
+	}
+
+	b = newSettleBundle(t, quarantine.DefaultFrameSize)
+	b.out.block = true
+	ctx, cancel := context.WithCancel(context.Background())
+	b.w.settleFailure(ctx, noop.Span{}, &fakeAcker{}, delivery(), retryFailure())
+	cancel()
+	b.stop()
+	b.w.settling.Wait()
+	if got := kinds(b); got != "retry=0 quarantine=0 readmit=0" {
+		t.Errorf("a publish cut short by shutdown: %s", got)
+	}
+}
