@@ -198,3 +198,23 @@ func TestRecordKeepsInvalidUTF8(t *testing.T) {
 		t.Errorf("producer header stored as %#v", h["x-producer"])
 	}
 }
+
+// An envelope read without a key (a keeper without one, records of layout
+// 1 and 2) is a claim. The CLI marks a claim by its source ("bridge" and
+// not verified: "?" in list); a forged envelope that claims source
+// "broker" must not pass for a record derived from the broker's x-death,
+// which the bridge never writes into an envelope.
+func TestReadClaimNeverPassesForTheBroker(t *testing.T) {
+	t.Parallel()
+	for _, claim := range []string{SourceBroker, SourceUnverified} {
+		d := fullDelivery()
+		d.Headers[wire.HeaderSource] = claim
+		env, ok := Read(d)
+		if !ok || env.Verified {
+			t.Fatalf("%s: %+v", claim, env)
+		}
+		if env.Source == SourceBroker || env.Source == SourceUnverified {
+			t.Errorf("claimed source %q read as %q: the forged class %q passes for the broker's", claim, env.Source, env.Class)
+		}
+	}
+}
