@@ -11,6 +11,16 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
+func envSigBundle(t *testing.T) (*settleBundle, *triage.Signer) {
+	t.Helper()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	signer, err := triage.NewSigner(b.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, signer
+}
+
 // Every header the envelope signature covers is the runtime's word: the
 // runtime writes it or removes it. A producer's own dlxbridge-dropped (or
 // any other envelope header) on a message the runtime quarantines on its
@@ -18,11 +28,7 @@ import (
 // those headers to fit a frame.
 func TestQuarantineSignsNoProducerEnvelopeHeader(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
-	signer, err := triage.NewSigner(b.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, signer := envSigBundle(t)
 	d := delivery()
 	for _, k := range quarantine.EnvelopeFields() {
 		d.Headers[k] = `["producer:` + k + `"]`
@@ -52,11 +58,7 @@ func TestQuarantineSignsNoProducerEnvelopeHeader(t *testing.T) {
 // envelope on the copy's next delivery.
 func TestRetryLaundersNoProducerDroppedIntoTheEnvelope(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
-	signer, err := triage.NewSigner(b.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, signer := envSigBundle(t)
 	d := delivery()
 	d.Headers[wire.HeaderDropped] = `["header:x-producer-forged"]`
 	retry, err := build(b.input(d, retryFailure()))
