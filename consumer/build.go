@@ -282,6 +282,7 @@ func buildQuarantine(in *buildInput) (built, error) {
 
 	p := republish(d, red.Headers, red.Body, nil)
 	delete(p.Headers, wire.HeaderSignature)
+	ownDropped(in, p.Headers)
 	env.Apply(p.Headers)
 	// Room for the envelope signature, which finish writes over it once
 	// fitting has made the envelope final.
@@ -318,6 +319,7 @@ func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) 
 // every retry).
 func seal(in *buildInput, h amqp.Table, notes []string) {
 	delete(h, wire.HeaderNotes)
+	ownDropped(in, h)
 	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
 	h[wire.HeaderSignature] = in.signer.Placeholder()
 }
@@ -360,6 +362,18 @@ func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
 			return quarantine.DetailHeader
 		}
 		return quarantine.ProducerHeader
+	}
+}
+
+// ownDropped removes a dlxbridge-dropped that no earlier hop's signature
+// vouches for: the producer wrote it, and the envelope signature (which
+// covers it) would otherwise present it as what the runtime dropped. The
+// retry signature does not cover it (adding it would void every retry in
+// flight across an upgrade), so it is kept only on a signed hop, whose
+// first hop removed the producer's.
+func ownDropped(in *buildInput, h amqp.Table) {
+	if !in.f.attempts.Signed {
+		delete(h, wire.HeaderDropped)
 	}
 }
 

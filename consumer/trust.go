@@ -30,7 +30,8 @@ func newSigner(cfg *Config) (*triage.Signer, error) {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 		cfg.Logger.Warn("no signing key: $"+env+" is unset, so this process signs its retry headers with a random key of its own. "+
-			"Retries in flight are not trusted after a restart, nor by another consumer process: their attempt count and time budget start over. "+
+			"Retries in flight are not trusted after a restart, nor by another consumer process: their attempt count and time budget start over; "+
+			"quarantined messages that another process's keeper (or this one's after a restart) stores are recorded as unverified, without their class. "+
 			"Set the same key (at least 16 random bytes) in $"+env+" for every consumer of these queues.",
 			"component", "dlxbridge.consumer")
 	}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -27,7 +28,9 @@ import (
 //
 // EncodeTable and DecodeTable are exact inverses for every value amqp091-go
 // reads off the wire (an int, which it writes as a 32-bit field, comes back
-// as int32).
+// as int32), but a string that is not valid UTF-8, which JSON cannot hold:
+// it is kept as "bytes" and comes back a byte array of the same bytes. A
+// header name that is not valid UTF-8 is not kept exactly.
 
 // ErrCodec: a typed header encoding that cannot be decoded.
 var ErrCodec = errors.New("quarantine: bad typed header encoding")
@@ -64,6 +67,12 @@ func encodeValue(v any, depth int) ([]any, error) {
 	case nil:
 		return []any{"nil", nil}, nil
 	case string:
+		if !utf8.ValidString(x) {
+			// JSON would turn the bytes into U+FFFD. As a byte array they
+			// come back byte for byte (the envelope signature reads both
+			// alike), and readers of every version decode it.
+			return []any{"bytes", base64.StdEncoding.EncodeToString([]byte(x))}, nil
+		}
 		return []any{"str", x}, nil
 	case []byte:
 		return []any{"bytes", base64.StdEncoding.EncodeToString(x)}, nil

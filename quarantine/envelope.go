@@ -251,6 +251,12 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
 	if _, has := h[wire.HeaderEnvelope]; has {
 		env.Source = wire.Str(h, wire.HeaderSource)
+		if env.Source == SourceBroker || env.Source == SourceUnverified {
+			// Sources a reader derives, never written into an envelope: a
+			// claim of one is read as the bridge's envelope it pretends to
+			// be, so that unverified it is marked as a claim.
+			env.Source = SourceBridge
+		}
 		env.Class = triage.Class(wire.Str(h, wire.HeaderClass))
 		env.Reason = wire.Str(h, wire.HeaderReason)
 		env.Error = wire.Str(h, wire.HeaderError)

@@ -241,6 +241,11 @@ func decodeRecord(body []byte) (*recordMeta, []byte, error) {
 		if err := json.Unmarshal(meta, &m); err != nil {
 			return nil, nil, fmt.Errorf("%w: meta: %v", ErrNotRecord, err)
 		}
+		if m.Envelope != nil {
+			// No keeper checked a signature for layout 1: a "verified" in
+			// its JSON is someone's claim.
+			m.Envelope.Verified = false
+		}
 		return &m, payload, nil
 	}
 	return nil, nil, ErrNotRecord

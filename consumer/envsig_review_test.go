@@ -1,0 +1,87 @@
+package consumer
+
+import (
+	"slices"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
+)
+
+func envSigBundle(t *testing.T) (*settleBundle, *triage.Signer) {
+	t.Helper()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	signer, err := triage.NewSigner(b.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, signer
+}
+
+// Every header the envelope signature covers is the runtime's word: the
+// runtime writes it or removes it. A producer's own dlxbridge-dropped (or
+// any other envelope header) on a message the runtime quarantines on its
+// first delivery must not come out signed, as if the runtime had dropped
+// those headers to fit a frame.
+func TestQuarantineSignsNoProducerEnvelopeHeader(t *testing.T) {
+	t.Parallel()
+	b, signer := envSigBundle(t)
+	d := delivery()
+	for _, k := range quarantine.EnvelopeFields() {
+		d.Headers[k] = `["producer:` + k + `"]`
+	}
+	got, err := build(b.input(d, quarantineFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := got.p
+	in := &amqp.Delivery{Exchange: got.exchange, MessageId: p.MessageId, Body: p.Body, Headers: p.Headers}
+	env, _ := quarantine.ReadVerified(in, signer)
+	if !env.Verified {
+		t.Fatalf("the runtime's own envelope does not verify: %+v", env)
+	}
+	for _, k := range quarantine.EnvelopeFields() {
+		if v, ok := p.Headers[k].(string); ok && v == `["producer:`+k+`"]` {
+			t.Errorf("%s: the producer's value %q is signed as the runtime's", k, v)
+		}
+	}
+	if slices.Contains(env.Dropped, "producer:"+wire.HeaderDropped) {
+		t.Errorf("verified envelope lists the producer's dropped entries: %q", env.Dropped)
+	}
+}
+
+// Nor through a retry: the producer's dlxbridge-dropped must not ride a
+// retry copy (whose signature does not cover it) into a signed quarantine
+// envelope on the copy's next delivery.
+func TestRetryLaundersNoProducerDroppedIntoTheEnvelope(t *testing.T) {
+	t.Parallel()
+	b, signer := envSigBundle(t)
+	d := delivery()
+	d.Headers[wire.HeaderDropped] = `["header:x-producer-forged"]`
+	retry, err := build(b.input(d, retryFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := &amqp.Delivery{Exchange: "orders.retry", RoutingKey: settleQueue, MessageId: retry.p.MessageId, Body: retry.p.Body, Headers: retry.p.Headers}
+	sig, _ := b.w.q.verify(next)
+	if !sig.Valid {
+		t.Fatalf("retry copy not trusted: %s", sig.Problem)
+	}
+	f := quarantineFailure()
+	f.attempts = triage.CountAttempts(triage.AttemptInput{Headers: next.Headers, Signature: sig})
+	got, err := build(b.input(next, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := got.p
+	env, _ := quarantine.ReadVerified(&amqp.Delivery{Exchange: got.exchange, MessageId: p.MessageId, Body: p.Body, Headers: p.Headers}, signer)
+	if !env.Verified {
+		t.Fatalf("not verified: %+v", env)
+	}
+	if slices.Contains(env.Dropped, "header:x-producer-forged") {
+		t.Errorf("verified envelope lists the producer's dropped entries: %q", env.Dropped)
+	}
+}
