@@ -207,6 +207,8 @@ type deps struct {
 	metrics *metrics
 	host    string
 	signer  *triage.Signer
+	// verifier is the quarantine keeper's (see keeperVerifier).
+	verifier *triage.Signer
 }
 
 // Consumer runs handlers for the configured work queues.
@@ -235,18 +237,19 @@ func New(cfg *Config) (*Consumer, error) {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}
 	host, _ := os.Hostname()
-	signer, err := newSigner(cfg)
+	signer, random, err := newSigner(cfg)
 	if err != nil {
 		return nil, err
 	}
 	c := &Consumer{
 		deps: &deps{
-			cfg:     cfg,
-			log:     slog.New(&deferAttrs{h: cfg.Logger.With("component", "dlxbridge.consumer").Handler()}),
-			tracer:  cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
-			metrics: m,
-			host:    host,
-			signer:  signer,
+			cfg:      cfg,
+			log:      slog.New(&deferAttrs{h: cfg.Logger.With("component", "dlxbridge.consumer").Handler()}),
+			tracer:   cfg.TracerProvider.Tracer("github.com/dlxbridge/dlxbridge/consumer"),
+			metrics:  m,
+			host:     host,
+			signer:   signer,
+			verifier: keeperVerifier(signer, random),
 		},
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},

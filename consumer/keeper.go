@@ -31,7 +31,7 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		seen[qs.wq.Quarantine] = true
 		k := &quarantine.Keeper{
 			Consume: conn, Publish: pubConn, Intake: qs.wq.Quarantine, Records: qs.wq.Records,
-			Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.signer,
+			Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.verifier,
 		}
 		wg.Add(1)
 		go func() {

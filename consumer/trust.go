@@ -19,27 +19,43 @@ import (
 var signedHeaders = triage.SignedHeaders()
 
 // newSigner loads the signing key: Config.SigningKey, else the environment
-// variable the config file names, else a random key for this process only.
-func newSigner(cfg *Config) (*triage.Signer, error) {
+// variable the config file names, else a random key for this process only
+// (random true).
+func newSigner(cfg *Config) (s *triage.Signer, random bool, err error) {
 	key := cfg.SigningKey
 	env := cfg.File.Security.SigningKeyEnv
 	if key == nil && env != "" {
 		key = []byte(os.Getenv(env))
 	}
 	if len(key) == 0 {
+		random = true
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 		cfg.Logger.Warn("no signing key: $"+env+" is unset, so this process signs its retry headers with a random key of its own. "+
 			"Retries in flight are not trusted after a restart, nor by another consumer process: their attempt count and time budget start over; "+
-			"quarantined messages that another process's keeper (or this one's after a restart) stores are recorded as unverified, without their class. "+
+			"quarantine envelopes are recorded as unverified claims (marked ?): no process can check another's signature. "+
 			"Set the same key (at least 16 random bytes) in $"+env+" for every consumer of these queues.",
 			"component", "dlxbridge.consumer")
 	}
-	s, err := triage.NewSigner(key)
+	s, err = triage.NewSigner(key)
 	if err != nil {
-		return nil, fmt.Errorf("signing key ($%s or consumer.Config.SigningKey): %w", env, err)
+		return nil, false, fmt.Errorf("signing key ($%s or consumer.Config.SigningKey): %w", env, err)
 	}
-	return s, nil
+	return s, random, nil
+}
+
+// keeperVerifier is the signer the quarantine keeper verifies envelopes
+// with: none when the key is this process's own random one. Such a key
+// cannot check what another process (or this one before a restart)
+// signed, and a failed check would read a genuine envelope as the broker's
+// dead letter, dropping its class; with none, the keeper keeps each
+// envelope as a claim, marked unverified, as a keeper without a key does.
+// Replay verifies again with its own key before it signs anything.
+func keeperVerifier(s *triage.Signer, random bool) *triage.Signer {
+	if random {
+		return nil
+	}
+	return s
 }
 
 // carriesCounts reports whether a broker may carry a delivery count (and the

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -595,5 +596,39 @@ func TestUnverifiedOriginNote(t *testing.T) {
 		if c.maxBytes > 0 && len(got) > c.maxBytes {
 			t.Errorf("%s: %d bytes", name, len(got))
 		}
+	}
+}
+
+// A process with no configured key signs with a random one of its own, and
+// its keeper verifies nothing with it (it cannot check another process's
+// signature, and a failed check would drop a genuine envelope's class):
+// envelopes are kept as unverified claims. With a key, the keeper verifies
+// with it.
+func TestKeeperVerifiesOnlyWithAConfiguredKey(t *testing.T) {
+	t.Parallel()
+	file, err := config.Parse([]byte(`security: {signing_key_env: DLXBRIDGE_TEST_NEVER_SET_KEY}
+queues:
+  - name: orders
+    exchange: {name: orders}
+    bindings: [order.created]
+    gate: off
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	keyless, err := New(&Config{URL: "amqp://127.0.0.1:1/", File: file, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyless.deps.signer == nil || keyless.deps.verifier != nil {
+		t.Errorf("no key: signer %v, keeper's verifier %v; want a random signer and no verifier", keyless.deps.signer != nil, keyless.deps.verifier != nil)
+	}
+	keyed, err := New(&Config{URL: "amqp://127.0.0.1:1/", File: file, Logger: quiet, SigningKey: []byte("0123456789abcdef-keeper")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyed.deps.verifier == nil || keyed.deps.verifier != keyed.deps.signer {
+		t.Error("a configured key: the keeper does not verify with it")
 	}
 }
