@@ -192,6 +192,17 @@ type VerifyReport struct {
 // checked.
 func (r *VerifyReport) OK() bool { return len(r.Problems) == 0 }
 
+// onlyMissing reports whether every problem is a missing object: apply
+// fixes all of them, with nothing to delete or change by hand.
+func (r *VerifyReport) onlyMissing() bool {
+	for _, p := range r.Problems {
+		if p.Issue != IssueMissing {
+			return false
+		}
+	}
+	return len(r.Problems) > 0
+}
+
 // Complete reports whether everything was checked.
 func (r *VerifyReport) Complete() bool { return len(r.NotChecked) == 0 }
 
@@ -214,6 +225,9 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "verify: incomplete: no drift in the %d objects AMQP could check; the rest was not checked (above)\n", r.Objects)
 	default:
 		fmt.Fprintf(&b, "verify: %d problem(s) in %d objects\n", len(r.Problems), r.Objects)
+		if r.onlyMissing() {
+			b.WriteString("every problem is a missing object: `dlxbridge topology apply` declares them (`topology plan` shows what it would do)\n")
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
