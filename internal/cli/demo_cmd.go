@@ -422,7 +422,7 @@ func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.To
 	fmt.Fprintf(out, "  %s quarantine list --config %s\n  %s quarantine stats --config %s\n", self, path, self, path)
 	// The demo's config names no management API; its names carry the
 	// demo's random prefix, so nobody else's object can share them.
-	fmt.Fprintf(out, "when done, delete them (the quarantined messages too; --dry-run first shows what goes):\n  %s topology delete --include-data --without-management --config %s\n", self, path)
+	fmt.Fprintf(out, "when done, delete them (the quarantined messages too; --dry-run first shows what goes), then the config:\n  %s topology delete --include-data --without-management --config %s\n  rm %s\n", self, path, path)
 }
 
 // selfCommand is how to run this binary again: "go run ./cmd/dlxbridge"

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dlxbridge/dlxbridge/topology"
@@ -25,5 +26,21 @@ func TestDemoKeepConfigDoesNotFollowALink(t *testing.T) {
 	demoKeepConfig(io.Discard, "dlxdemo", []byte("queues: []\n"), &topology.Topology{})
 	if b, err := os.ReadFile(victim); err != nil || string(b) != "mine\n" {
 		t.Errorf("the file the link points at now holds %q (%v)", b, err)
+	}
+}
+
+// What --keep prints ends with removing the config it wrote, once the
+// topology is deleted: the file is the demo's, in a shared directory.
+func TestDemoKeepConfigSaysToRemoveTheFile(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("TMPDIR", dir)
+	var out strings.Builder
+	demoKeepConfig(&out, "dlxdemo", []byte("queues: []\n"), &topology.Topology{})
+	files, err := filepath.Glob(filepath.Join(dir, "dlxdemo-*.yaml"))
+	if err != nil || len(files) != 1 {
+		t.Fatalf("config files %v (%v)", files, err)
+	}
+	if !strings.Contains(out.String(), "topology delete") || !strings.HasSuffix(out.String(), "rm "+files[0]+"\n") {
+		t.Errorf("the output does not end by removing %s:\n%s", files[0], out.String())
 	}
 }
