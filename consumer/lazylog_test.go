@@ -5,8 +5,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/dlxbridge/dlxbridge/config"
 )
 
 // countingHandler counts WithAttrs calls: the formatting slog's own
@@ -30,15 +28,7 @@ func (h countingHandler) WithGroup(name string) slog.Handler {
 // every attribute, in order, as before.
 func TestRuntimeLoggerDefersWithUntilALineIsWritten(t *testing.T) {
 	t.Parallel()
-	file, err := config.Parse([]byte(`queues:
-  - name: orders
-    exchange: {name: orders}
-    bindings: [order.created]
-    gate: off
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := ungatedOrders(t, "")
 	var out syncBuffer
 	var n atomic.Int64
 	c, err := New(&Config{

@@ -606,16 +606,7 @@ func TestUnverifiedOriginNote(t *testing.T) {
 // with it.
 func TestKeeperVerifiesOnlyWithAConfiguredKey(t *testing.T) {
 	t.Parallel()
-	file, err := config.Parse([]byte(`security: {signing_key_env: DLXBRIDGE_TEST_NEVER_SET_KEY}
-queues:
-  - name: orders
-    exchange: {name: orders}
-    bindings: [order.created]
-    gate: off
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	file := ungatedOrders(t, "security: {signing_key_env: DLXBRIDGE_TEST_NEVER_SET_KEY}\n")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	keyless, err := New(&Config{URL: "amqp://127.0.0.1:1/", File: file, Logger: quiet})
 	if err != nil {
@@ -631,4 +622,20 @@ queues:
 	if keyed.deps.verifier == nil || keyed.deps.verifier != keyed.deps.signer {
 		t.Error("a configured key: the keeper does not verify with it")
 	}
+}
+
+// ungatedOrders is a config of one queue, orders, with the gate off, after
+// head (top-level settings, or "").
+func ungatedOrders(t testing.TB, head string) *config.Config {
+	t.Helper()
+	file, err := config.Parse([]byte(head + `queues:
+  - name: orders
+    exchange: {name: orders}
+    bindings: [order.created]
+    gate: off
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return file
 }

@@ -89,17 +89,8 @@ func TestReview4HostileAgree(t *testing.T) {
 		cases = append(cases, violationsCase{ref.Type, 2, reg, s})
 	}
 	var gates []*Gate
-	for _, c := range []struct {
-		from     string
-		max      int
-		noStream bool
-	}{{FromProperties, 1, false}, {FromProperties, 0, false}, {FromProperties, 2, true}, {FromEnvelope, 3, false}} {
-		g, err := NewGate(GateConfig{Registry: reg, Identity: Identity{From: c.from}, MaxViolations: c.max})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.noStream = c.noStream
-		gates = append(gates, g)
+	for _, c := range []gateVariant{{FromProperties, 1, false}, {FromProperties, 0, false}, {FromProperties, 2, true}, {FromEnvelope, 3, false}} {
+		gates = append(gates, c.gate(t, reg))
 	}
 	r := rand.New(rand.NewSource(4))
 	n := 20000

@@ -290,16 +290,8 @@ func TestGateViolationsAgree(t *testing.T) {
 	}
 	type pair struct{ fast, full *Gate }
 	var gates []pair
-	for _, c := range []struct {
-		from     string
-		max      int
-		noStream bool
-	}{{FromProperties, 1, false}, {FromProperties, 0, true}, {FromEnvelope, 3, false}, {FromEnvelope, 0, true}} {
-		g, err := NewGate(GateConfig{Registry: reg, Identity: Identity{From: c.from}, MaxViolations: c.max})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.noStream = c.noStream
+	for _, c := range []gateVariant{{FromProperties, 1, false}, {FromProperties, 0, true}, {FromEnvelope, 3, false}, {FromEnvelope, 0, true}} {
+		g := c.gate(t, reg)
 		full := *g
 		full.fullValidate = true
 		gates = append(gates, pair{g, &full})
@@ -453,4 +445,22 @@ func gateAndOracle(tb testing.TB, opts LoadOptions) (g, full *Gate) {
 	twin := *g
 	twin.fullValidate = true
 	return g, &twin
+}
+
+// gateVariant is a gate's identity source, violation cap and whether it
+// takes the tree path instead of the token stream.
+type gateVariant struct {
+	from     string
+	max      int
+	noStream bool
+}
+
+func (c gateVariant) gate(t testing.TB, reg *Registry) *Gate {
+	t.Helper()
+	g, err := NewGate(GateConfig{Registry: reg, Identity: Identity{From: c.from}, MaxViolations: c.max})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.noStream = c.noStream
+	return g
 }
