@@ -54,9 +54,12 @@ func TestCountAttempts(t *testing.T) {
 			failed:  1, fromHeader: 1, first: t0,
 		},
 		{
-			name:    "first-failure as time.Time",
+			// The wire contract's first failure is an RFC 3339 string; a
+			// signature cannot vouch for an AMQP timestamp (see Sign).
+			name:    "first-failure as time.Time is not vouched for",
 			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: t0}),
-			failed:  1, fromHeader: 1, first: t0,
+			notes: []string{"dlxbridge-attempts=1 ignored: dlxbridge-signature cannot vouch for a signed header that is neither a string nor an integer",
+				"dlxbridge-first-failure-at=2026-03-01T12:00:00Z ignored: dlxbridge-signature cannot vouch for a signed header that is neither a string nor an integer"},
 		},
 		{
 			name:    "first-failure in the future ignored",
@@ -190,17 +193,20 @@ func TestCountAttemptsSignedValuesAreStillValidated(t *testing.T) {
 		failed int
 		action Action
 		note   string
+		// unsigned: the value cannot be signed, so the header does not count.
+		unsigned bool
 	}{
 		{name: "huge", h: signed(testSigner, table{HeaderAttempts: int64(math.MaxInt64)}), failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling)"},
 		{name: "negative", h: signed(testSigner, table{HeaderAttempts: int64(-3)}), failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
-		{name: "fractional", h: signed(testSigner, table{HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "of type float64 ignored"},
-		{name: "NaN", h: signed(testSigner, table{HeaderAttempts: math.NaN()}), failed: 0, action: ActionRetry, note: "of type float64 ignored"},
-		{name: "nil", h: signed(testSigner, table{HeaderAttempts: nil}), failed: 0, action: ActionRetry},
+		// Neither a string nor an integer: no signature vouches for it.
+		{name: "fractional", h: signed(testSigner, table{HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
+		{name: "NaN", h: signed(testSigner, table{HeaderAttempts: math.NaN()}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
+		{name: "nil", h: signed(testSigner, table{HeaderAttempts: nil}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
 	}
 	for _, tt := range tests {
 		a := CountAttempts(AttemptInput{Headers: tt.h, Signature: verify(tt.h), Now: t0})
-		if !a.Signed || a.Failed != tt.failed {
-			t.Errorf("%s: Signed %v Failed %d, want true %d (notes %q)", tt.name, a.Signed, a.Failed, tt.failed, a.Notes)
+		if a.Signed == tt.unsigned || a.Failed != tt.failed {
+			t.Errorf("%s: Signed %v Failed %d, want %v %d (notes %q)", tt.name, a.Signed, a.Failed, !tt.unsigned, tt.failed, a.Notes)
 		}
 		if tt.note != "" && !containsNote(a.Notes, tt.note) {
 			t.Errorf("%s: notes %q lack %q", tt.name, a.Notes, tt.note)

@@ -88,7 +88,8 @@ type Verification struct {
 // Sign returns the HeaderSignature value over the headers named in fields,
 // as they are in h (an absent header is signed as absent). Strings and byte
 // arrays sign as strings, integers of any type as their decimal value;
-// other types as their type name, which no verifier will match by chance.
+// other types as their type name, and Verify refuses them: such a
+// signature would vouch for any value of the type.
 // A nil Signer returns "".
 func (s *Signer) Sign(sub Subject, h map[string]any, fields []string) string {
 	return s.sign(domainRetry, sub, h, fields)
@@ -127,7 +128,8 @@ func (s *Signer) sign(domain string, sub Subject, h map[string]any, fields []str
 	if s == nil {
 		return ""
 	}
-	return sigPrefix + base64.RawURLEncoding.EncodeToString(s.mac(domain, sub, h, fields))
+	sum, _ := s.mac(domain, sub, h, fields)
+	return sigPrefix + base64.RawURLEncoding.EncodeToString(sum)
 }
 
 // Placeholder is a value of the size of every signature this Signer makes
@@ -151,13 +153,20 @@ func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verifica
 
 // sigHeader is a signature header and its problems, spelled once: a
 // problem built per call would cost every unsigned delivery an allocation.
-type sigHeader struct{ name, missing, malformed, mismatch string }
+type sigHeader struct{ name, missing, malformed, mismatch, unsigned string }
+
+// unsignedValue is the problem of a signed header whose value is neither a
+// string nor an integer: the bridge never writes one, and the encoding
+// holds only its type name, so any other value of the type would match.
+const unsignedValue = " cannot vouch for a signed header that is neither a string nor an integer"
 
 var (
 	retrySig = sigHeader{HeaderSignature, "no " + HeaderSignature, HeaderSignature + " is malformed",
-		HeaderSignature + " does not match (another key, queue or message, or altered headers)"}
+		HeaderSignature + " does not match (another key, queue or message, or altered headers)",
+		HeaderSignature + unsignedValue}
 	envelopeSig = sigHeader{HeaderEnvelopeSignature, "no " + HeaderEnvelopeSignature, HeaderEnvelopeSignature + " is malformed",
-		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)"}
+		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)",
+		HeaderEnvelopeSignature + unsignedValue}
 )
 
 // verify checks the signature in header sh, made in domain.
@@ -178,8 +187,12 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 	if err != nil || len(got) != sha256.Size {
 		return Verification{Problem: sh.malformed}
 	}
-	if !hmac.Equal(got, s.mac(domain, sub, h, fields)) {
+	want, encoded := s.mac(domain, sub, h, fields)
+	if !hmac.Equal(got, want) {
 		return Verification{Problem: sh.mismatch}
+	}
+	if !encoded {
+		return Verification{Problem: sh.unsigned}
 	}
 	return Verification{Valid: true}
 }
@@ -189,7 +202,10 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 // encoding is built in one buffer and hashed with a pooled HMAC: a retry is
 // signed once on the way out and verified on the way back, and the
 // encoding's many small writes were most of a retry's allocations.
-func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []string) []byte {
+// encoded is false when a field's value is neither a string nor an integer:
+// that value is encoded as its type name only (see Sign), so the MAC vouches
+// for the type, not the value, and verify refuses it.
+func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []string) (sum []byte, encoded bool) {
 	e := encodings.Get().(*encoding)
 	defer func() {
 		if cap(e.b) <= maxPooledEncoding { // a hostile header's size is not kept
@@ -202,10 +218,11 @@ func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []stri
 	e.put('m', sub.MessageID)
 	body := sha256.Sum256(sub.Body)
 	e.putBytes('b', body[:])
+	encoded = true
 	for _, name := range fields {
 		e.put('n', name)
 		if v, present := h[name]; present {
-			e.putValue(v)
+			encoded = e.putValue(v) && encoded
 		} else {
 			e.put('-', "")
 		}
@@ -216,9 +233,9 @@ func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []stri
 	}
 	m.Reset()
 	m.Write(e.b)
-	sum := m.Sum(nil)
+	sum = m.Sum(nil)
 	s.macs.Put(m)
-	return sum
+	return sum, encoded
 }
 
 // encoding is mac's buffer: per item a tag, the length as 8 bytes big
@@ -242,18 +259,19 @@ func (e *encoding) putBytes(tag byte, b []byte) {
 }
 
 // putValue: strings and byte arrays as strings, integers of any type as
-// their decimal value, anything else as its type name.
-func (e *encoding) putValue(v any) {
+// their decimal value, anything else as its type name (and then false).
+func (e *encoding) putValue(v any) bool {
 	if s, ok := wire.String(v); ok {
 		e.put('s', s)
-		return
+		return true
 	}
 	if n, res := wire.Int(v); res == wire.IntOK {
 		var digits [20]byte
 		e.putBytes('i', strconv.AppendInt(digits[:0], n, 10))
-		return
+		return true
 	}
 	e.put('?', wire.TypeName(v))
+	return false
 }
 
 // XDeathDigest is a short digest of a message's x-death history: every

@@ -215,3 +215,33 @@ func TestSignEnvelopeHasItsOwnDomain(t *testing.T) {
 		t.Fatal("nil signer")
 	}
 }
+
+// A signed header whose value is neither a string nor an integer (a table,
+// an array, a float: never what the bridge writes) encodes only as its type
+// name, so another value of the type would carry the same signature. Such a
+// value never verifies.
+func TestSignerNeverVerifiesValuesItCannotEncode(t *testing.T) {
+	t.Parallel()
+	fields := []string{HeaderAttempts, "dlxbridge-notes"}
+	for _, tc := range []struct {
+		name          string
+		signed, later any
+	}{
+		{"table swapped", table{"a": "x"}, table{"b": "y"}},
+		{"table kept", table{"a": "x"}, table{"a": "x"}},
+		{"array swapped", []any{"x"}, []any{"y", "z"}},
+		{"float", 1.5, 2.5},
+		{"bool", true, false},
+	} {
+		h := table{HeaderAttempts: int64(2), "dlxbridge-notes": tc.signed}
+		h[HeaderSignature] = testSigner.Sign(testSubject, h, fields)
+		h[HeaderEnvelopeSignature] = testSigner.SignEnvelope(testSubject, h, fields)
+		h["dlxbridge-notes"] = tc.later
+		if v := testSigner.Verify(testSubject, h, fields); v.Valid || v.Problem == "" {
+			t.Errorf("%s: retry signature %+v", tc.name, v)
+		}
+		if v := testSigner.VerifyEnvelope(testSubject, h, fields); v.Valid || v.Problem == "" {
+			t.Errorf("%s: envelope signature %+v", tc.name, v)
+		}
+	}
+}
