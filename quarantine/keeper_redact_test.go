@@ -141,3 +141,17 @@ func TestKeeperRedactionFailureIsRecorded(t *testing.T) {
 		t.Fatalf("body %s, headers %v, envelope %+v", r.Body, r.Headers(), r.Envelope)
 	}
 }
+
+// Records whose idempotency key was redacted are not one message's
+// history: the key reads "[redacted]" in every one of them.
+func TestHistoryIgnoresRedactedIdempotencyKeys(t *testing.T) {
+	t.Parallel()
+	rec := func(id, msg string) *Record {
+		return &Record{ID: id, Properties: Properties{MessageID: msg}, Envelope: Envelope{IdempotencyKey: Redacted}}
+	}
+	a, b, again := rec("a", "m-1"), rec("b", "m-2"), rec("c", "m-1")
+	s := &Snapshot{Records: []*Record{a, b, again}}
+	if h := s.History(a); len(h) != 1 || h[0] != again {
+		t.Fatalf("history of a: %v", h)
+	}
+}
