@@ -173,18 +173,22 @@ func encodeStub(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 
 // encodeKept is the record of d as it reached intake, with red applied
 // (see redactUnverified) unless the envelope verifies, and the payload
-// left out when omitted is set. The id and the envelope's verdict are
-// computed from d as it arrived: redaction changes what is kept, not what
-// the record is or what vouches for it.
+// left out when omitted is set. The envelope's verdict is computed from d
+// as it arrived (the signature covers what was published); the id from
+// what is kept, as for a message the runtime redacted: an id over the
+// unredacted message would let anyone who reads the record try candidate
+// values of a short secret (a PIN, a card's last digits) until one gives
+// the id. Redaction is deterministic, so a record written twice still has
+// one id.
 func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, red Redaction, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
-	id, err := RecordID(d)
-	if err != nil {
-		return amqp.Publishing{}, "", err
-	}
 	env, _ := ReadVerified(d, v) // d is the message as published: its body too
 	kept := d
 	if !env.Verified && !red.Empty() {
 		kept = redactUnverified(d, &env, red)
+	}
+	id, err := RecordID(kept)
+	if err != nil {
+		return amqp.Publishing{}, "", err
 	}
 	headers, err := EncodeTable(storable(kept.Headers))
 	if err != nil {
