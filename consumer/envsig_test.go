@@ -38,13 +38,7 @@ func TestBrokerDeadLetteredForgedEnvelopeIsNotTrusted(t *testing.T) {
 	h[wire.HeaderSignature] = "v1:" + strings.Repeat("B", 43)
 	b.publishJSON(map[string]any{"id": "forged"}, amqp.Publishing{MessageId: "m-forged", Headers: h})
 
-	// The broker dead-letters it before any runtime consumes the queue.
-	ch := b.env.Channel("raw-rejecter")
-	d, ok, err := ch.Get(b.queue.Name, false)
-	if err != nil || !ok {
-		t.Fatalf("get: %v %v", ok, err)
-	}
-	must(t, d.Reject(false))
+	b.rejectWaiting(1) // the broker dead-letters it before any runtime consumes the queue
 
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {

@@ -23,6 +23,7 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	rules := keeperRedactions(sessions)
 	seen := map[string]bool{}
 	for _, qs := range sessions {
 		if seen[qs.wq.Quarantine] {
@@ -31,7 +32,7 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		seen[qs.wq.Quarantine] = true
 		k := &quarantine.Keeper{
 			Consume: conn, Publish: pubConn, Intake: qs.wq.Quarantine, Records: qs.wq.Records,
-			Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.verifier,
+			Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.verifier, Redaction: rules[qs.wq.Quarantine],
 		}
 		wg.Add(1)
 		go func() {
@@ -52,6 +53,24 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// keeperRedactions is, per quarantine queue, what its keeper redacts from
+// the records the runtime did not redact itself (quarantine.Keeper's
+// Redaction): the union of the rules of the work queues that share it. A
+// broker dead letter's work queue is named only by its headers (x-death,
+// which a producer can forge), so a shared quarantine's keeper scrubs
+// everything any of them asks for.
+func keeperRedactions(sessions []*queueSession) map[string]quarantine.Redaction {
+	rules := map[string]quarantine.Redaction{}
+	for _, qs := range sessions {
+		r, own := rules[qs.wq.Quarantine], qs.q.redact
+		r.Headers = append(r.Headers, own.Headers...)
+		r.Fields = append(r.Fields, own.Fields...)
+		r.MaxBodyBytes = own.MaxBodyBytes // the same for every queue: schemas.max_body_bytes
+		rules[qs.wq.Quarantine] = r
+	}
+	return rules
 }
 
 // superviseKeeper calls run until ctx ends, and wait (which reports false

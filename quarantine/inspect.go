@@ -519,11 +519,12 @@ func (s *Snapshot) Get(id string) (*Record, error) {
 
 // History is every record of the same message (same message id or
 // idempotency key) other than r, oldest first: its earlier and later trips
-// through the quarantine.
+// through the quarantine. A redacted key (Redacted, the same for every
+// message) links nothing: the message id does.
 func (s *Snapshot) History(r *Record) []*Record {
 	var out []*Record
 	key := func(x *Record) string {
-		if x.Envelope.IdempotencyKey != "" {
+		if x.Envelope.IdempotencyKey != "" && x.Envelope.IdempotencyKey != Redacted {
 			return "k:" + x.Envelope.IdempotencyKey
 		}
 		if x.Properties.MessageID != "" {

@@ -158,38 +158,51 @@ func storable(h amqp.Table) amqp.Table {
 // it.
 // With v (the runtime's signing key) the envelope is read by ReadVerified.
 func encodeRecord(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer) (amqp.Publishing, string, error) {
-	return encodeRecordOmitting(d, intake, now, v, nil)
+	return encodeKept(d, intake, now, v, Redaction{}, nil)
 }
 
 // encodeStub is the record of a message whose full record the broker
 // refused as too large: everything but the payload, and why (refusal is the
 // broker's answer). Its id is the full record's.
-func encodeStub(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, refusal error) (amqp.Publishing, string, error) {
-	return encodeRecordOmitting(d, intake, now, v, &PayloadOmitted{
+func encodeStub(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, red Redaction, refusal error) (amqp.Publishing, string, error) {
+	return encodeKept(d, intake, now, v, red, &PayloadOmitted{
 		Reason: "the message with its record was over the broker's max message size (" + refusal.Error() + ")",
 		Bytes:  len(d.Body),
 	})
 }
 
-func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
-	id, err := RecordID(d)
-	if err != nil {
-		return amqp.Publishing{}, "", err
-	}
-	headers, err := EncodeTable(storable(d.Headers))
-	if err != nil {
-		return amqp.Publishing{}, "", err
-	}
+// encodeKept is the record of d as it reached intake, with red applied
+// (see redactUnverified) unless the envelope verifies, and the payload
+// left out when omitted is set. The envelope's verdict is computed from d
+// as it arrived (the signature covers what was published); the id from
+// what is kept, as for a message the runtime redacted: an id over the
+// unredacted message would let anyone who reads the record try candidate
+// values of a short secret (a PIN, a card's last digits) until one gives
+// the id. Redaction is deterministic, so a record written twice still has
+// one id.
+func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, red Redaction, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
 	env, _ := ReadVerified(d, v) // d is the message as published: its body too
+	kept := d
+	if !env.Verified && !red.Empty() {
+		kept = redactUnverified(d, &env, red)
+	}
+	id, err := RecordID(kept)
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	headers, err := EncodeTable(storable(kept.Headers))
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
 	env.PayloadOmitted = omitted
-	payload := d.Body
+	payload := kept.Body
 	if omitted != nil {
 		payload = nil
 	}
 	meta := appendMeta(nil, &recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Envelope: &env,
-		Redrives: redrives(d.Headers), Version: wire.Str(d.Headers, versionHeader),
+		Redrives: redrives(kept.Headers), Version: wire.Str(kept.Headers, versionHeader),
 	})
 	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
 	body = append(body, recordMagic3...)
@@ -205,6 +218,43 @@ func encodeRecordOmitting(d *amqp.Delivery, intake string, now time.Time, v *tri
 		MessageId:    id,
 		Body:         body,
 	}, id, nil
+}
+
+// KeeperRedactedNote starts the note of a record the keeper redacted: the
+// envelope's Redacted and RedactionFailed then say what the keeper did,
+// not what the message's headers claim.
+const KeeperRedactedNote = "redacted by the quarantine keeper"
+
+// redactUnverified applies red to a message that the runtime did not
+// redact under a verified envelope (a broker dead letter, an envelope no
+// valid signature vouches for, or any envelope when the keeper has no
+// key), the way the runtime redacts what it quarantines: headers and body
+// fields, within red.MaxBodyBytes. env (read from d as it arrived) gets
+// what was changed or why the body was not, in place of anything the
+// headers claimed, and a note that the keeper did it. A redacted
+// idempotency key is redacted in the envelope's copy too (a claimed
+// dlxbridge-idempotency-key header and env.IdempotencyKey). d is not
+// modified; the returned copy holds the redacted headers and body.
+func redactUnverified(d *amqp.Delivery, env *Envelope, red Redaction) *amqp.Delivery {
+	res := red.Apply(d.Headers, d.Body)
+	if res.Headers[wire.HeaderIdempotencyKey] == Redacted {
+		if _, ok := res.Headers[wire.HeaderIdempotencyKeyCopy]; ok {
+			res.Headers[wire.HeaderIdempotencyKeyCopy] = Redacted
+		}
+		if env.IdempotencyKey != "" {
+			env.IdempotencyKey = Redacted
+		}
+	}
+	env.Redacted, env.RedactionFailed = res.Changed, res.Failed
+	switch {
+	case res.Failed != "":
+		env.Notes = append(env.Notes, KeeperRedactedNote+" (the runtime did not redact this message): "+res.Failed)
+	case len(res.Changed) > 0:
+		env.Notes = append(env.Notes, KeeperRedactedNote+" (the runtime did not redact this message)")
+	}
+	kept := *d
+	kept.Headers, kept.Body = res.Headers, res.Body
+	return &kept
 }
 
 // versionHeader is the default schema version header, kept in a record's
@@ -289,6 +339,14 @@ type Keeper struct {
 	// keeps the envelope as its headers claim it, marked not verified.
 	// Defaults to nil.
 	Verifier *triage.Signer
+	// Redaction is applied to every record whose envelope is not Verified
+	// (a message the broker dead-lettered on its own, an envelope no valid
+	// signature vouches for, and every record when Verifier is nil) before
+	// it is stored, as the runtime applies it to what it quarantines; a
+	// verified envelope's message was redacted by the runtime and is kept
+	// as it arrived. The record's envelope says what was redacted, with a
+	// note starting KeeperRedactedNote. Defaults to none.
+	Redaction Redaction
 	// kept, when set, is called after each record is acked (tests).
 	kept  func(id string)
 	moved atomic.Int64
@@ -350,7 +408,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("keeper %s: intake channel closed", k.Intake)
 		}
-		msg, id, err := encodeRecord(&d, k.Intake, now(), k.Verifier)
+		msg, id, err := encodeKept(&d, k.Intake, now(), k.Verifier, k.Redaction, nil)
 		if err != nil {
 			// Cannot happen for anything amqp091-go decoded; never ack it.
 			log.Error("quarantine keeper: cannot encode a record; left on the intake", "intake", k.Intake, "error", err)
@@ -394,7 +452,7 @@ func (k *Keeper) Moved() int64 { return k.moved.Load() }
 // record (refusal), on a new publisher, since the refusal closed the old
 // one's channel. Only a confirmed stub lets the caller ack d.
 func (k *Keeper) publishStub(ctx context.Context, pub **amqpx.Publisher, d *amqp.Delivery, now time.Time, refusal error) error {
-	stub, _, err := encodeStub(d, k.Intake, now, k.Verifier, refusal)
+	stub, _, err := encodeStub(d, k.Intake, now, k.Verifier, k.Redaction, refusal)
 	if err != nil {
 		return err
 	}

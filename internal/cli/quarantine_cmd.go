@@ -464,6 +464,11 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 	for _, v := range e.Validation {
 		row("violation", violationText(v))
 	}
+	// What redaction changed, as the runtime or (for a record it did not
+	// redact, see the notes) the keeper recorded it: a header named
+	// dlxbridge-redacted on a record not verified is only a claim.
+	row("redacted", strings.Join(e.Redacted, ", "))
+	row("redaction failed", e.RedactionFailed)
 	for _, n := range e.Notes {
 		row("note", n)
 	}

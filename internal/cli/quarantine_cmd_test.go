@@ -78,9 +78,16 @@ func setupQuarantine(t *testing.T, perFingerprint map[string]int) (*topoBundle, 
 // holds unacked.)
 func keep(t *testing.T, env *brokertest.Env, cfg *config.Config, want int) {
 	t.Helper()
+	keepRedacting(t, env, cfg, want, quarantine.Redaction{})
+}
+
+// keepRedacting is keep with a keeper that applies red to what it stores.
+func keepRedacting(t *testing.T, env *brokertest.Env, cfg *config.Config, want int, red quarantine.Redaction) {
+	t.Helper()
 	q := &cfg.Queues[0]
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &quarantine.Keeper{Consume: env.Dial("keeper"), Publish: env.Dial("keeper-pub"), Intake: q.Quarantine.Queue, Records: q.Quarantine.RecordsStream()}
+	k := &quarantine.Keeper{Consume: env.Dial("keeper"), Publish: env.Dial("keeper-pub"), Intake: q.Quarantine.Queue,
+		Records: q.Quarantine.RecordsStream(), Redaction: red}
 	done := make(chan error, 1)
 	go func() { done <- k.Run(ctx) }()
 	defer func() { cancel(); <-done }()

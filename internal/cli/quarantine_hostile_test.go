@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -100,5 +101,33 @@ func TestQuarantineShowPrintsStackAsLines(t *testing.T) {
 	}
 	if states != 1 {
 		t.Errorf("show prints %d state rows, want 1 (a stack line faked one):\n%s", states, out)
+	}
+}
+
+// show and its JSON say what the keeper redacted from a message that
+// carried no verified envelope (one published straight into the
+// quarantine, as the broker's dead letters arrive), and print neither
+// secret.
+func TestQuarantineShowSaysWhatTheKeeperRedacted(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, nil)
+	q := &cfg.Queues[0]
+	ch := b.env.Channel("secret-producer")
+	if err := ch.PublishWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+		Type: "test.event", Headers: amqp.Table{"authorization": "secret-auth"}, Body: []byte(`{"n":1,"card":"secret-card"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	keepRedacting(t, b.env, cfg, 1, quarantine.Redaction{Headers: []string{"authorization"}, Fields: []string{"/card"}})
+	cfgFlag := []string{"--config", b.config}
+	list := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "list"}, cfgFlag...)...)
+	id := strings.Fields(strings.Split(list, "\n")[1])[0]
+	out := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id}, cfgFlag...)...)
+	js := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id, "--output", "json"}, cfgFlag...)...)
+	if !regexp.MustCompile(`(?m)^redacted +header:authorization, body:/card$`).MatchString(out) ||
+		!strings.Contains(out, quarantine.KeeperRedactedNote) || !regexp.MustCompile(`"redacted":\s*\[\s*"header:authorization",\s*"body:/card"\s*\]`).MatchString(js) {
+		t.Errorf("show does not say what the keeper redacted:\n%s\n%s", out, js)
+	}
+	if strings.Contains(out+js, "secret-") {
+		t.Errorf("show prints a secret:\n%s\n%s", out, js)
 	}
 }
