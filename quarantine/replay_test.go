@@ -475,7 +475,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead",
 		headers: amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
 	}
-	h := (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h := (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if h[wire.HeaderOriginalExchange] != "orders" || h[wire.HeaderOriginalRoutingKey] != "order.created" || h["keep"] != "me" {
 		t.Fatalf("replayed headers %v", h)
 	}
@@ -490,7 +490,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	env.Apply(eh)
 	SignEnvelope(signer, eh, "orders.dead", "m-1", body)
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if v := signer.Verify(sub, h, triage.SignedHeaders()); !v.Valid || h[wire.HeaderOriginalExchange] != "orders" {
 		t.Fatalf("verified envelope's origin: %s %v", v.Problem, h)
 	}
@@ -504,14 +504,14 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	forged[wire.HeaderOriginalExchange] = "payments"
 	r = &Record{Envelope: Envelope{Source: SourceBridge, Verified: true, OriginalExchange: "payments", OriginalRouting: "pay"},
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: forged}
-	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if _, signed := h[wire.HeaderSignature]; signed {
 		t.Fatalf("an envelope that does not verify had its origin signed: %v", h)
 	}
 	// Signed with another key.
 	other, _ := triage.NewSigner([]byte("another key, at least 16 bytes"))
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	if _, signed := (&Replayer{Signer: other}).message(r, body, "why", "orders").Headers[wire.HeaderSignature]; signed {
+	if _, signed := (&Replayer{Signer: other}).message(r, body, 0, "why", "orders").Headers[wire.HeaderSignature]; signed {
 		t.Fatal("another key signed the origin")
 	}
 }
