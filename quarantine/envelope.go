@@ -448,20 +448,26 @@ func unverifiedEnvelope(h map[string]any, problem string) string {
 		if !present {
 			continue
 		}
-		s, ok := wire.String(raw)
-		if n, res := wire.Int(raw); !ok && res == wire.IntOK {
-			s, ok = fmt.Sprint(n), true
-		}
-		if !ok {
-			s = "(" + wire.TypeName(raw) + ")"
-		}
-		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, Truncate(s, maxClaimBytes), f.key))
+		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, claimText(raw), f.key))
 	}
 	what := "an envelope"
 	if len(claim) > 0 {
 		what += " with " + strings.Join(claim, ", ")
 	}
 	return fmt.Sprintf("envelope not verified: the message claimed %s (%s); read as the broker's dead letter", what, problem)
+}
+
+// claimText is a claimed header value as a note quotes it: a string or an
+// integer as such, cut to maxClaimBytes; any other type as its name.
+func claimText(raw any) string {
+	s, ok := wire.String(raw)
+	if n, res := wire.Int(raw); !ok && res == wire.IntOK {
+		s, ok = fmt.Sprint(n), true
+	}
+	if !ok {
+		return "(" + wire.TypeName(raw) + ")"
+	}
+	return Truncate(s, maxClaimBytes)
 }
 
 // headerTime reads an envelope time: a time.Time or an RFC 3339 string.

@@ -62,14 +62,6 @@ func TrustedRedrives(d *amqp.Delivery, v *triage.Signer, envelopeVerified bool) 
 // vouches for: what was claimed (quoted, cut, never used) and why it was
 // not trusted (problem).
 func UnverifiedRedrives(h map[string]any, problem string) string {
-	raw := h[wire.HeaderRedriveCount]
-	s, ok := wire.String(raw)
-	if n, res := wire.Int(raw); !ok && res == wire.IntOK {
-		s, ok = fmt.Sprint(n), true
-	}
-	if !ok {
-		s = "(" + wire.TypeName(raw) + ")"
-	}
 	return fmt.Sprintf("redrive count not verified: the message claimed %q prior replays (%s) (%s); counted as none",
-		Truncate(s, maxClaimBytes), wire.HeaderRedriveCount, problem)
+		claimText(h[wire.HeaderRedriveCount]), wire.HeaderRedriveCount, problem)
 }

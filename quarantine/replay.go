@@ -158,7 +158,10 @@ type Replayer struct {
 	// (the runtime wrote it). Without it, or for any other record (a broker
 	// dead letter, a forged or an unsigned envelope), the runtime ignores
 	// them (and notes it): the message's origin is then where the replay
-	// sent it. Defaults to nil.
+	// sent it. It also signs the redrive count every replayed message
+	// carries (see TrustedRedrives), and counts a record's prior replays
+	// only from a count a signature vouches for; without it the record's
+	// count counts as stored, unverified. Defaults to nil.
 	Signer *triage.Signer
 
 	// eventWaits: see Inspector.eventWaits (tests).

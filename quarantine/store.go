@@ -355,8 +355,10 @@ type Keeper struct {
 	// Verifier, with the runtime's signing key, verifies each envelope as
 	// its record is written (see ReadVerified): an envelope no valid
 	// signature vouches for is kept as a claim in the record's notes, and
-	// the record reads as the broker's dead letter. Without it the record
-	// keeps the envelope as its headers claim it, marked not verified.
+	// the record reads as the broker's dead letter. A redrive count no
+	// signature vouches for is stored as 0, its claim in the notes (see
+	// TrustedRedrives). Without it the record keeps the envelope and the
+	// count as its headers claim them, the envelope marked not verified.
 	// Defaults to nil.
 	Verifier *triage.Signer
 	// Redaction is applied to every record whose envelope is not Verified
