@@ -15,8 +15,17 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// oneRedrive is a queue whose quarantine allows one replay per message.
-func oneRedrive(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one }
+// setupRedrive is setup for a queue whose quarantine allows one replay
+// per message, with the runtime keeping its records, and the consumers'
+// key for replays.
+func setupRedrive(t *testing.T, redact ...string) (*testBundle, *triage.Signer) {
+	t.Helper()
+	b := setup(t, func(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one; q.Quarantine.Redact.Fields = redact })
+	b.cfg.hooks.keeper = true
+	signer, err := triage.NewSigner([]byte(testSigningKey))
+	must(t, err)
+	return b, signer
+}
 
 // A header is evidence, never a command: a plain producer that sets
 // dlxbridge-redrive-count on its own message, which the runtime then
@@ -26,10 +35,7 @@ func oneRedrive(q *config.Queue) { one := 1; q.Quarantine.MaxRedrives = &one }
 // over its redrive budget.
 func TestForgedRedriveCountIsNoPriorReplay(t *testing.T) {
 	t.Parallel()
-	b := setup(t, oneRedrive)
-	b.cfg.hooks.keeper = true
-	signer, err := triage.NewSigner([]byte(testSigningKey))
-	must(t, err)
+	b, signer := setupRedrive(t)
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error { return nil })))
 	})
@@ -67,22 +73,25 @@ func TestForgedRedriveCountIsNoPriorReplay(t *testing.T) {
 // is quarantined again, by the runtime (its envelope keeps the count under
 // the envelope signature) or by the broker (a copy rejected from a plain
 // queue into the quarantine: the replay's redrive signature vouches); its
-// new record reads 1 and replay refuses it at max_redrives 1.
+// new record reads 1 and replay refuses it at max_redrives 1. With
+// redaction the record's body is not the one the replay signed: the
+// envelope signature vouches for the count.
 func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 	t.Parallel()
-	for _, by := range []string{"runtime", "broker"} {
+	for _, by := range []string{"runtime", "broker", "redacted"} {
 		t.Run(by, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, oneRedrive)
-			b.cfg.hooks.keeper = true
-			signer, err := triage.NewSigner([]byte(testSigningKey))
-			must(t, err)
+			var redact []string
+			if by == "redacted" {
+				redact = []string{"/email"}
+			}
+			b, signer := setupRedrive(t, redact...)
 			b.start(func(c *Consumer) {
 				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 					return triage.Permanent(errors.New("customer unknown"))
 				})))
 			})
-			b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-" + by})
+			b.publishJSON(map[string]any{"id": "j-1", "email": "a@example.com"}, amqp.Publishing{MessageId: "m-" + by})
 			b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 			in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
 			first := waitRecords(t, in, 1).Records[0]
@@ -90,7 +99,12 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 			rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
 			opts := quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "try again"}
 			var raw string
-			if by == "broker" {
+			switch by {
+			case "redacted":
+				// The replay sends (and signs) the address again; the
+				// runtime's record of its failure keeps it redacted.
+				opts.Patch = &quarantine.Patch{Merge: []byte(`{"email":"b@example.com"}`)}
+			case "broker":
 				// A plain queue that dead-letters into the work queue's
 				// quarantine, as a crash-looping message would be.
 				raw = b.env.Name("raw")
@@ -120,7 +134,12 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 					again = r
 				}
 			}
-			wantSource := map[string]string{"runtime": quarantine.SourceBridge, "broker": quarantine.SourceBroker}[by]
+			wantSource := map[string]string{"runtime": quarantine.SourceBridge, "broker": quarantine.SourceBroker, "redacted": quarantine.SourceBridge}[by]
+			if by == "redacted" {
+				if v := signer.VerifyRedrive(again.Properties.MessageID, again.Body, again.Headers()); v.Valid || !again.Envelope.Verified {
+					t.Fatalf("body %s: the redrive signature still verifies (%v) or the envelope does not (%v)", again.Body, v.Valid, again.Envelope.Verified)
+				}
+			}
 			if again.Redrives != 1 || again.Envelope.Source != wantSource {
 				t.Fatalf("record after one replay: %d prior replays, source %s, notes %q; want 1, %s",
 					again.Redrives, again.Envelope.Source, again.Envelope.Notes, wantSource)
