@@ -397,7 +397,9 @@ columns:
   STATE          open, or what became of this record: replayed, purged, expired
   PRIOR_REPLAYS  how many times the message had been replayed out of the
                  quarantine before it came into the quarantine this time (its
-                 dlxbridge-redrive-count header; JSON: redrive_count). Replaying
+                 dlxbridge-redrive-count header, if the replay's signature or
+                 the runtime's envelope signature vouches for it, else 0 and
+                 a note keeps the claim; JSON: redrive_count). Replaying
                  this record does not change it (STATE does): if the message fails
                  again, its new record says one more. replay refuses a message
                  whose count reached the queue's quarantine.max_redrives.
