@@ -70,8 +70,9 @@ func TestForgedRedriveCountIsNoPriorReplay(t *testing.T) {
 }
 
 // A genuine replay's count survives: the replayed message fails again and
-// is quarantined again, by the runtime (its envelope keeps the count under
-// the envelope signature) or by the broker (a copy rejected from a plain
+// is quarantined again, by the runtime after its retries (the count and
+// its signature travel through the retry copies, and the envelope keeps
+// the count under the envelope signature) or by the broker (a copy rejected from a plain
 // queue into the quarantine: the replay's redrive signature vouches); its
 // new record reads 1 and replay refuses it at max_redrives 1. With
 // redaction the record's body is not the one the replay signed: the
@@ -86,13 +87,22 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 				redact = []string{"/email"}
 			}
 			b, signer := setupRedrive(t, redact...)
+			// In the runtime the message is retried first: the count and its
+			// signature travel through the retry copies.
+			fail, failed := triage.Permanent(errors.New("customer unknown")), []string{OutcomeQuarantined}
+			if by == "runtime" {
+				fail, failed = errors.New("customer service down"), []string{OutcomeRetried, OutcomeRetried, OutcomeQuarantined}
+			}
 			b.start(func(c *Consumer) {
-				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
-					return triage.Permanent(errors.New("customer unknown"))
-				})))
+				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error { return fail })))
 			})
+			waitFailed := func() {
+				for _, o := range failed {
+					b.waitOutcome(o, 10*time.Second)
+				}
+			}
 			b.publishJSON(map[string]any{"id": "j-1", "email": "a@example.com"}, amqp.Publishing{MessageId: "m-" + by})
-			b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+			waitFailed()
 			in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
 			first := waitRecords(t, in, 1).Records[0]
 
@@ -126,7 +136,7 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 				}
 				must(t, d.Reject(false))
 			} else {
-				b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+				waitFailed()
 			}
 			var again *quarantine.Record
 			for _, r := range waitRecords(t, in, 2).Records {
@@ -140,7 +150,7 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 					t.Fatalf("body %s: the redrive signature still verifies (%v) or the envelope does not (%v)", again.Body, v.Valid, again.Envelope.Verified)
 				}
 			}
-			if again.Redrives != 1 || again.Envelope.Source != wantSource {
+			if again.Redrives != 1 || again.Envelope.Source != wantSource || by == "runtime" && again.Envelope.Attempts != 3 {
 				t.Fatalf("record after one replay: %d prior replays, source %s, notes %q; want 1, %s",
 					again.Redrives, again.Envelope.Source, again.Envelope.Notes, wantSource)
 			}
