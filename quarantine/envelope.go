@@ -380,7 +380,7 @@ func SignEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, bo
 		delete(h, wire.HeaderEnvelopeSignature)
 		return
 	}
-	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFields)
+	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFieldsFor(h))
 }
 
 // VerifyEnvelope checks the envelope signature of d as it reached the
