@@ -283,6 +283,7 @@ func buildQuarantine(in *buildInput) (built, error) {
 	p := republish(d, red.Headers, red.Body, nil)
 	delete(p.Headers, wire.HeaderSignature)
 	ownDropped(in, p.Headers)
+	env.Notes = ownRedrives(in, p.Headers, env.Notes)
 	env.Apply(p.Headers)
 	// Room for the envelope signature, which finish writes over it once
 	// fitting has made the envelope final.
@@ -350,7 +351,8 @@ func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
 		case wire.HeaderEnvelope, wire.HeaderSource, wire.HeaderClass, wire.HeaderReason,
 			wire.HeaderFingerprint, wire.HeaderAttempts, wire.HeaderFirstFailureAt,
 			wire.HeaderOriginalExchange, wire.HeaderOriginalRoutingKey, wire.HeaderOriginalQueue,
-			wire.HeaderIdempotencyKeyCopy, wire.HeaderOriginalExpiration, wire.HeaderOriginalUserID:
+			wire.HeaderIdempotencyKeyCopy, wire.HeaderOriginalExpiration, wire.HeaderOriginalUserID,
+			wire.HeaderRedriveCount:
 			return quarantine.EssentialHeader
 		}
 		switch {
@@ -375,6 +377,29 @@ func ownDropped(in *buildInput, h amqp.Table) {
 	if !in.f.attempts.Signed {
 		delete(h, wire.HeaderDropped)
 	}
+}
+
+// ownRedrives keeps a redrive count in the quarantine envelope only if a
+// replay's redrive signature vouches for it (on d as received: the body
+// and message id it signed); the envelope signature, which covers it, then
+// vouches for it in the record, even if redaction changed the body. Any
+// other count is the publisher's claim (a header is evidence, never a
+// command): it and its signature are removed, so that nothing the runtime
+// signs carries it as prior replays, and a note added to notes keeps what
+// was claimed.
+func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
+	d := in.d
+	if _, claimed := d.Headers[wire.HeaderRedriveCount]; !claimed {
+		delete(h, wire.HeaderRedriveSignature)
+		return notes
+	}
+	v := in.signer.VerifyRedrive(d.MessageId, d.Body, d.Headers)
+	if v.Valid {
+		return notes
+	}
+	delete(h, wire.HeaderRedriveCount)
+	delete(h, wire.HeaderRedriveSignature)
+	return append(notes, quarantine.UnverifiedRedrives(d.Headers, v.Problem))
 }
 
 // priorNotes are the notes an earlier hop recorded, if its signature vouches

@@ -33,7 +33,9 @@ const (
 	MaxNotesBytes      = 2048
 	MaxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
 	MaxStackBytes      = 4096
-	EnvelopeVersion    = 1
+	// EnvelopeVersion 2 adds the redrive count to what the envelope
+	// signature covers (see envelopeFieldsFor); version 1 is still read.
+	EnvelopeVersion = 2
 )
 
 // Source of a record.
@@ -328,6 +330,33 @@ var envelopeFields = []string{
 	wire.HeaderIdempotencyKeyCopy, wire.HeaderMessageType, wire.HeaderSchemaVersion,
 	wire.HeaderValidationErrors, wire.HeaderTraceID, wire.HeaderWorkerHost, wire.HeaderWorkerVersion,
 	wire.HeaderRedacted, wire.HeaderRedactionFailed, wire.HeaderNotes, wire.HeaderDropped, wire.HeaderStack,
+	// Version 2: the runtime keeps a redrive count in the envelope only if
+	// it verified it (see consumer's buildQuarantine), so the envelope
+	// signature vouches for it even after redaction changed the body,
+	// which voids the replay's redrive signature.
+	wire.HeaderRedriveCount,
+}
+
+// envelopeFieldsV1 are what a version 1 envelope's signature covers: no
+// redrive count. An envelope signed before version 2 (one waiting in an
+// intake at an upgrade) still verifies; its count then needs a redrive
+// signature of its own.
+var envelopeFieldsV1 = envelopeFields[: len(envelopeFields)-1 : len(envelopeFields)-1]
+
+// envelopeFieldsFor are the fields h's envelope signature covers, by its
+// format version (itself the first signed field, so it cannot be changed
+// to pick another list without voiding the signature).
+func envelopeFieldsFor(h map[string]any) []string {
+	if n, res := wire.Int(h[wire.HeaderEnvelope]); res == wire.IntOK && n == 1 {
+		return envelopeFieldsV1
+	}
+	return envelopeFields
+}
+
+// envelopeCoversRedrives reports whether h's envelope signature, if valid,
+// vouches for its redrive count (version 2 and later).
+func envelopeCoversRedrives(h map[string]any) bool {
+	return len(envelopeFieldsFor(h)) == len(envelopeFields)
 }
 
 // EnvelopeFields returns the headers an envelope signature covers (a
@@ -351,14 +380,14 @@ func SignEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, bo
 		delete(h, wire.HeaderEnvelopeSignature)
 		return
 	}
-	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFields)
+	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFieldsFor(h))
 }
 
 // VerifyEnvelope checks the envelope signature of d as it reached the
 // intake (d.Exchange is the exchange the envelope was published to). It
 // never panics, whatever the headers hold.
 func VerifyEnvelope(s *triage.Signer, d *amqp.Delivery) triage.Verification {
-	return s.VerifyEnvelope(envelopeSubject(d.Exchange, d.MessageId, d.Body), d.Headers, envelopeFields)
+	return s.VerifyEnvelope(envelopeSubject(d.Exchange, d.MessageId, d.Body), d.Headers, envelopeFieldsFor(d.Headers))
 }
 
 // ReadVerified is Read for a reader that holds the runtime's signing key
@@ -419,20 +448,26 @@ func unverifiedEnvelope(h map[string]any, problem string) string {
 		if !present {
 			continue
 		}
-		s, ok := wire.String(raw)
-		if n, res := wire.Int(raw); !ok && res == wire.IntOK {
-			s, ok = fmt.Sprint(n), true
-		}
-		if !ok {
-			s = "(" + wire.TypeName(raw) + ")"
-		}
-		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, Truncate(s, maxClaimBytes), f.key))
+		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, claimText(raw), f.key))
 	}
 	what := "an envelope"
 	if len(claim) > 0 {
 		what += " with " + strings.Join(claim, ", ")
 	}
 	return fmt.Sprintf("envelope not verified: the message claimed %s (%s); read as the broker's dead letter", what, problem)
+}
+
+// claimText is a claimed header value as a note quotes it: a string or an
+// integer as such, cut to maxClaimBytes; any other type as its name.
+func claimText(raw any) string {
+	s, ok := wire.String(raw)
+	if n, res := wire.Int(raw); !ok && res == wire.IntOK {
+		s, ok = fmt.Sprint(n), true
+	}
+	if !ok {
+		return "(" + wire.TypeName(raw) + ")"
+	}
+	return Truncate(s, maxClaimBytes)
 }
 
 // headerTime reads an envelope time: a time.Time or an RFC 3339 string.

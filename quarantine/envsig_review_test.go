@@ -111,7 +111,9 @@ func encodable(h amqp.Table, fields []string) bool {
 // holds, ReadVerified, the keeper's record and reading it back never panic;
 // a forged envelope (another key) never verifies; and an envelope of wire
 // types that verifies at the intake verifies again from the stored record (the replay
-// checks it there).
+// checks it there); and the record counts a redrive count only if the
+// envelope signature vouches for it (a fuzzed redrive signature never
+// does).
 func FuzzReadVerifiedHostile(f *testing.F) {
 	f.Add([]byte{0, 1, 9, 10}, "x", uint8(3), true)
 	f.Add([]byte{13, 8, 7, 5, 12}, strings.Repeat("é", 300), uint8(40), false)
@@ -121,7 +123,7 @@ func FuzzReadVerifiedHostile(f *testing.F) {
 	set.queues = []*config.Queue{set.cfg}
 	f.Fuzz(func(t *testing.T, kinds []byte, s string, depth uint8, signWithKey bool) {
 		d := fullDelivery()
-		fields := EnvelopeFields()
+		fields := append(EnvelopeFields(), wire.HeaderRedriveSignature)
 		for i, k := range kinds {
 			if i >= 64 {
 				break
@@ -152,6 +154,9 @@ func FuzzReadVerifiedHostile(f *testing.F) {
 		}
 		if r.Envelope.Verified != env.Verified {
 			t.Fatalf("record verified %v, intake %v", r.Envelope.Verified, env.Verified)
+		}
+		if r.Redrives != 0 && !(env.Verified && envelopeCoversRedrives(d.Headers)) {
+			t.Fatalf("record counts %d prior replays that no signature vouches for (%#v)", r.Redrives, d.Headers[wire.HeaderRedriveCount])
 		}
 		again := VerifyEnvelope(key, &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body})
 		if env.Verified && !again.Valid && wireTypes(d.Headers, fields) {

@@ -158,7 +158,10 @@ type Replayer struct {
 	// (the runtime wrote it). Without it, or for any other record (a broker
 	// dead letter, a forged or an unsigned envelope), the runtime ignores
 	// them (and notes it): the message's origin is then where the replay
-	// sent it. Defaults to nil.
+	// sent it. It also signs the redrive count every replayed message
+	// carries (see TrustedRedrives), and counts a record's prior replays
+	// only from a count a signature vouches for; without it the record's
+	// count counts as stored, unverified. Defaults to nil.
 	Signer *triage.Signer
 
 	// eventWaits: see Inspector.eventWaits (tests).
@@ -244,7 +247,8 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		if to == "" {
 			to = r.Queue
 		}
-		p := Planned{ID: r.ID, ToQueue: to, Redrives: r.Redrives + 1}
+		prior, verified := rp.priorRedrives(r)
+		p := Planned{ID: r.ID, ToQueue: to, Redrives: prior + 1}
 		qc, ok := rp.Config.QueueByName(r.Queue)
 		if tq, isWork := rp.Config.QueueByName(to); isWork {
 			qc, ok = tq, true
@@ -254,8 +258,11 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			p.Refused = fmt.Sprintf("its payload (%d bytes) was not kept: %s; nothing to replay", r.Envelope.PayloadOmitted.Bytes, r.Envelope.PayloadOmitted.Reason)
 		case !ok:
 			p.Refused = fmt.Sprintf("queue %q is not in the config", r.Queue)
-		case r.Redrives >= qc.Quarantine.MaxRedrivesValue():
-			p.Refused = fmt.Sprintf("over its redrive budget: replayed %d time(s), max_redrives is %d", r.Redrives, qc.Quarantine.MaxRedrivesValue())
+		case prior >= qc.Quarantine.MaxRedrivesValue():
+			p.Refused = fmt.Sprintf("over its redrive budget: replayed %d time(s), max_redrives is %d", prior, qc.Quarantine.MaxRedrivesValue())
+			if !verified {
+				p.Refused += "; the count (" + wire.HeaderRedriveCount + ") is not verified: this replay has no signing key (security.signing_key_env), and a producer can set it"
+			}
 			res.OverBudget = append(res.OverBudget, r.ID)
 		}
 		body := r.Body
@@ -275,7 +282,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		res.Plan = append(res.Plan, p)
 		if p.Refused == "" {
 			send = append(send, r)
-			msgs = append(msgs, rp.message(r, body, opts.Reason, to))
+			msgs = append(msgs, rp.message(r, body, prior, opts.Reason, to))
 			dests = append(dests, to)
 		}
 	}
@@ -415,6 +422,27 @@ var keptOnReplay = map[string]bool{
 	wire.HeaderOriginalExpiration: true, wire.HeaderOriginalUserID: true,
 }
 
+// priorRedrives is how many times r's message was replayed before, and
+// whether this replay verified it: with the consumers' key, the count its
+// headers carry if a signature vouches for it (see TrustedRedrives), read
+// again from the record's headers and payload rather than its meta, else
+// 0; without a key, the record's count as the keeper stored it
+// (verified by a keeper that had the key, else as claimed).
+func (rp *Replayer) priorRedrives(r *Record) (n int, verified bool) {
+	if rp.Signer == nil {
+		return r.Redrives, false
+	}
+	d := r.delivery()
+	env, _ := ReadVerified(d, rp.Signer)
+	n, _ = TrustedRedrives(d, rp.Signer, env.Verified)
+	return n, true
+}
+
+// delivery is r's message as it reached the intake.
+func (r *Record) delivery() *amqp.Delivery {
+	return &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, RoutingKey: r.RoutingKey, MessageId: r.Properties.MessageID, Body: r.Body}
+}
+
 // message builds the replayed message: the record's properties, payload
 // and producer headers; its retry state reset (every dlxbridge envelope and
 // attempt header, x-death, x-first-death-*, x-last-death-* and
@@ -422,7 +450,7 @@ var keptOnReplay = map[string]bool{
 // and a stale count would trip the crash-loop guard); the redrive count,
 // time and reason set. The idempotency key comes back from the envelope if
 // the header was dropped to fit a frame.
-func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.Publishing {
+func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue string) amqp.Publishing {
 	h := amqp.Table{}
 	for k, v := range r.Headers() {
 		switch {
@@ -442,8 +470,7 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	// as a claim and records where the replay sent the message.
 	e, signed := r.Envelope, false
 	if rp.Signer != nil {
-		d := &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, RoutingKey: r.RoutingKey, MessageId: r.Properties.MessageID, Body: r.Body}
-		if v, _ := ReadVerified(d, rp.Signer); v.Verified {
+		if v, _ := ReadVerified(r.delivery(), rp.Signer); v.Verified {
 			e, signed = v, true
 		}
 	}
@@ -451,7 +478,7 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 		h[wire.HeaderOriginalExchange] = e.OriginalExchange
 		h[wire.HeaderOriginalRoutingKey] = e.OriginalRouting
 	}
-	h[wire.HeaderRedriveCount] = int64(r.Redrives + 1)
+	h[wire.HeaderRedriveCount] = int64(prior + 1)
 	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
 	h[wire.HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
 	p := r.Properties
@@ -460,6 +487,14 @@ func (rp *Replayer) message(r *Record, body []byte, reason, queue string) amqp.P
 	}
 	if p.UserID != "" {
 		h[wire.HeaderOriginalUserID] = p.UserID
+	}
+	// The count is signed whatever the record's origin: a broker dead
+	// letter of a crash-looping message (never an envelope the runtime
+	// signed) must still have its replays counted, which is what
+	// max_redrives is for.
+	h[wire.HeaderRedriveSignature] = rp.Signer.SignRedrive(p.MessageID, body, h)
+	if h[wire.HeaderRedriveSignature] == "" {
+		delete(h, wire.HeaderRedriveSignature)
 	}
 	if signed {
 		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageID, Body: body}, h, triage.SignedHeaders())

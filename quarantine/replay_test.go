@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -300,8 +301,8 @@ func TestReplayChecksSchemaPatchAndBudget(t *testing.T) {
 	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "again", Type: "test.job", Headers: h, Body: []byte(validJob(1))})
 	b.keep(1)
 	res, err = rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-again"}})
-	if err != nil || len(res.Sent) != 0 || len(res.OverBudget) != 1 || res.Plan[0].Refused == "" {
-		t.Fatalf("over budget: %+v %v", res, err)
+	if err != nil || len(res.Sent) != 0 || len(res.OverBudget) != 1 || !strings.Contains(res.Plan[0].Refused, "is not verified: this replay has no signing key") {
+		t.Fatalf("over budget (no key: the count is not verified): %+v %v", res, err)
 	}
 	t.Logf("refused: %s", res.Plan[0].Refused)
 }
@@ -475,7 +476,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead",
 		headers: amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
 	}
-	h := (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h := (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if h[wire.HeaderOriginalExchange] != "orders" || h[wire.HeaderOriginalRoutingKey] != "order.created" || h["keep"] != "me" {
 		t.Fatalf("replayed headers %v", h)
 	}
@@ -490,7 +491,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	env.Apply(eh)
 	SignEnvelope(signer, eh, "orders.dead", "m-1", body)
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if v := signer.Verify(sub, h, triage.SignedHeaders()); !v.Valid || h[wire.HeaderOriginalExchange] != "orders" {
 		t.Fatalf("verified envelope's origin: %s %v", v.Problem, h)
 	}
@@ -504,14 +505,14 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	forged[wire.HeaderOriginalExchange] = "payments"
 	r = &Record{Envelope: Envelope{Source: SourceBridge, Verified: true, OriginalExchange: "payments", OriginalRouting: "pay"},
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: forged}
-	h = (&Replayer{Signer: signer}).message(r, body, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if _, signed := h[wire.HeaderSignature]; signed {
 		t.Fatalf("an envelope that does not verify had its origin signed: %v", h)
 	}
 	// Signed with another key.
 	other, _ := triage.NewSigner([]byte("another key, at least 16 bytes"))
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	if _, signed := (&Replayer{Signer: other}).message(r, body, "why", "orders").Headers[wire.HeaderSignature]; signed {
+	if _, signed := (&Replayer{Signer: other}).message(r, body, 0, "why", "orders").Headers[wire.HeaderSignature]; signed {
 		t.Fatal("another key signed the origin")
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"sync/atomic"
 	"time"
 
@@ -182,9 +181,16 @@ func encodeStub(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 // one id.
 func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer, red Redaction, omitted *PayloadOmitted) (amqp.Publishing, string, error) {
 	env, _ := ReadVerified(d, v) // d is the message as published: its body too
+	// The count is kept as the keeper's verdict, on d as published: a claim
+	// no signature vouches for is no prior replay, and a note keeps it.
+	redriven, note := TrustedRedrives(d, v, env.Verified)
+	if note != "" {
+		env.Notes = append(env.Notes, note)
+	}
 	kept := d
 	if !env.Verified && !red.Empty() {
 		kept = redactUnverified(d, &env, red)
+		resignRedrives(kept, d, v, note == "")
 	}
 	id, err := RecordID(kept)
 	if err != nil {
@@ -202,7 +208,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	meta := appendMeta(nil, &recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Envelope: &env,
-		Redrives: redrives(kept.Headers), Version: wire.Str(kept.Headers, versionHeader),
+		Redrives: redriven, Version: wire.Str(kept.Headers, versionHeader),
 	})
 	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
 	body = append(body, recordMagic3...)
@@ -218,6 +224,20 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 		MessageId:    id,
 		Body:         body,
 	}, id, nil
+}
+
+// resignRedrives signs kept's redrive count again over its redacted body
+// when the replay's redrive signature on d (as published) verified
+// (trusted): the replay with the key checks the count again from the
+// stored record, whose body is no longer the one the replay signed. The
+// keeper holds the same key as the replay, and vouches only for what it
+// verified.
+func resignRedrives(kept, d *amqp.Delivery, v *triage.Signer, trusted bool) {
+	if _, claimed := kept.Headers[wire.HeaderRedriveCount]; !claimed || !trusted || v == nil || bytes.Equal(kept.Body, d.Body) {
+		return
+	}
+	kept.Headers = maps.Clone(kept.Headers)
+	kept.Headers[wire.HeaderRedriveSignature] = v.SignRedrive(kept.MessageId, kept.Body, kept.Headers)
 }
 
 // KeeperRedactedNote starts the note of a record the keeper redacted: the
@@ -335,8 +355,10 @@ type Keeper struct {
 	// Verifier, with the runtime's signing key, verifies each envelope as
 	// its record is written (see ReadVerified): an envelope no valid
 	// signature vouches for is kept as a claim in the record's notes, and
-	// the record reads as the broker's dead letter. Without it the record
-	// keeps the envelope as its headers claim it, marked not verified.
+	// the record reads as the broker's dead letter. A redrive count no
+	// signature vouches for is stored as 0, its claim in the notes (see
+	// TrustedRedrives). Without it the record keeps the envelope and the
+	// count as its headers claim them, the envelope marked not verified.
 	// Defaults to nil.
 	Verifier *triage.Signer
 	// Redaction is applied to every record whose envelope is not Verified
@@ -475,14 +497,4 @@ func tooLarge(err error) bool {
 	}
 	_, _, ok := amqpx.ParseTooLarge(err.Error())
 	return ok
-}
-
-// redrives reads the redrive count a message carries: 0 when absent,
-// malformed or negative, and at most math.MaxInt32.
-func redrives(h map[string]any) int {
-	n, res := wire.Int(h[wire.HeaderRedriveCount])
-	if res != wire.IntOK && res != wire.IntOverflow || n < 0 {
-		return 0
-	}
-	return int(min(n, math.MaxInt32))
 }

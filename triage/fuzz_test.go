@@ -101,7 +101,8 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v}
+			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v,
+				wire.HeaderRedriveCount: v, HeaderRedriveSignature: v}
 			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
 			// Unsigned (or forged) values never count; signed ones are
 			// still bounded.
@@ -134,6 +135,9 @@ func FuzzParseXDeath(f *testing.F) {
 				if !in.Redelivered && v.Action != ActionDeliver {
 					t.Fatalf("a first delivery skipped its handler: %+v", v)
 				}
+			}
+			if testSigner.VerifyRedrive(testSubject.MessageID, testSubject.Body, headers).Valid {
+				t.Fatal("a fuzzed redrive signature verified")
 			}
 			XDeathDigest(headers)
 			ClassifyDeadLetter(h, headers)

@@ -101,7 +101,42 @@ func (s *Signer) Sign(sub Subject, h map[string]any, fields []string) string {
 const (
 	domainRetry    = "dlxbridge retry state v1"
 	domainEnvelope = "dlxbridge quarantine envelope v1"
+	domainRedrive  = "dlxbridge redrive v1"
 )
+
+// HeaderRedriveSignature is a replay's signature over the redrive count it
+// set (see SignRedrive).
+const HeaderRedriveSignature = wire.HeaderRedriveSignature
+
+// redriveFields are what a redrive signature covers beside its subject. It
+// is not in SignedHeaders: the retry signature encodes absent fields too,
+// so adding one would void every retry in flight across an upgrade.
+var redriveFields = []string{wire.HeaderRedriveCount}
+
+// redriveSubject binds a redrive signature to the message (its id and
+// body), not to a queue: the count must survive a replay to another queue
+// and the broker's own dead-lettering of the replayed message, which
+// changes neither.
+func redriveSubject(messageID string, body []byte) Subject {
+	return Subject{MessageID: messageID, Body: body}
+}
+
+// SignRedrive returns the HeaderRedriveSignature value over h's
+// dlxbridge-redrive-count (wire.HeaderRedriveCount), for the message with
+// messageID and body, under a domain of its own: a retry or envelope
+// signature never verifies as a redrive signature, nor the other way round.
+// A replay with the consumers' key signs the count it sets, so that a
+// reader with the key can tell it from a count a producer wrote (a header
+// is evidence, never a command). A nil Signer returns "".
+func (s *Signer) SignRedrive(messageID string, body []byte, h map[string]any) string {
+	return s.sign(domainRedrive, redriveSubject(messageID, body), h, redriveFields)
+}
+
+// VerifyRedrive checks h's HeaderRedriveSignature against its redrive count,
+// as Verify does.
+func (s *Signer) VerifyRedrive(messageID string, body []byte, h map[string]any) Verification {
+	return s.verify(domainRedrive, &redriveSig, redriveSubject(messageID, body), h, redriveFields)
+}
 
 // HeaderEnvelopeSignature is the bridge's signature over the quarantine
 // envelope it wrote (see SignEnvelope).
@@ -167,6 +202,9 @@ var (
 	envelopeSig = sigHeader{HeaderEnvelopeSignature, "no " + HeaderEnvelopeSignature, HeaderEnvelopeSignature + " is malformed",
 		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)",
 		HeaderEnvelopeSignature + unsignedValue}
+	redriveSig = sigHeader{HeaderRedriveSignature, "no " + HeaderRedriveSignature, HeaderRedriveSignature + " is malformed",
+		HeaderRedriveSignature + " does not match (another key or message, or an altered count)",
+		HeaderRedriveSignature + unsignedValue}
 )
 
 // verify checks the signature in header sh, made in domain.

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 func TestSignerRoundTrip(t *testing.T) {
@@ -243,5 +245,69 @@ func TestSignerNeverVerifiesValuesItCannotEncode(t *testing.T) {
 		if v := testSigner.VerifyEnvelope(testSubject, h, fields); v.Valid || v.Problem == "" {
 			t.Errorf("%s: envelope signature %+v", tc.name, v)
 		}
+	}
+}
+
+// A redrive signature vouches for a replay's count on one message (id and
+// body), under a domain of its own: a retry or envelope signature over the
+// same count never verifies as one, and a changed count, body or message
+// id fails.
+func TestSignRedriveHasItsOwnDomain(t *testing.T) {
+	t.Parallel()
+	const count = wire.HeaderRedriveCount
+	id, body := testSubject.MessageID, testSubject.Body
+	h := table{count: int64(2)}
+	h[HeaderRedriveSignature] = testSigner.SignRedrive(id, body, h)
+	if v := testSigner.VerifyRedrive(id, body, h); !v.Valid {
+		t.Fatalf("fresh redrive signature: %+v", v)
+	}
+	// Not bound to a queue: a replay to another queue, or the broker
+	// dead-lettering the replayed message, keeps it valid.
+	if !testSigner.VerifyRedrive(id, append([]byte(nil), body...), table{count: int32(2), HeaderRedriveSignature: h[HeaderRedriveSignature]}).Valid {
+		t.Fatal("the same count in another integer type did not verify")
+	}
+	fields := []string{count}
+	sub := Subject{MessageID: id, Body: body}
+	for name, sig := range map[string]string{
+		"retry":    testSigner.Sign(sub, h, fields),
+		"envelope": testSigner.SignEnvelope(sub, h, fields),
+	} {
+		c := table{count: int64(2), HeaderRedriveSignature: sig}
+		if v := testSigner.VerifyRedrive(id, body, c); v.Valid || !strings.Contains(v.Problem, "does not match") {
+			t.Errorf("a %s signature verified as a redrive signature: %+v", name, v)
+		}
+	}
+	// Nor the other way round.
+	c := table{count: int64(2), HeaderSignature: h[HeaderRedriveSignature], HeaderEnvelopeSignature: h[HeaderRedriveSignature]}
+	if testSigner.Verify(sub, c, fields).Valid || testSigner.VerifyEnvelope(sub, c, fields).Valid {
+		t.Fatal("a redrive signature verified in another domain")
+	}
+	for name, tc := range map[string]struct {
+		id   string
+		body []byte
+		h    table
+	}{
+		"count raised":      {id, body, table{count: int64(3)}},
+		"count removed":     {id, body, table{}},
+		"count as a string": {id, body, table{count: "2"}},
+		"another body":      {id, []byte(`{"other":true}`), table{count: int64(2)}},
+		"another id":        {"m-other", body, table{count: int64(2)}},
+		"no signature":      {id, body, table{count: int64(2), HeaderRedriveSignature: nil}},
+	} {
+		if _, ok := tc.h[HeaderRedriveSignature]; !ok {
+			tc.h[HeaderRedriveSignature] = h[HeaderRedriveSignature]
+		} else {
+			delete(tc.h, HeaderRedriveSignature)
+		}
+		if v := testSigner.VerifyRedrive(tc.id, tc.body, tc.h); v.Valid || v.Problem == "" {
+			t.Errorf("%s: verified: %+v", name, v)
+		}
+	}
+	if other := mustSigner("fedcba9876543210fedcba9876543210"); other.VerifyRedrive(id, body, h).Valid {
+		t.Fatal("another key verified")
+	}
+	var none *Signer
+	if none.SignRedrive(id, body, h) != "" || none.VerifyRedrive(id, body, h).Valid {
+		t.Fatal("nil signer")
 	}
 }

@@ -112,6 +112,11 @@ const (
 	// HeaderRedriveCount is how many times the message was replayed out of
 	// a quarantine (int64).
 	HeaderRedriveCount = "dlxbridge-redrive-count"
+	// HeaderRedriveSignature is a replay's signature over the redrive count
+	// it set (see triage.Signer.SignRedrive): without a valid one, or a
+	// valid envelope signature that covers the count, the count is the
+	// publisher's claim.
+	HeaderRedriveSignature = "dlxbridge-redrive-signature"
 	// HeaderRedriveAt is the last replay's time (RFC 3339).
 	HeaderRedriveAt = "dlxbridge-redrive-at"
 	// HeaderRedriveReason is the last replay's reason.

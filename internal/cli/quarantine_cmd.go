@@ -303,7 +303,9 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	if signer == nil && sub == "replay" && !ro.dryRun {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine replay: $%s is unset: the runtime cannot verify the origin (exchange, routing key) the replayed messages carry. "+
 			"One that fails again is recorded with where the replay sent it, and the origin it claimed in an \"origin not verified\" note. "+
-			"Set the consumers' signing key to keep it.\n", cfg.Security.SigningKeyEnv)
+			"Nor can it verify their redrive count: one that fails again is recorded with no prior replays, so max_redrives counts afresh, "+
+			"and this replay counts prior replays as the records claim them. "+
+			"Set the consumers' signing key to keep both.\n", cfg.Security.SigningKeyEnv)
 	}
 	if sub == "purge" {
 		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
@@ -397,7 +399,9 @@ columns:
   STATE          open, or what became of this record: replayed, purged, expired
   PRIOR_REPLAYS  how many times the message had been replayed out of the
                  quarantine before it came into the quarantine this time (its
-                 dlxbridge-redrive-count header; JSON: redrive_count). Replaying
+                 dlxbridge-redrive-count header, if the replay's signature or
+                 the runtime's envelope signature vouches for it, else 0 and
+                 a note keeps the claim; JSON: redrive_count). Replaying
                  this record does not change it (STATE does): if the message fails
                  again, its new record says one more. replay refuses a message
                  whose count reached the queue's quarantine.max_redrives.
