@@ -153,7 +153,10 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 			recs = recs[:*limit]
 		}
 		return renderOr(env, c.output, fail, map[string]any{"total": total, "records": nonNil(recs)}, func(w io.Writer) error {
-			return writeList(w, recs, total, snap.At)
+			if err := writeList(w, recs, total, snap.At); err != nil {
+				return err
+			}
+			return writeIntakeWaiting(w, snap)
 		})
 	case "show":
 		r, err := snap.Get(id)
@@ -421,6 +424,20 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time)
 	return err
 }
 
+// writeIntakeWaiting says which intakes hold messages the keeper has not
+// stored yet: list and stats show records only, and a message waits there
+// (unredacted) while no runtime keeps the quarantine.
+func writeIntakeWaiting(w io.Writer, snap *quarantine.Snapshot) error {
+	for _, intake := range sortedIntakes(snap.Intake) {
+		if n := snap.Intake[intake]; n > 0 {
+			if _, err := fmt.Fprintf(w, "intake %s: %d message(s) not yet stored (is the runtime running?)\n", intake, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // violationText is one schema violation as `schemas validate` prints it:
 // the document itself is "(root)", not a gap before the keyword.
 func violationText(v quarantine.Violation) string {
@@ -531,10 +548,8 @@ func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapsho
 		return err
 	}
 	fmt.Fprintf(w, "total: %d open, %d replayed, %d purged, %d expired (older than retention, never replayed or purged)\n", open, replayed, purged, expired)
-	for _, intake := range sortedIntakes(snap.Intake) {
-		if n := snap.Intake[intake]; n > 0 {
-			fmt.Fprintf(w, "intake %s: %d message(s) not yet stored (is the runtime running?)\n", intake, n)
-		}
+	if err := writeIntakeWaiting(w, snap); err != nil {
+		return err
 	}
 	if snap.Undecodable > 0 {
 		fmt.Fprintf(w, "%d stream message(s) are not records this version reads\n", snap.Undecodable)

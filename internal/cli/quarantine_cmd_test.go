@@ -328,3 +328,30 @@ func TestQuarantineListHelpSaysWhatItsColumnsCount(t *testing.T) {
 		}
 	}
 }
+
+// A message in the intake that no keeper stored yet is not a record: list
+// says it waits there, as stats does, rather than "0 of 0 record(s)" alone.
+func TestQuarantineListSaysWhatWaitsInTheIntake(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, map[string]int{"fp-a": 1})
+	q := &cfg.Queues[0]
+	ch := b.env.Channel("late-producer")
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	if err := ch.PublishWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+		MessageId: "waiting", Body: []byte(`{"n":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-confirms; !c.Ack {
+		t.Fatal("publish to the intake nacked")
+	}
+	want := fmt.Sprintf("intake %s: 1 message(s) not yet stored (is the runtime running?)", q.Quarantine.Queue)
+	for _, cmd := range []string{"list", "stats"} {
+		out := b.mustRun(t, cli.ExitOK, "quarantine", cmd, "--config", b.config)
+		if !strings.Contains(out, want) {
+			t.Errorf("quarantine %s:\n%s\nwant a line %q", cmd, out, want)
+		}
+	}
+}
