@@ -268,9 +268,9 @@ func redactUnverified(d *amqp.Delivery, env *Envelope, red Redaction) *amqp.Deli
 	env.Redacted, env.RedactionFailed = res.Changed, res.Failed
 	switch {
 	case res.Failed != "":
-		env.Notes = append(env.Notes, KeeperRedactedNote+" (the runtime did not redact this message): "+res.Failed)
+		env.Notes = append(env.Notes, KeeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing): "+res.Failed)
 	case len(res.Changed) > 0:
-		env.Notes = append(env.Notes, KeeperRedactedNote+" (the runtime did not redact this message)")
+		env.Notes = append(env.Notes, KeeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing)")
 	}
 	kept := *d
 	kept.Headers, kept.Body = res.Headers, res.Body
