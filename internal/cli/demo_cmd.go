@@ -420,6 +420,8 @@ func demoKeepConfig(out io.Writer, prefix string, text []byte, topo *topology.To
 	fmt.Fprintf(out, "\nkept the demo's %d queues and %d exchanges (names start with %s); its config is %s:\n", len(topo.Queues), len(topo.Exchanges), prefix, path)
 	self := selfCommand()
 	fmt.Fprintf(out, "  %s quarantine list --config %s\n  %s quarantine stats --config %s\n", self, path, self, path)
+	fmt.Fprintf(out, "  %s quarantine show <an ID from list> --config %s\n", self, path)
+	fmt.Fprintf(out, "  %s quarantine replay --class panic --reason \"tried it\" --dry-run --config %s   (without --dry-run it sends; nothing consumes the kept queue then)\n", self, path)
 	// The demo's config names no management API; its names carry the
 	// demo's random prefix, so nobody else's object can share them.
 	fmt.Fprintf(out, "when done, delete them (the quarantined messages too; --dry-run first shows what goes), then the config:\n  %s topology delete --include-data --without-management --config %s\n  rm %s\n", self, path, path)

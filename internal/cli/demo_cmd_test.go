@@ -137,6 +137,17 @@ func TestDemoKeepWritesAConfigTheQuarantineCommandsRead(t *testing.T) {
 	if !strings.Contains(stats, "total: 3 open, 1 replayed") {
 		t.Errorf("quarantine stats on the kept demo:\n%s", stats)
 	}
+	// The show and replay lines it prints work as printed.
+	if want := "quarantine show <an ID from list> --config " + path; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	if want := `quarantine replay --class panic --reason "tried it" --dry-run --config ` + path; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	plan := b.mustRun(t, cli.ExitOK, "quarantine", "replay", "--class", "panic", "--reason", "tried it", "--dry-run", "--config", path)
+	if !strings.Contains(plan, "1 selected, 1 would be sent") {
+		t.Errorf("the printed replay --dry-run on the kept demo:\n%s", plan)
+	}
 }
 
 // `dlxbridge demo | head -20`: stdout, fd 1, is a pipe whose reader went
