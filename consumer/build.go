@@ -89,6 +89,10 @@ type buildInput struct {
 	now   time.Time
 	// signer signs the retry state a retry or re-admission carries.
 	signer *triage.Signer
+	// verifier is signer when the key is configured, nil when the runtime
+	// signs with a random key of its own (see keeperVerifier): then
+	// nothing another process signed can be verified here.
+	verifier *triage.Signer
 	// redact is applied to what the quarantine keeps.
 	redact quarantine.Redaction
 	// versionHeader is the queue's schema version header (Fit keeps it
@@ -386,14 +390,20 @@ func ownDropped(in *buildInput, h amqp.Table) {
 // other count is the publisher's claim (a header is evidence, never a
 // command): it and its signature are removed, so that nothing the runtime
 // signs carries it as prior replays, and a note added to notes keeps what
-// was claimed.
+// was claimed. Without a configured key (in.verifier nil) nothing can be
+// verified: the count stays as claimed, and this process's keeper keeps
+// it as it keeps the whole envelope, as a claim (so a replay without the
+// key still meets the queue's max_redrives).
 func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
 	d := in.d
 	if _, claimed := d.Headers[wire.HeaderRedriveCount]; !claimed {
 		delete(h, wire.HeaderRedriveSignature)
 		return notes
 	}
-	v := in.signer.VerifyRedrive(d.MessageId, d.Body, d.Headers)
+	if in.verifier == nil {
+		return notes
+	}
+	v := in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers)
 	if v.Valid {
 		return notes
 	}

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -172,5 +174,47 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Without a configured key nothing can be verified, and the budget counts
+// what a message claims, as the keeper then keeps every envelope as
+// claimed: a runtime signing with a random key keeps a replayed count in
+// its envelope (unverifiable, not stripped), so a message replayed without
+// the key that fails again reads 1 and is refused at max_redrives 1. (The
+// orderservice example runs this way.)
+func TestKeylessRuntimeKeepsTheReplayedCount(t *testing.T) {
+	t.Parallel()
+	b, _ := setupRedrive(t)
+	b.cfg.SigningKey = nil
+	b.file.Security.SigningKeyEnv = "DLXBRIDGE_TEST_NEVER_SET_KEY"
+	b.cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil)) // the random-key warning
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("customer unknown"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-keyless"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file}
+	first := waitRecords(t, in, 1).Records[0]
+
+	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry}
+	if res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "try again"}); err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	var again *quarantine.Record
+	for _, r := range waitRecords(t, in, 2).Records {
+		if r.ID != first.ID {
+			again = r
+		}
+	}
+	if again.Redrives != 1 {
+		t.Fatalf("record after one keyless replay: %d prior replays, notes %q; want 1", again.Redrives, again.Envelope.Notes)
+	}
+	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{again.ID}}, DryRun: true})
+	if err != nil || len(res.OverBudget) != 1 {
+		t.Fatalf("second replay: %+v %v", res, err)
 	}
 }
