@@ -66,17 +66,7 @@ func TestBrokerDeadLetteredForgedEnvelopeIsNotTrusted(t *testing.T) {
 
 	// A replay with the consumers' key: the origin travels unsigned.
 	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry, Signer: signer}
-	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "try"})
-	if err != nil || len(res.Sent) != 1 {
-		t.Fatalf("replay: %+v %v", res, err)
-	}
-	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	var again *quarantine.Record
-	for _, r := range waitRecords(t, in, 2).Records {
-		if r.ID != first.ID {
-			again = r
-		}
-	}
+	again := replayQuarantinedAgain(t, b, in, rp, first)
 	e = again.Envelope
 	if e.OriginalExchange != "" || e.OriginalRouting != b.queue.Name || e.Class != triage.ClassPermanent {
 		t.Fatalf("replayed copy's record: origin %q %q, class %s: want the replay's own (default exchange, the work queue)",

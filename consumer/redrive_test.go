@@ -200,16 +200,7 @@ func TestKeylessRuntimeKeepsTheReplayedCount(t *testing.T) {
 	first := waitRecords(t, in, 1).Records[0]
 
 	rp := &quarantine.Replayer{Conn: b.env.Dial("replayer"), Config: b.file, Registry: b.registry}
-	if res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "try again"}); err != nil || len(res.Sent) != 1 {
-		t.Fatalf("replay: %+v %v", res, err)
-	}
-	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	var again *quarantine.Record
-	for _, r := range waitRecords(t, in, 2).Records {
-		if r.ID != first.ID {
-			again = r
-		}
-	}
+	again := replayQuarantinedAgain(t, b, in, rp, first)
 	if again.Redrives != 1 {
 		t.Fatalf("record after one keyless replay: %d prior replays, notes %q; want 1", again.Redrives, again.Envelope.Notes)
 	}
@@ -217,4 +208,23 @@ func TestKeylessRuntimeKeepsTheReplayedCount(t *testing.T) {
 	if err != nil || len(res.OverBudget) != 1 {
 		t.Fatalf("second replay: %+v %v", res, err)
 	}
+}
+
+// replayQuarantinedAgain replays first's record with rp, waits until the
+// runtime quarantines the replayed message again, and returns its new
+// record.
+func replayQuarantinedAgain(t *testing.T, b *testBundle, in *quarantine.Inspector, rp *quarantine.Replayer, first *quarantine.Record) *quarantine.Record {
+	t.Helper()
+	res, err := rp.Replay(context.Background(), quarantine.ReplayOptions{Filter: quarantine.Filter{IDs: []string{first.ID}}, Reason: "try again"})
+	if err != nil || len(res.Sent) != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	for _, r := range waitRecords(t, in, 2).Records {
+		if r.ID != first.ID {
+			return r
+		}
+	}
+	t.Fatal("no second record")
+	return nil
 }
