@@ -157,7 +157,9 @@ func buildRetry(in *buildInput) (built, error) {
 	if first.IsZero() {
 		first = in.now
 	}
-	p := republish(d, retryHeaders(d.Headers), d.Body, retryState(in, int64(f.verdict.Attempt), first))
+	state := retryState(in, int64(f.verdict.Attempt), first)
+	p := republish(d, retryHeaders(d.Headers), d.Body, state)
+	ownState(p.Headers, state)
 	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
@@ -183,6 +185,7 @@ func buildReadmit(in *buildInput) (built, error) {
 	state := retryState(in, int64(f.attempts.Failed), f.attempts.FirstFailure)
 	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
 	p := republish(d, base, d.Body, state)
+	ownState(p.Headers, state)
 	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))
 	return finish(in, "", in.queue, p, true)
@@ -203,6 +206,23 @@ func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
 		h[wire.HeaderFirstFailureAt] = first.UTC().Format(rfc3339Nano)
 	}
 	return h
+}
+
+// ownState removes from h every retry-signed header that state (the
+// runtime's own retry state) does not set, the notes aside (seal writes
+// them): a producer's dlxbridge-readmitted on a retry, or its
+// dlxbridge-first-failure-at on a re-admission without a known first
+// failure, would otherwise travel under the runtime's signature, as if
+// the bridge had written it (a header is evidence, never a command); and
+// one of a type the signature cannot vouch for (a table, a time, a void)
+// would void the signature when the copy comes back, so that its attempts
+// count as 0 and a failing message is retried for ever.
+func ownState(h, state amqp.Table) {
+	for _, k := range signedHeaders {
+		if _, ours := state[k]; !ours && k != wire.HeaderNotes {
+			delete(h, k)
+		}
+	}
 }
 
 const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
