@@ -308,6 +308,7 @@ func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span)
 		wq:            w.s.wq,
 		now:           w.deps.cfg.Now(),
 		signer:        w.deps.signer,
+		verifier:      w.deps.verifier,
 		redact:        w.q.redact,
 		versionHeader: w.q.cfg.Message.VersionHeader,
 		host:          w.deps.host,
