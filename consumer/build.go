@@ -417,16 +417,19 @@ func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
 		delete(h, wire.HeaderRedriveSignature)
 		return notes
 	}
+	var v triage.Verification
 	if in.verifier == nil {
 		// A random key of this process's own: it cannot check a replay's
 		// signature, and its keeper keeps the count as claimed (see
 		// quarantine.TrustedRedrives); so does this envelope, or no record
 		// would ever have a prior replay and max_redrives would never stop
-		// a message that fails again after every replay.
-		return notes
-	}
-	v := in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers)
-	if v.Valid {
+		// a message that fails again after every replay. Only an integer:
+		// the count is an essential header, which fitting never drops.
+		if _, res := wire.Int(d.Headers[wire.HeaderRedriveCount]); res == wire.IntOK || res == wire.IntOverflow {
+			return notes
+		}
+		v.Problem = "not an integer"
+	} else if v = in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers); v.Valid {
 		return notes
 	}
 	delete(h, wire.HeaderRedriveCount)

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,5 +32,22 @@ func TestRuntimeWithARandomKeyKeepsTheClaimedRedriveCount(t *testing.T) {
 	rec := &amqp.Delivery{Exchange: got.exchange, MessageId: got.p.MessageId, Headers: got.p.Headers, Body: got.p.Body}
 	if n, _ := quarantine.TrustedRedrives(rec, b.w.deps.verifier, false); n != 2 {
 		t.Errorf("the keeper reads %d prior replays, want 2", n)
+	}
+}
+
+// With a random key, a claimed count that is no integer is still removed:
+// the count is an essential header, which fitting never drops.
+func TestRuntimeWithARandomKeyDropsACountThatIsNoInteger(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b.w.deps.verifier = keeperVerifier(b.w.deps.signer, true)
+	d := delivery()
+	d.Headers[wire.HeaderRedriveCount] = amqp.Table{"pad": strings.Repeat("x", quarantine.DefaultFrameSize-2048)}
+	got, err := build(b.input(d, quarantineFailure()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := got.p.Headers[wire.HeaderRedriveCount]; ok {
+		t.Errorf("a table count of %d bytes kept", len(fmt.Sprint(n)))
 	}
 }
