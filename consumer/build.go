@@ -89,9 +89,8 @@ type buildInput struct {
 	now   time.Time
 	// signer signs the retry state a retry or re-admission carries.
 	signer *triage.Signer
-	// verifier is signer when the key is configured, nil when the runtime
-	// signs with a random key of its own (see keeperVerifier): then
-	// nothing another process signed can be verified here.
+	// verifier checks a replay's redrive signature: signer, or nil when
+	// signer's key is this process's random one (see keeperVerifier).
 	verifier *triage.Signer
 	// redact is applied to what the quarantine keeps.
 	redact quarantine.Redaction
@@ -161,7 +160,9 @@ func buildRetry(in *buildInput) (built, error) {
 	if first.IsZero() {
 		first = in.now
 	}
-	p := republish(d, retryHeaders(d.Headers), d.Body, retryState(in, int64(f.verdict.Attempt), first))
+	state := retryState(in, int64(f.verdict.Attempt), first)
+	p := republish(d, retryHeaders(d.Headers), d.Body, state)
+	ownState(p.Headers, state)
 	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
@@ -187,6 +188,7 @@ func buildReadmit(in *buildInput) (built, error) {
 	state := retryState(in, int64(f.attempts.Failed), f.attempts.FirstFailure)
 	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
 	p := republish(d, base, d.Body, state)
+	ownState(p.Headers, state)
 	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))
 	return finish(in, "", in.queue, p, true)
@@ -207,6 +209,23 @@ func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
 		h[wire.HeaderFirstFailureAt] = first.UTC().Format(rfc3339Nano)
 	}
 	return h
+}
+
+// ownState removes from h every retry-signed header that state (the
+// runtime's own retry state) does not set, the notes aside (seal writes
+// them): a producer's dlxbridge-readmitted on a retry, or its
+// dlxbridge-first-failure-at on a re-admission without a known first
+// failure, would otherwise travel under the runtime's signature, as if
+// the bridge had written it (a header is evidence, never a command); and
+// one of a type the signature cannot vouch for (a table, a time, a void)
+// would void the signature when the copy comes back, so that its attempts
+// count as 0 and a failing message is retried for ever.
+func ownState(h, state amqp.Table) {
+	for _, k := range signedHeaders {
+		if _, ours := state[k]; !ours && k != wire.HeaderNotes {
+			delete(h, k)
+		}
+	}
 }
 
 const rfc3339Nano = "2006-01-02T15:04:05.999999999Z07:00"
@@ -390,21 +409,27 @@ func ownDropped(in *buildInput, h amqp.Table) {
 // other count is the publisher's claim (a header is evidence, never a
 // command): it and its signature are removed, so that nothing the runtime
 // signs carries it as prior replays, and a note added to notes keeps what
-// was claimed. Without a configured key (in.verifier nil) nothing can be
-// verified: the count stays as claimed, and this process's keeper keeps
-// it as it keeps the whole envelope, as a claim (so a replay without the
-// key still meets the queue's max_redrives).
+// was claimed. A runtime with a random key of its own (in.verifier nil)
+// can verify nothing and keeps the count as claimed, as its keeper does.
 func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
 	d := in.d
 	if _, claimed := d.Headers[wire.HeaderRedriveCount]; !claimed {
 		delete(h, wire.HeaderRedriveSignature)
 		return notes
 	}
+	var v triage.Verification
 	if in.verifier == nil {
-		return notes
-	}
-	v := in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers)
-	if v.Valid {
+		// A random key of this process's own: it cannot check a replay's
+		// signature, and its keeper keeps the count as claimed (see
+		// quarantine.TrustedRedrives); so does this envelope, or no record
+		// would ever have a prior replay and max_redrives would never stop
+		// a message that fails again after every replay. Only an integer:
+		// the count is an essential header, which fitting never drops.
+		if _, res := wire.Int(d.Headers[wire.HeaderRedriveCount]); res == wire.IntOK || res == wire.IntOverflow {
+			return notes
+		}
+		v.Problem = "not an integer"
+	} else if v = in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers); v.Valid {
 		return notes
 	}
 	delete(h, wire.HeaderRedriveCount)

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,18 +58,32 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 
 // keeperRedactions is, per quarantine queue, what its keeper redacts from
 // the records the runtime did not redact itself (quarantine.Keeper's
-// Redaction): the union of the rules of the work queues that share it. A
-// broker dead letter's work queue is named only by its headers (x-death,
-// which a producer can forge), so a shared quarantine's keeper scrubs
-// everything any of them asks for.
+// Redaction): the union of the rules of every work queue in the config
+// that names it, handled by this process or not. A broker dead letter's
+// work queue is named only by its headers (x-death, which a producer can
+// forge), and keepers compete for a shared intake: a process that handles
+// one of the queues stores the others' dead letters too, so a shared
+// quarantine's keeper scrubs everything any of them asks for.
 func keeperRedactions(sessions []*queueSession) map[string]quarantine.Redaction {
 	rules := map[string]quarantine.Redaction{}
 	for _, qs := range sessions {
-		r, own := rules[qs.wq.Quarantine], qs.q.redact
-		r.Headers = append(r.Headers, own.Headers...)
-		r.Fields = append(r.Fields, own.Fields...)
-		r.MaxBodyBytes = own.MaxBodyBytes // the same for every queue: schemas.max_body_bytes
-		rules[qs.wq.Quarantine] = r
+		intake := qs.wq.Quarantine
+		if _, done := rules[intake]; done {
+			continue
+		}
+		own := qs.q.redact
+		r := quarantine.Redaction{
+			Headers:      slices.Clone(own.Headers),
+			Fields:       slices.Clone(own.Fields),
+			MaxBodyBytes: own.MaxBodyBytes, // the same for every queue: schemas.max_body_bytes
+		}
+		for _, qc := range qs.deps.cfg.File.Queues {
+			if qc.Quarantine.Queue == intake && qc.Name != qs.q.cfg.Name {
+				r.Headers = append(r.Headers, qc.Quarantine.Redact.Headers...)
+				r.Fields = append(r.Fields, qc.Quarantine.Redact.Fields...)
+			}
+		}
+		rules[intake] = r
 	}
 	return rules
 }
