@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // Metrics are the quarantine's Prometheus collectors, registered on the
@@ -61,10 +63,10 @@ func (m *Metrics) Observe(s *Snapshot) {
 	m.records.Reset()
 	seen := map[string]time.Time{} // every queue with records; zero: none open
 	for _, g := range s.Gone {
-		m.records.WithLabelValues(g.Queue, g.Class, string(StateExpired)).Inc()
+		m.records.WithLabelValues(g.Queue, classLabel(g.Class), string(StateExpired)).Inc()
 	}
 	for _, r := range s.Records {
-		m.records.WithLabelValues(r.Queue, string(r.Envelope.Class), string(r.State)).Inc()
+		m.records.WithLabelValues(r.Queue, classLabel(string(r.Envelope.Class)), string(r.State)).Inc()
 		t, ok := seen[r.Queue]
 		if r.State == StateOpen && (t.IsZero() || r.Seen().Before(t)) {
 			t = r.Seen()
@@ -79,21 +81,35 @@ func (m *Metrics) Observe(s *Snapshot) {
 	}
 }
 
+// classLabel is the class label of a record's class: the classes the
+// runtime and the broker's dead-letter reasons give, and "" (none, an
+// unverified envelope without x-death); any other class, which only a
+// claimed envelope (a keeper without the key keeps the claim) can carry,
+// is "other", so that a producer cannot mint a series per message.
+func classLabel(class string) string {
+	switch triage.Class(class) {
+	case "", triage.ClassTransient, triage.ClassPermanent, triage.ClassSchema, triage.ClassTimeout, triage.ClassPanic,
+		triage.ClassCrashLoop, triage.ClassExpired, triage.ClassMaxLen, triage.ClassRejected:
+		return class
+	}
+	return "other"
+}
+
 func (m *Metrics) replayed(queue, class string) {
 	if m != nil {
-		m.replays.WithLabelValues(queue, class).Inc()
+		m.replays.WithLabelValues(queue, classLabel(class)).Inc()
 	}
 }
 
 func (m *Metrics) purged(queue, class string) {
 	if m != nil {
-		m.purges.WithLabelValues(queue, class).Inc()
+		m.purges.WithLabelValues(queue, classLabel(class)).Inc()
 	}
 }
 
 func (m *Metrics) expired(queue, class string) {
 	if m != nil {
-		m.expires.WithLabelValues(queue, class).Inc()
+		m.expires.WithLabelValues(queue, classLabel(class)).Inc()
 	}
 }
 

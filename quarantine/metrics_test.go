@@ -55,3 +55,33 @@ func TestMetricsOldestOpenAgeGrowsBetweenRefreshes(t *testing.T) {
 		}
 	}
 }
+
+// A keeper without the consumers' key keeps an envelope's class as the
+// message claims it: a producer choosing a new class per message must not
+// mint a new series per class (the replay counter is never reset). Classes
+// the bridge and the broker never write are counted as "other".
+func TestMetricsClassLabelIsBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*Record
+	for i := range 50 {
+		class := triage.Class("claimed-" + strings.Repeat("x", i))
+		recs = append(recs, &Record{Queue: "orders", State: StateOpen, Envelope: Envelope{Class: class}})
+		m.replayed("orders", string(class))
+	}
+	recs = append(recs, &Record{Queue: "orders", State: StateOpen, Envelope: Envelope{Class: triage.ClassSchema}})
+	m.Observe(&Snapshot{Records: recs})
+	if n := testutil.CollectAndCount(m.records); n != 2 {
+		t.Errorf("records: %d series, want 2 (schema, other)", n)
+	}
+	if n := testutil.CollectAndCount(m.replays); n != 1 {
+		t.Errorf("replays: %d series, want 1 (other)", n)
+	}
+	if got := testutil.ToFloat64(m.records.WithLabelValues("orders", "other", "open")); got != 50 {
+		t.Errorf("records{orders,other,open} = %v, want 50", got)
+	}
+}
