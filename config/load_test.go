@@ -171,6 +171,7 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"retention", queueDoc("quarantine: {retention: -1h}"), "queues[0].quarantine.retention", "must be >= 0"},
 		{"redact field", queueDoc("quarantine: {redact: {fields: [email]}}"), "queues[0].quarantine.redact.fields[0]", "is not a JSON pointer"},
 		{"redact header", queueDoc("quarantine: {redact: {headers: ['']}}"), "queues[0].quarantine.redact.headers[0]", "must not be empty"},
+		{"redact own header", queueDoc("quarantine: {redact: {headers: [authorization, DLXBridge-Redrive-Count]}}"), "queues[0].quarantine.redact.headers[1]", "one of the bridge's own headers"},
 		{"message.from", queueDoc("message: {from: body}"), "queues[0].message.from", "must be properties, envelope or pointer"},
 		{"type_pointer", queueDoc("message: {from: pointer, type_pointer: type}"), "queues[0].message.type_pointer", "is not a JSON pointer"},
 		{"version_pointer", queueDoc("message: {from: pointer, version_pointer: v}"), "queues[0].message.version_pointer", "is not a JSON pointer"},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // ApplyDefaults fills every unset field with its documented default. It is
@@ -265,8 +266,14 @@ func (c *Config) Validate() error {
 			}
 		}
 		for j, h := range q.Quarantine.Redact.Headers {
-			if h == "" {
+			switch {
+			case h == "":
 				add(fmt.Sprintf("%s.redact.headers[%d]", qp, j), "must not be empty")
+			case len(h) >= len(wire.OwnPrefix) && strings.EqualFold(h[:len(wire.OwnPrefix)], wire.OwnPrefix):
+				// The runtime writes its own after redaction, so a rule
+				// would scrub only a producer's copy, and the keeper's
+				// redaction of it would void a count a signature vouched for.
+				add(fmt.Sprintf("%s.redact.headers[%d]", qp, j), "%q is one of the bridge's own headers (%s*), written after redaction: redact the values they are made from (a header or body field) instead", h, wire.OwnPrefix)
 			}
 		}
 		mp := p + ".message"
