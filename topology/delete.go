@@ -507,7 +507,7 @@ func (r *DeleteReport) WriteText(w io.Writer) error {
 		line := fmt.Sprintf("  %-12s %s", s.Action, s.Object)
 		if s.Kind == KindQueue && s.Action != DeleteAbsent {
 			if s.Messages >= 0 {
-				line += fmt.Sprintf(" (%d messages)", s.Messages)
+				line += fmt.Sprintf(" (%d message(s))", s.Messages)
 			} else {
 				line += " (stream)"
 			}

@@ -162,8 +162,8 @@ func TestTopologyDeleteKeepsWhatHoldsData(t *testing.T) {
 	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--dry-run", "--config", d.config)...)
 	d.want(t, "dry run", append(d.queues(), d.exchanges()...)...)
 	for _, line := range []string{
-		"kept         queue '" + d.quarantine + "' (1 messages): holds 1 message(s)",
-		"would delete queue '" + d.work + "' (0 messages)",
+		"kept         queue '" + d.quarantine + "' (1 message(s)): holds 1 message(s)",
+		"would delete queue '" + d.work + "' (0 message(s))",
 		"kept         queue '" + d.records + "' (stream)",
 		"kept         exchange '" + d.dead + "': leads to kept queue '" + d.quarantine + "'",
 		"would delete exchange '" + d.retry + "'",
@@ -271,13 +271,13 @@ func TestTopologyDeleteKeepsAQueueInUse(t *testing.T) {
 	}
 	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
 	d.want(t, "delete --include-data", append(d.queues(), d.exchanges()...)...)
-	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 messages): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
+	if !strings.Contains(out, "kept         queue '"+d.work+"' (0 message(s)): 1 consumer(s) attached") || !strings.Contains(errOut, "kept queue '"+d.work+"'") {
 		t.Errorf("delete does not report the work queue kept:\nstdout:\n%s\nstderr:\n%s", out, errOut)
 	}
 	why := ": work queue '" + d.work + "' is kept (in use)"
 	for _, want := range []string{
-		"kept         queue '" + d.lanes[0] + "' (0 messages)" + why,
-		"kept         queue '" + d.quarantine + "' (0 messages)" + why,
+		"kept         queue '" + d.lanes[0] + "' (0 message(s))" + why,
+		"kept         queue '" + d.quarantine + "' (0 message(s))" + why,
 		"kept         queue '" + d.records + "' (stream)" + why,
 		"kept         exchange '" + d.retry + "'" + why,
 		"kept         exchange '" + d.dead + "'" + why,
@@ -300,8 +300,8 @@ func TestTopologyDeleteKeepsTheWorkQueueOfAKeptRetry(t *testing.T) {
 	out, errOut := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--config", d.config)...)
 	d.want(t, "delete", append(d.queues(), d.exchanges()...)...)
 	for _, want := range []string{
-		"kept         queue '" + d.work + "' (0 messages): kept queue '" + d.lanes[0] + "' dead-letters into it",
-		"kept         queue '" + d.quarantine + "' (0 messages): work queue '" + d.work + "' is kept",
+		"kept         queue '" + d.work + "' (0 message(s)): kept queue '" + d.lanes[0] + "' dead-letters into it",
+		"kept         queue '" + d.quarantine + "' (0 message(s)): work queue '" + d.work + "' is kept",
 		"kept         exchange '" + d.retry + "': work queue '" + d.work + "' is kept",
 	} {
 		if !strings.Contains(out, want) {
@@ -341,7 +341,7 @@ func TestTopologyDeleteKeepsObjectsOfAnotherType(t *testing.T) {
 
 	out, errOut := b.mustRunAll(t, cli.ExitFail, "topology", "delete", "--include-data", "--config", b.config)
 	for _, want := range []string{
-		"kept         queue '" + b.work + "' (0 messages): a classic queue where the config has a quorum one",
+		"kept         queue '" + b.work + "' (0 message(s)): a classic queue where the config has a quorum one",
 		"kept         exchange '" + ex + "': a fanout exchange where the config has a direct one",
 	} {
 		if !strings.Contains(out, want) {
@@ -395,7 +395,7 @@ func TestTopologyDeleteKeepsAQueueOthersRouteTo(t *testing.T) {
 	}
 	_ = ch.Close()
 	out, _ := d.mustRunAll(t, cli.ExitFail, d.deleteCmd("--include-data", "--config", d.config)...)
-	if want := "kept         queue '" + d.quarantine + "' (0 messages): bound from exchange '" + other + "'"; !strings.Contains(out, want) {
+	if want := "kept         queue '" + d.quarantine + "' (0 message(s)): bound from exchange '" + other + "'"; !strings.Contains(out, want) {
 		t.Errorf("delete lacks %q:\n%s", want, out)
 	}
 	d.want(t, "delete --include-data", d.quarantine, d.dead)
@@ -538,7 +538,7 @@ func TestTopologyDeleteKeepsWhatTheManagementAPIFailedToCheck(t *testing.T) {
 	failing := writeTopologyConfig(t, d.env, mgmt, "tiers: [200ms, 400ms]\n      jitter: 0")
 
 	kept := []string{
-		"kept         queue '" + d.quarantine + "' (0 messages): the management API could not read it: ",
+		"kept         queue '" + d.quarantine + "' (0 message(s)): the management API could not read it: ",
 		"kept         exchange '" + d.retry + "': the management API could not read it: ",
 		"kept         exchange '" + d.dead + "': leads to kept queue '" + d.quarantine + "'",
 	}
