@@ -62,6 +62,8 @@ func (b *testBundle) drainQuarantineByID(n int) map[string]amqp.Delivery {
 
 // leaks lists the secrets found anywhere in a quarantined message's headers
 // or body, or in the log.
+// Secrets are long and distinctive: a short number such as 4712 turns up by
+// chance in a trace id or a log line's nanoseconds (a CI run once failed so).
 func leaks(d amqp.Delivery, logs string, secrets ...string) []string {
 	var all strings.Builder
 	all.Write(d.Body)
@@ -95,9 +97,9 @@ func TestUpcastFailureNeverQuotesRedactedValues(t *testing.T) {
 		})))
 		must(t, c.Upcast(testType, "1", "2", func(data any) (any, error) { return data, nil }))
 	})
-	b.publish([]byte(`{"id":"u-1","email":"secret-one","n":4711}`), amqp.Publishing{MessageId: "u-1"})
+	b.publish([]byte(`{"id":"u-1","email":"secret-one","n":47114711471}`), amqp.Publishing{MessageId: "u-1"})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	b.publish([]byte(`{"id":"u-2","email":"secret-two","n":4712}`), amqp.Publishing{MessageId: "u-2"})
+	b.publish([]byte(`{"id":"u-2","email":"secret-two","n":47124712471}`), amqp.Publishing{MessageId: "u-2"})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 	got := b.drainQuarantineByID(2)
 	var prints []string
@@ -107,7 +109,7 @@ func TestUpcastFailureNeverQuotesRedactedValues(t *testing.T) {
 		if !strings.Contains(env.Error, "/email format") || env.Fingerprint == "" {
 			t.Errorf("%s: error %q fingerprint %q", id, env.Error, env.Fingerprint)
 		}
-		if found := leaks(d, logs.String(), "secret-one", "secret-two", "4711", "4712"); len(found) > 0 {
+		if found := leaks(d, logs.String(), "secret-one", "secret-two", "47114711471", "47124712471"); len(found) > 0 {
 			t.Errorf("%s: %v leaked (error %q)", id, found, env.Error)
 		}
 		prints = append(prints, env.Fingerprint)
@@ -131,8 +133,8 @@ func TestQuarantinedSchemaFailuresKeepRedactedValuesIn(t *testing.T) {
 		})))
 	})
 	bodies := map[string]string{
-		"invalid":  `{ "id":"g-1", "email" : "secret-one","n":4711 }`,
-		"trailing": `{"id":"g-2"} {"email":"secret-two","n":4712}`,
+		"invalid":  `{ "id":"g-1", "email" : "secret-one","n":47114711471 }`,
+		"trailing": `{"id":"g-2"} {"email":"secret-two","n":47124712471}`,
 		"too-big":  `{"id":"g-3","email":"secret-three","pad":"` + strings.Repeat("x", 512) + `"}`,
 	}
 	for _, id := range []string{"invalid", "trailing", "too-big"} {
@@ -151,7 +153,7 @@ func TestQuarantinedSchemaFailuresKeepRedactedValuesIn(t *testing.T) {
 		if string(d.Body) != body || env.RedactionFailed != "" || len(env.Redacted) != 2 {
 			t.Errorf("%s: body %s, redacted %v, failed %q; want body %s", id, d.Body, env.Redacted, env.RedactionFailed, body)
 		}
-		if found := leaks(d, logs.String(), "secret-one", "secret-two", "4711", "4712"); len(found) > 0 {
+		if found := leaks(d, logs.String(), "secret-one", "secret-two", "47114711471", "47124712471"); len(found) > 0 {
 			t.Errorf("%s: %v leaked (error %q, validation %v)", id, found, env.Error, env.Validation)
 		}
 	}
