@@ -15,3 +15,7 @@ import (
 func Dial(url, name string) (*amqp.Connection, error) {
 	return amqpx.Dial(url, name)
 }
+
+// DefaultURL is the broker URL the bridge's commands use when neither --url
+// nor RABBITMQ_URL is given: a local broker with the guest account.
+const DefaultURL = amqpx.DefaultURL

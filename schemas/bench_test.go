@@ -42,7 +42,7 @@ func BenchmarkGateCheckInvalid(b *testing.B) {
 	}
 }
 
-// stormBody is internal/bench.Body(i, 1024, kind) (which this package's
+// stormBody is cmd/dlxbridge/internal/bench.Body(i, 1024, kind) (which this package's
 // tests cannot import without pulling in the broker-side packages): an
 // orders.created v2 order whose first line item has quantity qty, padded
 // with line items to 1024 bytes.

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 )
 
 func main() {

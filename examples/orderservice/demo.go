@@ -8,7 +8,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
@@ -34,7 +33,7 @@ const (
 // demo publishes one message of each kind and waits for the handlers and the
 // quarantine to show the outcomes.
 func demo(ctx context.Context, o Options, registry *schemas.Registry, events <-chan string, printf func(string, ...any)) error {
-	conn, err := amqpx.Dial(o.URL, o.File.Broker.ConnectionName+"/demo-publisher")
+	conn, err := publisher.Dial(o.URL, o.File.Broker.ConnectionName+"/demo-publisher")
 	if err != nil {
 		return err
 	}

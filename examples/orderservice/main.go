@@ -30,7 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dlxbridge/dlxbridge/config"
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/publisher"
 )
 
 func main() {
@@ -43,7 +43,7 @@ func main() {
 		*url = os.Getenv("RABBITMQ_URL")
 	}
 	if *url == "" {
-		*url = amqpx.DefaultURL
+		*url = publisher.DefaultURL
 	}
 	cfg, err := config.Load(*configPath)
 	if err != nil {

@@ -19,7 +19,7 @@ var layers = map[string]int{
 }
 
 // Nothing public may import these, whatever its rank.
-var forbidden = []string{"internal/cli", "internal/brokertest", "cmd/", "examples/"}
+var forbidden = []string{"internal/brokertest", "cmd/", "examples/"}
 
 // triage decides; it must not know AMQP, Prometheus or OpenTelemetry.
 var impure = []string{"github.com/rabbitmq/", "github.com/prometheus/", "go.opentelemetry.io/"}
@@ -57,6 +57,28 @@ func TestDependenciesPointOneWay(t *testing.T) {
 						t.Errorf("triage depends on %s; it must stay pure", dep)
 					}
 				}
+			}
+		}
+	}
+}
+
+// The examples show what a user of the module can write, so they may not
+// import anything under internal/ (their tests may use the test kit).
+// Nor may the ground floor under internal/ import the app tier.
+func TestExamplesAndGroundFloorStayOutOfTheAppTier(t *testing.T) {
+	t.Parallel()
+	for _, p := range goList(t, "./examples/...", "./internal/...") {
+		name := strings.TrimPrefix(p.ImportPath, module+"/")
+		for _, imp := range p.Imports {
+			dep, ours := strings.CutPrefix(imp, module+"/")
+			if !ours {
+				continue
+			}
+			if strings.HasPrefix(name, "examples/") && isInternal(imp) {
+				t.Errorf("%s imports %s, which a user of the module cannot", name, dep)
+			}
+			if strings.HasPrefix(name, "internal/") && strings.HasPrefix(dep, "cmd/") {
+				t.Errorf("%s imports %s: the ground floor must not import the app tier", name, dep)
 			}
 		}
 	}

@@ -18,8 +18,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/publisher"
+	"github.com/dlxbridge/dlxbridge/topology"
 )
 
 // method builds an AMQP method frame on channel 1.
@@ -222,7 +224,7 @@ func TestNothingLeftWithoutManagement(t *testing.T) {
 	})
 }
 
-// applyTopology runs the CLI's topology apply against e.URL: code that dials
+// applyTopology applies a topology against e.URL: code that dials
 // the broker itself, as a consumer or the CLI does in tests.
 func applyTopology(t *testing.T, e *Env) {
 	t.Helper()
@@ -244,10 +246,21 @@ func applyTopology(t *testing.T, e *Env) {
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	env := &cli.Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}
-	if code := cli.Main(context.Background(), []string{"topology", "apply", "--config", path, "--url", e.URL}, env); code != 0 {
-		t.Fatalf("topology apply: exit %d\n%s", code, out.String())
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := publisher.Dial(e.URL, "dlxbridge-test/apply")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	topo, err := topology.BuildFor(cfg, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&topology.Inspector{Conn: conn}).Apply(context.Background(), topo); err != nil {
+		t.Fatalf("topology apply: %v", err)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 )
 
 // runCLI runs dlxbridge with args and stdin and returns exit code, stdout
@@ -36,7 +36,7 @@ const validOrderV1 = `{
 // copyRegistry copies the repo's schemas/<type>/v<N>.json into a temp dir.
 func copyRegistry(t *testing.T) string {
 	t.Helper()
-	src := filepath.Join("..", "..", "schemas")
+	src := filepath.Join("..", "..", "..", "..", "schemas")
 	dst := t.TempDir()
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".json") || strings.Contains(p, "testdata") {

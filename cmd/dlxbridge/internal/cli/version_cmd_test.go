@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 )
 
 func TestVersion(t *testing.T) {

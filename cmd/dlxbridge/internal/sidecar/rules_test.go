@@ -21,7 +21,7 @@ import (
 
 // repoFile is a path from the repository root.
 func repoFile(parts ...string) string {
-	return filepath.Join(append([]string{"..", ".."}, parts...)...)
+	return filepath.Join(append([]string{"..", "..", "..", ".."}, parts...)...)
 }
 
 // descRecorder is a Registerer that keeps the fully-qualified name of every

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
 )
 
 // run.operator_token_env naming an unset variable is a config error, not

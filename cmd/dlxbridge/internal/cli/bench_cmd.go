@@ -3,7 +3,7 @@ package cli
 import (
 	"context"
 
-	"github.com/dlxbridge/dlxbridge/internal/bench"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/bench"
 )
 
 // runBench: dlxbridge bench. The bench runs each side in a process of its

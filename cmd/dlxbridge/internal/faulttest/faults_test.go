@@ -17,8 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/bench"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/bench"
 )
 
 // childEnv, when set, makes this test binary a consumer process for

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/internal/sidecar"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 

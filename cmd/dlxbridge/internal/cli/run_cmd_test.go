@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
 )
 
 // writeRunConfig writes a one-queue config for `dlxbridge run` named with

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 )
 
 // openPTY returns a pseudo-terminal's controller and its terminal end.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
 )
 
 // runWith runs dlxbridge with args and RABBITMQ_URL set to rabbitURL.

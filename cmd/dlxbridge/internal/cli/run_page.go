@@ -7,9 +7,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/sidecar"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 )
 
@@ -220,7 +220,7 @@ func TestReplayKilledMidwayLosesNothing(t *testing.T) {
 	const n = 60
 	b, cfg := setupQuarantine(t, map[string]int{"fp-k": n})
 	bin := filepath.Join(t.TempDir(), "dlxbridge")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/dlxbridge").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "../..").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	work := cfg.Queues[0].Name

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
-	"github.com/dlxbridge/dlxbridge/internal/cli"
 )
 
 // The demo runs to the end on the real broker, its final table matches

@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 )
 
