@@ -1,39 +1,20 @@
 package consumer
 
 import (
+	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
-
-// retryHeaders copies h without the headers the broker owns. A retry must
-// not carry them back into the work queue:
-//   - x-death: on 3.x the broker reads a client's x-death in its cycle check,
-//     and a message with an x-death entry for its own work queue without a
-//     rejection (say it expired there once and was replayed) is dropped
-//     silently when its retry lane expires. The bridge's attempt and
-//     first-failure headers carry what the retry loop needs.
-//   - x-delivery-count: a stale count from the last hop would trip the
-//     crash-loop guard on the retry's first delivery.
-func retryHeaders(h amqp.Table) amqp.Table {
-	out := make(amqp.Table, len(h))
-	for k, v := range h {
-		if wire.IsBrokerHeader(k) {
-			continue
-		}
-		out[k] = v
-	}
-	return out
-}
 
 func idempotencyKey(d *amqp.Delivery) string {
 	if k := wire.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
@@ -43,39 +24,13 @@ func idempotencyKey(d *amqp.Delivery) string {
 }
 
 // republish copies d's properties into a new publishing with base's headers
-// (d.Headers or a redacted copy) plus extra, and body. Expiration and user-id
-// are moved into headers (see the header constants); delivery mode is
-// persistent.
+// (d.Headers or a copy without some) plus extra, and body (see
+// frame.Republish).
 func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
 	h := make(amqp.Table, len(base)+len(extra)+16)
-	for k, v := range base {
-		h[k] = v
-	}
-	for k, v := range extra {
-		h[k] = v
-	}
-	if d.Expiration != "" {
-		if _, kept := h[wire.HeaderOriginalExpiration]; !kept {
-			h[wire.HeaderOriginalExpiration] = d.Expiration
-		}
-	}
-	if d.UserId != "" {
-		h[wire.HeaderOriginalUserID] = d.UserId
-	}
-	return amqp.Publishing{
-		Headers:         h,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            body,
-	}
+	maps.Copy(h, base)
+	maps.Copy(h, extra)
+	return frame.Republish(d, h, body)
 }
 
 // buildInput is everything the settlement builders read. The builders are
@@ -111,13 +66,13 @@ type buildInput struct {
 type built struct {
 	exchange, key string
 	p             amqp.Publishing
-	// changed lists what fitting dropped or cut (see quarantine.Fit).
+	// changed lists what fitting dropped or cut (see frame.Fit).
 	changed []string
 }
 
 // build returns the finished publishing for in's verdict: a retry, a
 // re-admission or (any other action) the quarantine. An error wrapping
-// quarantine.ErrNoFit means it cannot fit one frame: nothing may be sent.
+// frame.ErrNoFit means it cannot fit one frame: nothing may be sent.
 func build(in *buildInput) (built, error) {
 	switch in.f.verdict.Action {
 	case triage.ActionRetry:
@@ -161,12 +116,12 @@ func buildRetry(in *buildInput) (built, error) {
 		first = in.now
 	}
 	state := retryState(in, int64(f.verdict.Attempt), first)
-	p := republish(d, retryHeaders(d.Headers), d.Body, state)
+	p := republish(d, frame.StripHeaders(d.Headers, nil), d.Body, state)
 	ownState(p.Headers, state)
-	p.Headers[wire.HeaderLastError] = quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)
+	p.Headers[wire.HeaderLastError] = frame.Truncate(errString(f.err), frame.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
-	return finish(in, in.wq.RetryExchange, lane.RoutingKey, p, true)
+	return finish(in, in.wq.RetryExchange, lane.RoutingKey, p)
 }
 
 // buildReadmit republishes d to its own work queue (through the default
@@ -191,7 +146,7 @@ func buildReadmit(in *buildInput) (built, error) {
 	ownState(p.Headers, state)
 	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))
-	return finish(in, "", in.queue, p, true)
+	return finish(in, "", in.queue, p)
 }
 
 // retryState is the bridge's state a message carries back into its work
@@ -250,89 +205,40 @@ func origin(d *amqp.Delivery, queue string, signed bool) (exchange, key, from st
 	return exchange, key, from
 }
 
-// buildQuarantine is the quarantine record: the message as received
-// (redacted as configured) with the failure envelope, for the queue's dead
-// exchange. No retry state in it is signed: the quarantine is no way back
-// into the work queue (a replay starts the message's retry state over).
-// The envelope is (finish signs it, wire.HeaderEnvelopeSignature): a
-// message the broker dead-letters on its own keeps the producer's headers,
-// and the signature tells this envelope from one a producer wrote.
+// buildQuarantine is the quarantine record for the queue's dead exchange,
+// written by quarantine.Publishing.
 func buildQuarantine(in *buildInput) (built, error) {
 	d, f := in.d, in.f
-	v := f.verdict
 	ex, key, queue := origin(d, in.queue, f.attempts.Signed)
-	red := in.redact.Apply(d.Headers, d.Body)
-
-	env := quarantine.Envelope{
-		Source:           quarantine.SourceBridge,
-		Class:            v.Class,
-		Reason:           v.Reason,
-		Error:            errString(f.err),
-		Attempts:         v.Attempt,
-		FirstFailureAt:   f.attempts.FirstFailure,
-		LastFailureAt:    in.now,
-		QuarantinedAt:    in.now,
-		OriginalExchange: ex,
-		OriginalRouting:  key,
-		OriginalQueue:    queue,
-		MessageID:        d.MessageId,
-		IdempotencyKey:   idempotencyKey(d),
-		MessageType:      f.msgType,
-		SchemaVersion:    f.version,
-		WorkerHost:       in.host,
-		WorkerVersion:    in.workerVersion,
-		TraceID:          in.traceID,
-		Redacted:         red.Changed,
-		RedactionFailed:  red.Failed,
-		Stack:            panicStack(f.err),
-	}
-	if env.FirstFailureAt.IsZero() {
-		env.FirstFailureAt = in.now
-	}
-	if red.Headers[wire.HeaderIdempotencyKey] == quarantine.Redacted {
-		env.IdempotencyKey = quarantine.Redacted // redaction covers the envelope's copy too
-	}
-	if f.validation != nil {
-		for _, vi := range f.validation.Violations {
-			env.Validation = append(env.Validation, quarantine.Violation{Pointer: vi.Pointer, Keyword: vi.Keyword, Message: vi.Message})
-		}
-		if len(env.Validation) == 0 {
-			env.Validation = []quarantine.Violation{{Keyword: string(f.validation.Reason), Message: f.validation.Detail}}
-		}
-	}
-	env.Fingerprint = triage.Fingerprint(v.Class, fingerprintText(f, v), f.msgType, f.version)
-	env.Notes = mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes)
-
-	p := republish(d, red.Headers, red.Body, nil)
-	delete(p.Headers, wire.HeaderSignature)
-	ownDropped(in, p.Headers)
-	env.Notes = ownRedrives(in, p.Headers, env.Notes)
-	env.Apply(p.Headers)
-	// Room for the envelope signature, which finish writes over it once
-	// fitting has made the envelope final.
-	p.Headers[wire.HeaderEnvelopeSignature] = in.signer.Placeholder()
-	return finish(in, in.wq.DeadExchange, in.queue, p, false)
+	p, changed, err := quarantine.Publishing(&quarantine.Failure{
+		Delivery: d, Exchange: in.wq.DeadExchange,
+		OriginalExchange: ex, OriginalRoutingKey: key, OriginalQueue: queue,
+		Verdict: f.verdict, Err: f.err, Validation: f.validation, Stack: panicStack(f.err),
+		MessageType: f.msgType, SchemaVersion: f.version,
+		FirstFailureAt: f.attempts.FirstFailure, At: in.now,
+		Notes:  mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes),
+		Signed: f.attempts.Signed, Redaction: in.redact,
+		WorkerHost: in.host, WorkerVersion: in.workerVersion, TraceID: in.traceID, Trace: in.trace,
+		VersionHeader: in.versionHeader, FrameMax: in.frameMax,
+		Signer: in.signer, Verifier: in.verifier,
+	})
+	return built{exchange: in.wq.DeadExchange, key: in.queue, p: p, changed: changed}, err
 }
 
-// finish injects the trace context and fits p to one frame: a header frame
-// over frame_max makes the broker close the whole connection, which would
-// requeue everything in flight on it. A publishing that cannot fit is an
-// error wrapping quarantine.ErrNoFit. Fitting may cut headers and add
-// notes, so signed retry state (back: the publishing goes back to the work
-// queue) is signed after it, in place of seal's placeholder of the same
-// size, so p still fits; a quarantine publish's envelope likewise, in
-// place of buildQuarantine's placeholder (one HMAC per quarantine publish).
-func finish(in *buildInput, exchange, key string, p amqp.Publishing, back bool) (built, error) {
+// finish injects the trace context and fits p, a copy going back to the
+// work queue, to one frame: a header frame over frame_max makes the broker
+// close the whole connection, which would requeue everything in flight on
+// it. A publishing that cannot fit is an error wrapping frame.ErrNoFit.
+// Fitting may cut headers and add notes, so the signed retry state is
+// signed after it, in place of seal's placeholder of the same size, so p
+// still fits.
+func finish(in *buildInput, exchange, key string, p amqp.Publishing) (built, error) {
 	for k, v := range in.trace {
 		p.Headers[k] = v
 	}
-	changed, err := quarantine.Fit(&p, in.frameMax, fitRank(back, in.versionHeader))
-	switch {
-	case err != nil:
-	case back:
+	changed, err := frame.Fit(&p, in.frameMax, frame.RetryRank)
+	if err == nil {
 		sign(in, p.Headers)
-	default:
-		quarantine.SignEnvelope(in.signer, p.Headers, exchange, p.MessageId, p.Body)
 	}
 	return built{exchange: exchange, key: key, p: p, changed: changed}, err
 }
@@ -353,43 +259,6 @@ func sign(in *buildInput, h amqp.Table) {
 	h[wire.HeaderSignature] = in.signer.Sign(subject(in.queue, in.d), h, signedHeaders)
 }
 
-// fitRank says which of a republish's headers quarantine.Fit may drop or
-// cut first (see quarantine.Rank for the order). A retry (back into the
-// work queue) must reach the handler as the producer sent it, so every
-// header the producer set travels unchanged (FixedHeader), except trace
-// context, which only tracing reads and which the bridge re-injects anyway;
-// only the bridge's own headers give way. A retry that still cannot fit is
-// quarantined instead (see settleFailure), where the producer's headers may
-// go too; versionHeader and the idempotency key go last of them.
-func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
-	return func(k string) quarantine.Rank {
-		if k == wire.HeaderEnvelopeSignature && !back {
-			return quarantine.FixedHeader // a placeholder of the signature's size
-		}
-		switch k {
-		case wire.HeaderTraceparent, wire.HeaderTracestate, wire.HeaderBaggage:
-			return quarantine.TraceHeader
-		case wire.HeaderLastError:
-			return quarantine.DetailHeader
-		case wire.HeaderEnvelope, wire.HeaderSource, wire.HeaderClass, wire.HeaderReason,
-			wire.HeaderFingerprint, wire.HeaderAttempts, wire.HeaderFirstFailureAt,
-			wire.HeaderOriginalExchange, wire.HeaderOriginalRoutingKey, wire.HeaderOriginalQueue,
-			wire.HeaderIdempotencyKeyCopy, wire.HeaderOriginalExpiration, wire.HeaderOriginalUserID,
-			wire.HeaderRedriveCount:
-			return quarantine.EssentialHeader
-		}
-		switch {
-		case back:
-			return quarantine.FixedHeader
-		case k == versionHeader || k == wire.HeaderIdempotencyKey:
-			return quarantine.IdentityHeader
-		case strings.HasPrefix(k, wire.OwnPrefix) || wire.IsDeathHeader(k):
-			return quarantine.DetailHeader
-		}
-		return quarantine.ProducerHeader
-	}
-}
-
 // ownDropped removes a dlxbridge-dropped that no earlier hop's signature
 // vouches for: the producer wrote it, and the envelope signature (which
 // covers it) would otherwise present it as what the runtime dropped. The
@@ -402,41 +271,6 @@ func ownDropped(in *buildInput, h amqp.Table) {
 	}
 }
 
-// ownRedrives keeps a redrive count in the quarantine envelope only if a
-// replay's redrive signature vouches for it (on d as received: the body
-// and message id it signed); the envelope signature, which covers it, then
-// vouches for it in the record, even if redaction changed the body. Any
-// other count is the publisher's claim (a header is evidence, never a
-// command): it and its signature are removed, so that nothing the runtime
-// signs carries it as prior replays, and a note added to notes keeps what
-// was claimed. A runtime with a random key of its own (in.verifier nil)
-// can verify nothing and keeps the count as claimed, as its keeper does.
-func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
-	d := in.d
-	if _, claimed := d.Headers[wire.HeaderRedriveCount]; !claimed {
-		delete(h, wire.HeaderRedriveSignature)
-		return notes
-	}
-	var v triage.Verification
-	if in.verifier == nil {
-		// A random key of this process's own: it cannot check a replay's
-		// signature, and its keeper keeps the count as claimed (see
-		// quarantine.TrustedRedrives); so does this envelope, or no record
-		// would ever have a prior replay and max_redrives would never stop
-		// a message that fails again after every replay. Only an integer:
-		// the count is an essential header, which fitting never drops.
-		if _, res := wire.Int(d.Headers[wire.HeaderRedriveCount]); res == wire.IntOK || res == wire.IntOverflow {
-			return notes
-		}
-		v.Problem = "not an integer"
-	} else if v = in.verifier.VerifyRedrive(d.MessageId, d.Body, d.Headers); v.Valid {
-		return notes
-	}
-	delete(h, wire.HeaderRedriveCount)
-	delete(h, wire.HeaderRedriveSignature)
-	return append(notes, quarantine.UnverifiedRedrives(d.Headers, v.Problem))
-}
-
 // priorNotes are the notes an earlier hop recorded, if its signature vouches
 // for them (signed): unsigned ones were written by someone else.
 func priorNotes(d *amqp.Delivery, signed bool) []string {
@@ -445,21 +279,6 @@ func priorNotes(d *amqp.Delivery, signed bool) []string {
 	}
 	notes, _ := wire.StringList(d.Headers[wire.HeaderNotes])
 	return notes
-}
-
-// fingerprintText is what a failure is grouped by: the error, else the
-// verdict's reason (crash-loops have no error of their own).
-func fingerprintText(f failure, v triage.Verdict) string {
-	if vr := f.validation; vr != nil {
-		if len(vr.Violations) > 0 {
-			return string(vr.Reason) + " " + vr.Violations[0].Pointer + " " + vr.Violations[0].Keyword
-		}
-		return string(vr.Reason)
-	}
-	if f.err != nil {
-		return f.err.Error()
-	}
-	return v.Reason
 }
 
 // mergeNotes appends the lists, dropping exact repeats (a note carried

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -14,7 +14,7 @@ import (
 // publishing a retry or a quarantine sends (headers, signature, envelope,
 // fingerprint, fitting), for a 1 KB body. Its allocs/op are what to watch.
 func BenchmarkBuild(b *testing.B) {
-	sb := newSettleBundle(b, quarantine.DefaultFrameSize)
+	sb := newSettleBundle(b, frame.DefaultFrameSize)
 	d := delivery()
 	d.Body = bytes.Repeat([]byte("x"), 1024)
 	schemaInvalid := quarantineFailure()

@@ -6,6 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -13,44 +14,12 @@ import (
 
 func envSigBundle(t *testing.T) (*settleBundle, *triage.Signer) {
 	t.Helper()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	signer, err := triage.NewSigner(b.key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b, signer
-}
-
-// Every header the envelope signature covers is the runtime's word: the
-// runtime writes it or removes it. A producer's own dlxbridge-dropped (or
-// any other envelope header) on a message the runtime quarantines on its
-// first delivery must not come out signed, as if the runtime had dropped
-// those headers to fit a frame.
-func TestQuarantineSignsNoProducerEnvelopeHeader(t *testing.T) {
-	t.Parallel()
-	b, signer := envSigBundle(t)
-	d := delivery()
-	for _, k := range quarantine.EnvelopeFields() {
-		d.Headers[k] = `["producer:` + k + `"]`
-	}
-	got, err := build(b.input(d, quarantineFailure()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := got.p
-	in := &amqp.Delivery{Exchange: got.exchange, MessageId: p.MessageId, Body: p.Body, Headers: p.Headers}
-	env, _ := quarantine.ReadVerified(in, signer)
-	if !env.Verified {
-		t.Fatalf("the runtime's own envelope does not verify: %+v", env)
-	}
-	for _, k := range quarantine.EnvelopeFields() {
-		if v, ok := p.Headers[k].(string); ok && v == `["producer:`+k+`"]` {
-			t.Errorf("%s: the producer's value %q is signed as the runtime's", k, v)
-		}
-	}
-	if slices.Contains(env.Dropped, "producer:"+wire.HeaderDropped) {
-		t.Errorf("verified envelope lists the producer's dropped entries: %q", env.Dropped)
-	}
 }
 
 // Nor through a retry: the producer's dlxbridge-dropped must not ride a

@@ -88,9 +88,9 @@ func TestRuntimeQuarantineEnvelopeVerifies(t *testing.T) {
 	if !first.Envelope.Verified || first.Envelope.Source != quarantine.SourceBridge || first.Envelope.Class != triage.ClassPermanent {
 		t.Fatalf("runtime's record: %+v", first.Envelope)
 	}
-	if v := quarantine.VerifyEnvelope(signer, &amqp.Delivery{Headers: first.Headers(), Exchange: first.Exchange,
-		MessageId: first.Properties.MessageID, Body: first.Body}); !v.Valid {
-		t.Fatalf("the record's envelope does not verify from its headers: %s", v.Problem)
+	if env, _ := quarantine.ReadVerified(&amqp.Delivery{Headers: first.Headers(), Exchange: first.Exchange,
+		MessageId: first.Properties.MessageID, Body: first.Body}, signer); !env.Verified {
+		t.Fatalf("the record's envelope does not verify from its headers: %q", env.Notes)
 	}
 	if !again.Envelope.Verified || again.Envelope.OriginalExchange != first.Envelope.OriginalExchange || again.Envelope.OriginalExchange == "" {
 		t.Fatalf("replayed copy's record: %+v (first %q)", again.Envelope, first.Envelope.OriginalExchange)

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -153,7 +155,7 @@ func TestOversizedHeaderOfEachKindNeverClosesThePublishingConnection(t *testing.
 			// Unsigned, so the bridge ignores it (noted above) and writes
 			// the real routing key over it: nothing is left to drop.
 			if v, _ := d.Headers[g.header].(string); v != "job.test" {
-				t.Errorf("%s: %s = %q, want the delivery's routing key", g.id, g.header, quarantine.Truncate(v, 40))
+				t.Errorf("%s: %s = %q, want the delivery's routing key", g.id, g.header, frame.Truncate(v, 40))
 			}
 			continue
 		}

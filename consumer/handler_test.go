@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -109,7 +110,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		wire.HeaderIdempotencyKey:  "k",
 		"dlxbridge-original-queue": "orders",
 	}
-	out := retryHeaders(in)
+	out := frame.StripHeaders(in, nil)
 	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count"} {
 		if _, ok := out[gone]; ok {
 			t.Errorf("%s survived", gone)

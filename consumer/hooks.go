@@ -13,7 +13,7 @@ type testHooks struct {
 	consuming    func()
 	reconnecting func(err error)
 	// frameMax, if set, replaces the publishing connection's frame_max in
-	// quarantine.Fit.
+	// frame.Fit.
 	frameMax int
 	stopping func(queue string) // a queue session's stop began (its consumer is being cancelled)
 	blocked  func(active bool)  // the broker blocked or unblocked the publishing connection

@@ -8,12 +8,14 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -318,5 +320,35 @@ func panicStack(err error) string {
 	if !errors.As(err, &pe) {
 		return ""
 	}
-	return quarantine.PanicStack(pe.Stack)
+	return trimStack(pe.Stack)
+}
+
+// trimStack turns a stack captured in a deferred recover
+// (runtime/debug.Stack) into what the envelope and the log keep: the
+// goroutine line and the frames from the one that panicked down, without
+// the recovery frames above the panic call, cut at a line boundary to at
+// most quarantine.MaxStackBytes.
+func trimStack(stack []byte) string {
+	s := string(stack)
+	// debug.Stack lists the recovering frames first, then "panic(...)" and
+	// its source line, then the frame that panicked.
+	if i := strings.Index(s, "\npanic("); i >= 0 {
+		head, _, _ := strings.Cut(s, "\n")
+		rest := s[i+1:]
+		if _, after, ok := strings.Cut(rest, "\n"); ok { // the panic( line
+			if _, after, ok = strings.Cut(after, "\n"); ok { // its source line
+				s = head + "\n" + after
+			}
+		}
+	}
+	s = strings.TrimRight(s, "\n")
+	if len(s) <= quarantine.MaxStackBytes {
+		return s
+	}
+	const mark = "\n…[truncated]"
+	cut := strings.LastIndexByte(s[:quarantine.MaxStackBytes-len(mark)+1], '\n')
+	if cut < 0 {
+		return frame.Truncate(s, quarantine.MaxStackBytes)
+	}
+	return s[:cut] + mark
 }

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 )
 
 // A retry or quarantine copy whose body is over the broker's max message
@@ -59,14 +59,14 @@ func (e *overLimitError) Error() string {
 
 // unsendable reports whether err says a copy cannot be published at all
 // (no retry could help), and why, as a dead_lettered reason: it does not
-// fit one frame (quarantine.ErrNoFit), or its body is over the broker's
+// fit one frame (frame.ErrNoFit), or its body is over the broker's
 // max message size.
 func unsendable(err error) (reason string, ok bool) {
 	var ol *overLimitError
 	switch {
 	case errors.As(err, &ol):
 		return deadLetterMaxMessageSize, true
-	case errors.Is(err, quarantine.ErrNoFit):
+	case errors.Is(err, frame.ErrNoFit):
 		return deadLetterFrameMax, true
 	}
 	if _, ok := amqpx.IsTooLarge(err); ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -52,7 +53,7 @@ func TestOverLimitAndUnsendable(t *testing.T) {
 		{amqpx.ErrPublisherClosed, ""},
 		{fmt.Errorf("%w: %w", amqpx.ErrBesideRefusal, amqpx.ErrPublisherClosed), ""}, // sent again, not given up
 		{amqpx.ErrNacked, ""},
-		{fmt.Errorf("build: %w", quarantine.ErrNoFit), deadLetterFrameMax},
+		{fmt.Errorf("build: %w", frame.ErrNoFit), deadLetterFrameMax},
 		{&overLimitError{size: 11, limit: 10}, deadLetterMaxMessageSize},
 		{fmt.Errorf("publish: %w", tooLarge), deadLetterMaxMessageSize},
 	} {
@@ -72,7 +73,7 @@ func TestSettleDeadLettersWhatIsOverTheLearnedLimit(t *testing.T) {
 	t.Parallel()
 	body := int64(len(delivery().Body))
 	for _, f := range []failure{retryFailure(), quarantineFailure()} {
-		b := newSettleBundle(t, quarantine.DefaultFrameSize)
+		b := newSettleBundle(t, frame.DefaultFrameSize)
 		b.w.s.maxSize.learn(body - 1)
 		a := &fakeAcker{}
 		b.settle(context.Background(), a, delivery(), f)
@@ -90,7 +91,7 @@ func TestSettleDeadLettersWhatIsOverTheLearnedLimit(t *testing.T) {
 			t.Errorf("%s: quarantined = %v, want 1 (it ends in the quarantine)", f.verdict.Action, n)
 		}
 
-		b = newSettleBundle(t, quarantine.DefaultFrameSize)
+		b = newSettleBundle(t, frame.DefaultFrameSize)
 		b.w.s.maxSize.learn(body)
 		a = &fakeAcker{}
 		b.settle(context.Background(), a, delivery(), f)
@@ -101,7 +102,7 @@ func TestSettleDeadLettersWhatIsOverTheLearnedLimit(t *testing.T) {
 
 	// A re-admission over the limit is left to the handler, like one over
 	// a frame: rejecting it would quarantine a message never handled.
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	b.w.s.maxSize.learn(body - 1)
 	a := &fakeAcker{}
 	if b.w.settleFailure(context.Background(), noop.Span{}, a, delivery(), failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}) {
@@ -123,7 +124,7 @@ func TestSettleLearnsTheLimitFromTheBrokersRefusal(t *testing.T) {
 	t.Parallel()
 	body := int64(len(delivery().Body))
 	refusal := &amqpx.TooLargeError{Size: body, Max: body - 1, Closed: fmt.Errorf("%w: 406", amqpx.ErrPublisherClosed)}
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	b.out.fail = func(published) error { return refusal }
 	a := &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), retryFailure())
@@ -139,7 +140,7 @@ func TestSettleLearnsTheLimitFromTheBrokersRefusal(t *testing.T) {
 		t.Fatalf("after learning: calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
 	}
 
-	b = newSettleBundle(t, quarantine.DefaultFrameSize)
+	b = newSettleBundle(t, frame.DefaultFrameSize)
 	b.out.fail = func(published) error { return refusal }
 	a = &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}})

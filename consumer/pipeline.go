@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -472,7 +472,7 @@ func (w *worker) retryNow(span trace.Span, recording bool, d *amqp.Delivery, msg
 		span.AddEvent("dlxbridge.immediate_retry", trace.WithAttributes(
 			attribute.Int("dlxbridge.attempt", v.Attempt),
 			attribute.String("dlxbridge.class", string(v.Class)),
-			attribute.String("exception.message", quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)),
+			attribute.String("exception.message", frame.Truncate(errString(f.err), frame.MaxErrorBytes)),
 		))
 		span.SetAttributes(attribute.Int("dlxbridge.attempt", v.Attempt+1))
 	}

@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -105,7 +105,7 @@ func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d 
 	}
 	w.settled.failed(f)
 	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
-		// A retry may not drop the producer's headers (see fitRank):
+		// A retry may not drop the producer's headers (see frame.RetryRank):
 		// park it instead, where they may give way (and redaction may
 		// shrink the body).
 		f.verdict.Action = triage.ActionQuarantine
@@ -262,7 +262,7 @@ type outgoing struct {
 // prepare builds the verdict's publishing (see build) inside a producer
 // span, whose context the publishing carries so that the next consumer
 // span continues the trace. A publishing that cannot fit one frame (the
-// error wraps quarantine.ErrNoFit), or whose body is over the broker's max
+// error wraps frame.ErrNoFit), or whose body is over the broker's max
 // message size as learned on this connection (*overLimitError), is not
 // sent, and the span is ended.
 func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
@@ -563,7 +563,7 @@ func (f *failureMemo) add(id, why string) {
 		}
 	}
 	e := f.m[id]
-	f.m[id] = memoEntry{last: quarantine.Truncate(why, 256), count: e.count + 1}
+	f.m[id] = memoEntry{last: frame.Truncate(why, 256), count: e.count + 1}
 }
 
 // take returns and forgets what is known about id.

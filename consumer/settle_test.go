@@ -23,6 +23,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -196,7 +197,7 @@ func (b *settleBundle) input(d *amqp.Delivery, f failure) *buildInput {
 
 func TestBuildRetry(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	d := delivery()
 	got, err := build(b.input(d, retryFailure()))
 	if err != nil {
@@ -235,7 +236,7 @@ func TestBuildRetry(t *testing.T) {
 
 func TestBuildReadmit(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	d := delivery()
 	f := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
 	got, err := build(b.input(d, f))
@@ -263,7 +264,7 @@ func TestBuildReadmit(t *testing.T) {
 
 func TestBuildQuarantine(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	d := delivery()
 	d.Headers[wire.HeaderSignature] = "v1:forged"
 	got, err := build(b.input(d, quarantineFailure()))
@@ -277,7 +278,7 @@ func TestBuildQuarantine(t *testing.T) {
 	if _, ok := p.Headers[wire.HeaderSignature]; ok {
 		t.Error("the quarantine carries a signature")
 	}
-	if p.Headers["secret"] != quarantine.Redacted {
+	if p.Headers["secret"] != redactedValue {
 		t.Errorf("secret = %v, want it redacted", p.Headers["secret"])
 	}
 	env, ok := quarantine.Read(&amqp.Delivery{MessageId: p.MessageId, Headers: p.Headers})
@@ -304,15 +305,15 @@ func TestBuildFitsOneFrame(t *testing.T) {
 	b := newSettleBundle(t, 4096)
 	d := delivery()
 	d.Headers["x-big"] = strings.Repeat("b", 8000)
-	if _, err := build(b.input(d, retryFailure())); !errors.Is(err, quarantine.ErrNoFit) {
+	if _, err := build(b.input(d, retryFailure())); !errors.Is(err, frame.ErrNoFit) {
 		t.Fatalf("retry: %v, want ErrNoFit", err)
 	}
 	got, err := build(b.input(d, quarantineFailure()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, kept := got.p.Headers["x-big"]; kept || quarantine.HeaderFrameSize(&got.p) > 4096 {
-		t.Errorf("x-big kept, frame %d", quarantine.HeaderFrameSize(&got.p))
+	if _, kept := got.p.Headers["x-big"]; kept || frame.HeaderFrameSize(&got.p) > 4096 {
+		t.Errorf("x-big kept, frame %d", frame.HeaderFrameSize(&got.p))
 	}
 	if len(got.changed) == 0 || !strings.Contains(strings.Join(got.changed, " "), "x-big") {
 		t.Errorf("changed %v", got.changed)
@@ -322,7 +323,7 @@ func TestBuildFitsOneFrame(t *testing.T) {
 // The original is acked only after the broker confirmed its copy.
 func TestSettleAcksOnlyAfterConfirm(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	a := &fakeAcker{}
 	a.onAck = func() {
 		if len(b.out.sent) != 1 {
@@ -346,7 +347,7 @@ func TestSettleAcksOnlyAfterConfirm(t *testing.T) {
 func TestSettleRequeuesWhenThePublishFails(t *testing.T) {
 	t.Parallel()
 	for _, cause := range []error{amqpx.ErrUnroutable, amqpx.ErrNacked, amqp.ErrClosed} {
-		b := newSettleBundle(t, quarantine.DefaultFrameSize)
+		b := newSettleBundle(t, frame.DefaultFrameSize)
 		b.out.fail = func(published) error { return cause }
 		a := &fakeAcker{}
 		b.settle(context.Background(), a, delivery(), quarantineFailure())
@@ -389,7 +390,7 @@ func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
 // original unsettled: the channel close requeues it.
 func TestSettleLeavesItUnsettledOnShutdownMidPublish(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	b.out.block = true
 	ctx, cancel := context.WithCancelCause(context.Background())
 	go func() {
@@ -416,7 +417,7 @@ func TestSettleLeavesItUnsettledOnShutdownMidPublish(t *testing.T) {
 // redeliver.
 func TestSettleReportsAFailedAck(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	a := &fakeAcker{ackErr: amqp.ErrClosed}
 	b.settle(context.Background(), a, delivery(), retryFailure())
 	if strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
@@ -492,7 +493,7 @@ func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b := newSettleBundle(t, quarantine.DefaultFrameSize)
+			b := newSettleBundle(t, frame.DefaultFrameSize)
 			qs := b.w.s
 			calls := make(chan string, 1)
 			d := delivery()
@@ -547,7 +548,7 @@ func (h *heldConfirmer) release(id string, err error) {
 // lost with its channel.
 func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	held := &heldConfirmer{}
 	b.w.out = held
 	ids := []string{"m-1", "m-2", "m-3", "m-4", "m-5"}
@@ -611,7 +612,7 @@ func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 // their originals; none is acked.
 func TestSettlePipelinedChannelLossRequeuesAllOutstanding(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	held := &heldConfirmer{}
 	b.w.out = held
 	var ackers []*fakeAcker
@@ -1025,7 +1026,7 @@ func TestAckWindowTimerSpillsWhatWaitedTooLongBehindAGap(t *testing.T) {
 // is acked on its own within moments, not when that handler ends.
 func TestSettledAckBehindABusyTagIsWrittenPromptly(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	held := &heldConfirmer{}
 	b.w.out = held
 	rec := &tagAcknowledger{}
@@ -1076,7 +1077,7 @@ func TestAckWindowWritesWhatWaitedItsDelay(t *testing.T) {
 // another on the settler (8 failures: 11s with jitter 0).
 func TestSettleFailuresThatComeTogetherPauseTogether(t *testing.T) {
 	t.Parallel()
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	held := &heldConfirmer{}
 	b.w.out = held
 	const n = 8
@@ -1214,7 +1215,7 @@ func confirmWaits(t *testing.T, m *metrics, queue, kind string) (n uint64, sum f
 func TestSettleObservesTheConfirmWait(t *testing.T) {
 	t.Parallel()
 	const delay = 30 * time.Millisecond
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	b.w.out = delayedConfirmer{delay}
 	b.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
 	b.settle(context.Background(), &fakeAcker{}, delivery(), retryFailure())
@@ -1227,7 +1228,7 @@ func TestSettleObservesTheConfirmWait(t *testing.T) {
 		t.Errorf("readmit: %d samples, want 0", n)
 	}
 
-	failed := newSettleBundle(t, quarantine.DefaultFrameSize)
+	failed := newSettleBundle(t, frame.DefaultFrameSize)
 	failed.out.fail = func(published) error { return amqpx.ErrNacked }
 	failed.settle(context.Background(), &fakeAcker{}, delivery(), quarantineFailure())
 	if n, _ := confirmWaits(t, failed.w.deps.metrics, settleQueue, "quarantine"); n != 0 {
@@ -1250,7 +1251,7 @@ func TestSettleObservesTheConfirmWaitUnderTheCopysKind(t *testing.T) {
 		return strings.Join(s, " ")
 	}
 	readmit := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
-	b := newSettleBundle(t, quarantine.DefaultFrameSize)
+	b := newSettleBundle(t, frame.DefaultFrameSize)
 	b.settle(context.Background(), &fakeAcker{}, delivery(), readmit)
 	if got := kinds(b); got != "retry=0 quarantine=0 readmit=1" {
 		t.Errorf("a re-admission: %s", got)
@@ -1273,7 +1274,7 @@ func TestSettleObservesTheConfirmWaitUnderTheCopysKind(t *testing.T) {
 		t.Errorf("a dead-lettered delivery: %s", got)
 	}
 
-	b = newSettleBundle(t, quarantine.DefaultFrameSize)
+	b = newSettleBundle(t, frame.DefaultFrameSize)
 	b.out.block = true
 	ctx, cancel := context.WithCancel(context.Background())
 	b.w.settleFailure(ctx, noop.Span{}, &fakeAcker{}, delivery(), retryFailure())

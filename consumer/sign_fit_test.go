@@ -7,7 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -35,7 +35,7 @@ func TestRetryTrimmedByFittingIsTrustedOnItsNextDelivery(t *testing.T) {
 		if len(got.changed) == 0 {
 			t.Fatalf("%s: nothing was trimmed: the test does not exercise fitting", f.verdict.Action)
 		}
-		if n := quarantine.HeaderFrameSize(&got.p); n > frameMax {
+		if n := frame.HeaderFrameSize(&got.p); n > frameMax {
 			t.Errorf("%s: frame %d bytes after signing, frame_max %d", f.verdict.Action, n, frameMax)
 		}
 		notes, _ := wire.StringList(got.p.Headers[wire.HeaderNotes])

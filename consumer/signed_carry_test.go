@@ -6,7 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -31,7 +31,7 @@ func TestRetryAndReadmitSignOnlyTheirOwnState(t *testing.T) {
 	for name, v := range odd {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b := newSettleBundle(t, quarantine.DefaultFrameSize)
+			b := newSettleBundle(t, frame.DefaultFrameSize)
 			signer, _ := triage.NewSigner(b.key)
 			readmit := failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}}
 			for _, c := range []struct {

@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -121,7 +121,7 @@ func unverifiedOrigin(h amqp.Table, problem string) string {
 			s = "(" + wire.TypeName(raw) + ")"
 		}
 		// The header's name too: an operator greps for it.
-		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, quarantine.Truncate(s, maxClaimBytes), f.key))
+		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, frame.Truncate(s, maxClaimBytes), f.key))
 	}
 	if len(claim) == 0 {
 		return ""

@@ -26,20 +26,20 @@ import (
 //	"u8" "i8" "i16" "i32" "i64" JSON number     "f32" "f64" decimal string (NaN, +Inf, -Inf too)
 //	"dec" [scale, value]  "time" RFC 3339 UTC   "arr" [values...]   "tab" {name: value}   "nil" null
 //
-// EncodeTable and DecodeTable are exact inverses for every value amqp091-go
+// marshalTable and unmarshalTable are exact inverses for every value amqp091-go
 // reads off the wire (an int, which it writes as a 32-bit field, comes back
 // as int32), but a string that is not valid UTF-8, which JSON cannot hold:
 // it is kept as "bytes" and comes back a byte array of the same bytes. A
 // header name that is not valid UTF-8 is not kept exactly.
 
-// ErrCodec: a typed header encoding that cannot be decoded.
-var ErrCodec = errors.New("quarantine: bad typed header encoding")
+// errCodec: a typed header encoding that cannot be decoded.
+var errCodec = errors.New("quarantine: bad typed header encoding")
 
 // maxCodecDepth bounds nesting, as a producer's table could be deep.
 const maxCodecDepth = 64
 
-// EncodeTable returns the typed encoding of t.
-func EncodeTable(t amqp.Table) ([]byte, error) {
+// marshalTable returns the typed encoding of t.
+func marshalTable(t amqp.Table) ([]byte, error) {
 	v, err := encodeTable(t, 0)
 	if err != nil {
 		return nil, err
@@ -61,7 +61,7 @@ func encodeTable(t amqp.Table, depth int) (map[string]any, error) {
 
 func encodeValue(v any, depth int) ([]any, error) {
 	if depth > maxCodecDepth {
-		return nil, fmt.Errorf("%w: nested deeper than %d", ErrCodec, maxCodecDepth)
+		return nil, fmt.Errorf("%w: nested deeper than %d", errCodec, maxCodecDepth)
 	}
 	switch x := v.(type) {
 	case nil:
@@ -117,21 +117,21 @@ func encodeValue(v any, depth int) ([]any, error) {
 	case map[string]any:
 		return encodeValue(amqp.Table(x), depth)
 	}
-	return nil, fmt.Errorf("%w: unsupported value type %T", ErrCodec, v)
+	return nil, fmt.Errorf("%w: unsupported value type %T", errCodec, v)
 }
 
-// DecodeTable reads a typed encoding back into a table. It never panics on
-// bad input; it returns an error wrapping ErrCodec. The JSON is parsed once
+// unmarshalTable reads a typed encoding back into a table. It never panics on
+// bad input; it returns an error wrapping errCodec. The JSON is parsed once
 // and then walked (readers decode every record of a stream).
-func DecodeTable(b []byte) (amqp.Table, error) {
+func unmarshalTable(b []byte) (amqp.Table, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var raw map[string]any
 	if err := dec.Decode(&raw); err != nil || raw == nil {
-		return nil, fmt.Errorf("%w: want an object", ErrCodec)
+		return nil, fmt.Errorf("%w: want an object", errCodec)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: trailing data", ErrCodec)
+		return nil, fmt.Errorf("%w: trailing data", errCodec)
 	}
 	return decodeTable(raw, 0)
 }
@@ -150,18 +150,18 @@ func decodeTable(raw map[string]any, depth int) (amqp.Table, error) {
 
 func decodeValue(r any, depth int) (any, error) {
 	if depth > maxCodecDepth {
-		return nil, fmt.Errorf("%w: nested deeper than %d", ErrCodec, maxCodecDepth)
+		return nil, fmt.Errorf("%w: nested deeper than %d", errCodec, maxCodecDepth)
 	}
 	pair, ok := r.([]any)
 	if !ok || len(pair) != 2 {
-		return nil, fmt.Errorf("%w: want [tag, value]", ErrCodec)
+		return nil, fmt.Errorf("%w: want [tag, value]", errCodec)
 	}
 	tag, ok := pair[0].(string)
 	if !ok {
-		return nil, fmt.Errorf("%w: tag is not a string", ErrCodec)
+		return nil, fmt.Errorf("%w: tag is not a string", errCodec)
 	}
 	p := pair[1]
-	bad := func(what string) error { return fmt.Errorf("%w: %s: want %s", ErrCodec, tag, what) }
+	bad := func(what string) error { return fmt.Errorf("%w: %s: want %s", errCodec, tag, what) }
 	switch tag {
 	case "nil":
 		if p != nil {
@@ -254,25 +254,25 @@ func decodeValue(r any, depth int) (any, error) {
 		}
 		return decodeTable(raw, depth)
 	}
-	return nil, fmt.Errorf("%w: unknown tag %q", ErrCodec, tag)
+	return nil, fmt.Errorf("%w: unknown tag %q", errCodec, tag)
 }
 
 func decodeInt(tag string, p any) (any, error) {
 	n, ok := p.(json.Number)
 	if !ok {
-		return nil, fmt.Errorf("%w: %s: want a number", ErrCodec, tag)
+		return nil, fmt.Errorf("%w: %s: want a number", errCodec, tag)
 	}
 	bits := map[string]int{"u8": 8, "i8": 8, "i16": 16, "i32": 32, "i64": 64}[tag]
 	if tag == "u8" {
 		u, err := strconv.ParseUint(n.String(), 10, bits)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrCodec, tag, err)
+			return nil, fmt.Errorf("%w: %s: %v", errCodec, tag, err)
 		}
 		return uint8(u), nil
 	}
 	i, err := strconv.ParseInt(n.String(), 10, bits)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrCodec, tag, err)
+		return nil, fmt.Errorf("%w: %s: %v", errCodec, tag, err)
 	}
 	switch tag {
 	case "i8":

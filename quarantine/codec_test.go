@@ -29,11 +29,11 @@ func everyType() amqp.Table {
 func TestCodecRoundTripKeepsEveryType(t *testing.T) {
 	t.Parallel()
 	in := everyType()
-	b, err := EncodeTable(in)
+	b, err := marshalTable(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := DecodeTable(b)
+	out, err := unmarshalTable(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,8 +41,8 @@ func TestCodecRoundTripKeepsEveryType(t *testing.T) {
 		t.Fatalf("round trip changed the table:\n in %#v\nout %#v", in, out)
 	}
 	// An int, which amqp091-go writes as a 32-bit field, reads back as one.
-	b, _ = EncodeTable(amqp.Table{"n": 7})
-	out, _ = DecodeTable(b)
+	b, _ = marshalTable(amqp.Table{"n": 7})
+	out, _ = unmarshalTable(b)
 	if v, ok := out["n"].(int32); !ok || v != 7 {
 		t.Fatalf("int: got %#v", out["n"])
 	}
@@ -54,11 +54,11 @@ func TestCodecRefusesBadInput(t *testing.T) {
 		``, `[]`, `{"a":1}`, `{"a":["u8",256]}`, `{"a":["i8",1.5]}`, `{"a":["zz",1]}`, `{"a":["bytes","%%"]}`,
 		`{"a":["dec",[1]]}`, `{"a":["time","yesterday"]}`, `{"a":["tab",null]}`, `{"a":["nil",1]}`, `{} {}`,
 	} {
-		if _, err := DecodeTable([]byte(s)); !errors.Is(err, ErrCodec) {
-			t.Errorf("%q: err %v, want ErrCodec", s, err)
+		if _, err := unmarshalTable([]byte(s)); !errors.Is(err, errCodec) {
+			t.Errorf("%q: err %v, want errCodec", s, err)
 		}
 	}
-	if _, err := EncodeTable(amqp.Table{"c": complex(1, 2)}); !errors.Is(err, ErrCodec) {
+	if _, err := marshalTable(amqp.Table{"c": complex(1, 2)}); !errors.Is(err, errCodec) {
 		t.Errorf("complex: err %v", err)
 	}
 	deep := amqp.Table{}
@@ -68,7 +68,7 @@ func TestCodecRefusesBadInput(t *testing.T) {
 		cur["d"] = next
 		cur = next
 	}
-	if _, err := EncodeTable(deep); !errors.Is(err, ErrCodec) {
+	if _, err := marshalTable(deep); !errors.Is(err, errCodec) {
 		t.Errorf("deep: err %v", err)
 	}
 }
@@ -76,19 +76,19 @@ func TestCodecRefusesBadInput(t *testing.T) {
 // FuzzDecodeTable: decoding never panics, and whatever decodes re-encodes
 // to something that decodes to the same table.
 func FuzzDecodeTable(f *testing.F) {
-	seed, _ := EncodeTable(everyType())
+	seed, _ := marshalTable(everyType())
 	f.Add(seed)
 	f.Add([]byte(`{"a":["arr",[["f32","NaN"],["dec",[255,-1]]]]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tab, err := DecodeTable(b)
+		tab, err := unmarshalTable(b)
 		if err != nil {
 			return
 		}
-		again, err := EncodeTable(tab)
+		again, err := marshalTable(tab)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}
-		back, err := DecodeTable(again)
+		back, err := unmarshalTable(again)
 		if err != nil {
 			t.Fatalf("decode re-encoded: %v", err)
 		}

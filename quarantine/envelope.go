@@ -15,10 +15,10 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -28,9 +28,9 @@ import (
 
 // Limits that keep the envelope well inside one frame.
 const (
-	MaxErrorBytes      = 2048
+	maxErrorBytes      = frame.MaxErrorBytes
 	MaxValidationBytes = 8192
-	MaxNotesBytes      = 2048
+	maxNotesBytes      = frame.MaxNotesBytes
 	MaxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
 	MaxStackBytes      = 4096
 	// EnvelopeVersion 2 adds the redrive count to what the envelope
@@ -125,8 +125,8 @@ func (e *Envelope) Apply(h amqp.Table) {
 	h[wire.HeaderEnvelope] = int32(EnvelopeVersion)
 	set(wire.HeaderSource, e.Source)
 	set(wire.HeaderClass, string(e.Class))
-	set(wire.HeaderReason, Truncate(e.Reason, MaxErrorBytes))
-	set(wire.HeaderError, Truncate(e.Error, MaxErrorBytes))
+	set(wire.HeaderReason, frame.Truncate(e.Reason, maxErrorBytes))
+	set(wire.HeaderError, frame.Truncate(e.Error, maxErrorBytes))
 	set(wire.HeaderFingerprint, e.Fingerprint)
 	h[wire.HeaderAttempts] = int64(e.Attempts)
 	setTime(wire.HeaderFirstFailureAt, e.FirstFailureAt)
@@ -135,70 +135,24 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(wire.HeaderOriginalExchange, e.OriginalExchange)
 	set(wire.HeaderOriginalRoutingKey, e.OriginalRouting)
 	set(wire.HeaderOriginalQueue, e.OriginalQueue)
-	set(wire.HeaderIdempotencyKeyCopy, Truncate(e.IdempotencyKey, MaxKeyBytes))
+	set(wire.HeaderIdempotencyKeyCopy, frame.Truncate(e.IdempotencyKey, MaxKeyBytes))
 	set(wire.HeaderMessageType, e.MessageType)
 	set(wire.HeaderSchemaVersion, e.SchemaVersion)
 	set(wire.HeaderValidationErrors, encodeViolations(e.Validation))
 	set(wire.HeaderTraceID, e.TraceID)
 	set(wire.HeaderWorkerHost, e.WorkerHost)
 	set(wire.HeaderWorkerVersion, e.WorkerVersion)
-	set(wire.HeaderRedacted, encodeStrings(e.Redacted, MaxNotesBytes))
+	set(wire.HeaderRedacted, frame.EncodeStrings(e.Redacted, maxNotesBytes))
 	set(wire.HeaderRedactionFailed, e.RedactionFailed)
-	set(wire.HeaderNotes, encodeStrings(e.Notes, MaxNotesBytes))
-	set(wire.HeaderStack, Truncate(e.Stack, MaxStackBytes))
+	set(wire.HeaderNotes, frame.EncodeStrings(e.Notes, maxNotesBytes))
+	set(wire.HeaderStack, frame.Truncate(e.Stack, MaxStackBytes))
 }
 
 // ApplyNotes writes only the notes header (after Apply, when notes grew).
 func (e *Envelope) ApplyNotes(h amqp.Table) {
-	if n := encodeStrings(e.Notes, MaxNotesBytes); n != "" {
+	if n := frame.EncodeStrings(e.Notes, maxNotesBytes); n != "" {
 		h[wire.HeaderNotes] = n
 	}
-}
-
-// Truncate cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
-func Truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "…[truncated]"
-	cut := n - len(mark)
-	if cut < 0 {
-		cut = 0
-	}
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + mark
-}
-
-// PanicStack turns a stack captured in a deferred recover
-// (runtime/debug.Stack) into what the envelope and the log keep: the
-// goroutine line and the frames from the one that panicked down, without
-// the recovery frames above the panic call, cut at a line boundary to at
-// most MaxStackBytes.
-func PanicStack(stack []byte) string {
-	s := string(stack)
-	// debug.Stack lists the recovering frames first, then "panic(...)" and
-	// its source line, then the frame that panicked.
-	if i := strings.Index(s, "\npanic("); i >= 0 {
-		head, _, _ := strings.Cut(s, "\n")
-		rest := s[i+1:]
-		if _, after, ok := strings.Cut(rest, "\n"); ok { // the panic( line
-			if _, after, ok = strings.Cut(after, "\n"); ok { // its source line
-				s = head + "\n" + after
-			}
-		}
-	}
-	s = strings.TrimRight(s, "\n")
-	if len(s) <= MaxStackBytes {
-		return s
-	}
-	const mark = "\n…[truncated]"
-	cut := strings.LastIndexByte(s[:MaxStackBytes-len(mark)+1], '\n')
-	if cut < 0 {
-		return Truncate(s, MaxStackBytes)
-	}
-	return s[:cut] + mark
 }
 
 // encodeViolations keeps as many whole violations as fit MaxValidationBytes.
@@ -213,30 +167,6 @@ func encodeViolations(vs []Violation) string {
 		}
 	}
 	b, _ := json.Marshal([]Violation{{Message: fmt.Sprintf("%d violations; too large to record", len(vs))}})
-	return string(b)
-}
-
-// encodeStrings keeps as many of the newest (last) strings as fit limit
-// bytes of JSON: notes are appended hop after hop, and the latest say most
-// about the message as it is now. Linear in the input, which may come from
-// a producer's header.
-func encodeStrings(ss []string, limit int) string {
-	if len(ss) == 0 {
-		return ""
-	}
-	size, from := 1, len(ss) // "[", then each string with its "," or "]"
-	for from > 0 {
-		b, _ := json.Marshal(ss[from-1])
-		if size+len(b)+1 > limit {
-			break
-		}
-		size += len(b) + 1
-		from--
-	}
-	if from == len(ss) {
-		return `["too large to record"]`
-	}
-	b, _ := json.Marshal(ss[from:])
 	return string(b)
 }
 
@@ -331,7 +261,7 @@ var envelopeFields = []string{
 	wire.HeaderValidationErrors, wire.HeaderTraceID, wire.HeaderWorkerHost, wire.HeaderWorkerVersion,
 	wire.HeaderRedacted, wire.HeaderRedactionFailed, wire.HeaderNotes, wire.HeaderDropped, wire.HeaderStack,
 	// Version 2: the runtime keeps a redrive count in the envelope only if
-	// it verified it (see consumer's buildQuarantine), so the envelope
+	// it verified it (see Failure.ownRedrives), so the envelope
 	// signature vouches for it even after redaction changed the body,
 	// which voids the replay's redrive signature.
 	wire.HeaderRedriveCount,
@@ -359,10 +289,6 @@ func envelopeCoversRedrives(h map[string]any) bool {
 	return len(envelopeFieldsFor(h)) == len(envelopeFields)
 }
 
-// EnvelopeFields returns the headers an envelope signature covers (a
-// copy).
-func EnvelopeFields() []string { return append([]string(nil), envelopeFields...) }
-
 // envelopeSubject is what an envelope signature is bound to: the exchange
 // the envelope was published to (the work queue's dead exchange, which the
 // broker sets on the intake delivery), the message id and the body as
@@ -371,11 +297,11 @@ func envelopeSubject(exchange, messageID string, body []byte) triage.Subject {
 	return triage.Subject{Queue: exchange, MessageID: messageID, Body: body}
 }
 
-// SignEnvelope signs the envelope in h (written by Apply, and final: fitted
+// signEnvelope signs the envelope in h (written by Apply, and final: fitted
 // to its frame) for a publish to exchange of a message with messageID and
 // body, in wire.HeaderEnvelopeSignature. A nil Signer removes that header:
 // nothing else may stand there.
-func SignEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, body []byte) {
+func signEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, body []byte) {
 	if s == nil {
 		delete(h, wire.HeaderEnvelopeSignature)
 		return
@@ -383,10 +309,10 @@ func SignEnvelope(s *triage.Signer, h amqp.Table, exchange, messageID string, bo
 	h[wire.HeaderEnvelopeSignature] = s.SignEnvelope(envelopeSubject(exchange, messageID, body), h, envelopeFieldsFor(h))
 }
 
-// VerifyEnvelope checks the envelope signature of d as it reached the
+// verifyEnvelope checks the envelope signature of d as it reached the
 // intake (d.Exchange is the exchange the envelope was published to). It
 // never panics, whatever the headers hold.
-func VerifyEnvelope(s *triage.Signer, d *amqp.Delivery) triage.Verification {
+func verifyEnvelope(s *triage.Signer, d *amqp.Delivery) triage.Verification {
 	return s.VerifyEnvelope(envelopeSubject(d.Exchange, d.MessageId, d.Body), d.Headers, envelopeFieldsFor(d.Headers))
 }
 
@@ -411,7 +337,7 @@ func ReadVerified(d *amqp.Delivery, v *triage.Signer) (Envelope, bool) {
 	if _, has := h[wire.HeaderEnvelope]; !has {
 		return Read(d)
 	}
-	res := VerifyEnvelope(v, d)
+	res := verifyEnvelope(v, d)
 	if res.Valid {
 		env, ok := Read(d)
 		env.Verified = ok
@@ -467,7 +393,7 @@ func claimText(raw any) string {
 	if !ok {
 		return "(" + wire.TypeName(raw) + ")"
 	}
-	return Truncate(s, maxClaimBytes)
+	return frame.Truncate(s, maxClaimBytes)
 }
 
 // headerTime reads an envelope time: a time.Time or an RFC 3339 string.

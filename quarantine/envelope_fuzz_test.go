@@ -3,13 +3,15 @@ package quarantine
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"maps"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -85,30 +87,30 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		}
 
 		want := in
-		want.Reason = Truncate(in.Reason, MaxErrorBytes)
-		want.Error = Truncate(in.Error, MaxErrorBytes)
-		want.IdempotencyKey = Truncate(in.IdempotencyKey, MaxKeyBytes)
-		want.Stack = Truncate(in.Stack, MaxStackBytes)
+		want.Reason = frame.Truncate(in.Reason, maxErrorBytes)
+		want.Error = frame.Truncate(in.Error, maxErrorBytes)
+		want.IdempotencyKey = frame.Truncate(in.IdempotencyKey, MaxKeyBytes)
+		want.Stack = frame.Truncate(in.Stack, MaxStackBytes)
 		want.FirstFailureAt = recordedTime(in.FirstFailureAt)
 		want.LastFailureAt = recordedTime(in.LastFailureAt)
 		want.QuarantinedAt = recordedTime(in.QuarantinedAt)
 		want.Validation = keptViolations(in.Validation)
-		want.Redacted = keptStrings(in.Redacted, MaxNotesBytes)
-		want.Notes = keptStrings(in.Notes, MaxNotesBytes)
+		want.Redacted = keptStrings(in.Redacted, maxNotesBytes)
+		want.Notes = keptStrings(in.Notes, maxNotesBytes)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("round trip:\n got %#v\nwant %#v", got, want)
 		}
 		// Signed, it reads back the same under the key, verified; with its
 		// reason changed it does not.
 		body := []byte(stack)
-		SignEnvelope(fuzzSigner, h, "q.dead", in.MessageID, body)
+		signEnvelope(fuzzSigner, h, "q.dead", in.MessageID, body)
 		signed, ok := ReadVerified(&amqp.Delivery{Headers: h, Exchange: "q.dead", MessageId: in.MessageID, Body: body}, fuzzSigner)
 		want.Verified = true
 		if !ok || !reflect.DeepEqual(signed, want) {
 			t.Fatalf("signed round trip:\n got %#v\nwant %#v", signed, want)
 		}
 		forged := maps.Clone(h)
-		forged[wire.HeaderReason] = "x" + Truncate(in.Reason, MaxErrorBytes)
+		forged[wire.HeaderReason] = "x" + frame.Truncate(in.Reason, maxErrorBytes)
 		if env, _ := ReadVerified(&amqp.Delivery{Headers: forged, Exchange: "q.dead", MessageId: in.MessageID, Body: body}, fuzzSigner); env.Verified {
 			t.Fatal("a changed reason verified")
 		}
@@ -119,7 +121,7 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 				}
 			}
 		}
-		for k, limit := range map[string]int{wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderRedacted: MaxNotesBytes, wire.HeaderNotes: MaxNotesBytes} {
+		for k, limit := range map[string]int{wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderRedacted: maxNotesBytes, wire.HeaderNotes: maxNotesBytes} {
 			if s, _ := h[k].(string); len(s) > limit {
 				t.Errorf("%s: %d bytes, over %d", k, len(s), limit)
 			}

@@ -1,12 +1,13 @@
 package quarantine
 
 import (
-	"github.com/dlxbridge/dlxbridge/wire"
-	"runtime/debug"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -55,24 +56,11 @@ func TestApplyBoundsEveryHeader(t *testing.T) {
 	e := Envelope{Reason: huge, Error: huge, Validation: vs, Notes: []string{huge, huge}, Stack: huge}
 	h := amqp.Table{}
 	e.Apply(h)
-	for k, limit := range map[string]int{wire.HeaderReason: MaxErrorBytes, wire.HeaderError: MaxErrorBytes, wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderNotes: MaxNotesBytes, wire.HeaderStack: MaxStackBytes} {
+	for k, limit := range map[string]int{wire.HeaderReason: maxErrorBytes, wire.HeaderError: maxErrorBytes, wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderNotes: maxNotesBytes, wire.HeaderStack: MaxStackBytes} {
 		s, _ := h[k].(string)
 		if len(s) == 0 || len(s) > limit || !utf8.ValidString(s) {
 			t.Errorf("%s: %d bytes (limit %d), valid UTF-8 %v", k, len(s), limit, utf8.ValidString(s))
 		}
-	}
-}
-
-func TestTruncateKeepsRunesWhole(t *testing.T) {
-	t.Parallel()
-	for n := 0; n < 40; n++ {
-		got := Truncate(strings.Repeat("日本", 10), n)
-		if !utf8.ValidString(got) || (len(got) > n && n >= len("…[truncated]")) {
-			t.Fatalf("Truncate(_, %d) = %q (%d bytes)", n, got, len(got))
-		}
-	}
-	if got := Truncate("short", 100); got != "short" {
-		t.Fatalf("got %q", got)
 	}
 }
 
@@ -111,37 +99,12 @@ func TestReadDerivesBrokerDeadLetters(t *testing.T) {
 	}
 }
 
-// deepPanic panics depth frames down, so its stack is long.
-func deepPanic(depth int) {
-	if depth == 0 {
-		var m map[string]int
-		m["boom"]++
-	}
-	deepPanic(depth - 1)
-}
-
-func recoveredStack(depth int) (stack []byte) {
-	defer func() {
-		if recover() != nil {
-			stack = debug.Stack()
-		}
-	}()
-	deepPanic(depth)
-	return nil
-}
-
-func TestPanicStackKeepsThePanickingFrames(t *testing.T) {
+func TestReadReturnsTheDropRecord(t *testing.T) {
 	t.Parallel()
-	short := PanicStack(recoveredStack(1))
-	if !strings.HasPrefix(short, "goroutine ") || !strings.Contains(short, "quarantine.deepPanic") ||
-		strings.Contains(short, "runtime/debug.Stack") || strings.Contains(short, "\npanic(") {
-		t.Errorf("short stack: want the goroutine line and the panicking frames, without the recovery:\n%s", short)
-	}
-	long := PanicStack(recoveredStack(500))
-	if len(long) > MaxStackBytes || !strings.HasSuffix(long, "…[truncated]") || !strings.Contains(long, "quarantine.deepPanic") || !utf8.ValidString(long) {
-		t.Errorf("long stack: %d bytes (limit %d):\n%s", len(long), MaxStackBytes, long)
-	}
-	if PanicStack(nil) != "" {
-		t.Error("no stack should give an empty string")
+	b, _ := json.Marshal([]string{"header:x-app-blob"})
+	d := amqp.Delivery{Headers: amqp.Table{wire.HeaderEnvelope: int32(1), wire.HeaderDropped: string(b)}}
+	env, ok := Read(&d)
+	if !ok || len(env.Dropped) != 1 || env.Dropped[0] != "header:x-app-blob" {
+		t.Fatalf("env.Dropped %v ok %v", env.Dropped, ok)
 	}
 }

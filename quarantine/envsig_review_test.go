@@ -3,6 +3,7 @@ package quarantine
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +124,7 @@ func FuzzReadVerifiedHostile(f *testing.F) {
 	set.queues = []*config.Queue{set.cfg}
 	f.Fuzz(func(t *testing.T, kinds []byte, s string, depth uint8, signWithKey bool) {
 		d := fullDelivery()
-		fields := append(EnvelopeFields(), wire.HeaderRedriveSignature)
+		fields := append(slices.Clone(envelopeFields), wire.HeaderRedriveSignature)
 		for i, k := range kinds {
 			if i >= 64 {
 				break
@@ -134,7 +135,7 @@ func FuzzReadVerifiedHostile(f *testing.F) {
 		if signWithKey {
 			signer = key
 		}
-		SignEnvelope(signer, d.Headers, d.Exchange, d.MessageId, d.Body)
+		signEnvelope(signer, d.Headers, d.Exchange, d.MessageId, d.Body)
 		env, ok := ReadVerified(d, key)
 		if !ok {
 			t.Fatal("an envelope header is present: ReadVerified must return a record")
@@ -158,7 +159,7 @@ func FuzzReadVerifiedHostile(f *testing.F) {
 		if r.Redrives != 0 && !(env.Verified && envelopeCoversRedrives(d.Headers)) {
 			t.Fatalf("record counts %d prior replays that no signature vouches for (%#v)", r.Redrives, d.Headers[wire.HeaderRedriveCount])
 		}
-		again := VerifyEnvelope(key, &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body})
+		again := verifyEnvelope(key, &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body})
 		if env.Verified && !again.Valid && wireTypes(d.Headers, fields) {
 			t.Logf("verified at the intake, not from the record: %s", again.Problem)
 			for _, k := range fields {
@@ -184,7 +185,7 @@ func TestRecordKeepsInvalidUTF8(t *testing.T) {
 	d.Headers[wire.HeaderOriginalRoutingKey] = "order.\xff\xfe"
 	d.Headers[wire.HeaderIdempotencyKeyCopy] = "k\x80"
 	d.Headers["x-producer"] = "bin\xc3\x28"
-	SignEnvelope(key, d.Headers, d.Exchange, d.MessageId, d.Body)
+	signEnvelope(key, d.Headers, d.Exchange, d.MessageId, d.Body)
 	if env, _ := ReadVerified(d, key); !env.Verified {
 		t.Fatal("not verified at the intake")
 	}
@@ -201,7 +202,7 @@ func TestRecordKeepsInvalidUTF8(t *testing.T) {
 		t.Fatal("record not verified")
 	}
 	h := r.Headers()
-	if v := VerifyEnvelope(key, &amqp.Delivery{Headers: h, Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body}); !v.Valid {
+	if v := verifyEnvelope(key, &amqp.Delivery{Headers: h, Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body}); !v.Valid {
 		t.Errorf("verified at the intake, not from the record: %s (routing key stored as %q)", v.Problem, h[wire.HeaderOriginalRoutingKey])
 	}
 	if s, _ := wire.String(h["x-producer"]); s != "bin\xc3\x28" {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func envSigner(t testing.TB, key string) *triage.Signer {
 // runtime publishes it to the dead exchange "dlx" (its Exchange).
 func signedDelivery(s *triage.Signer) *amqp.Delivery {
 	d := fullDelivery()
-	SignEnvelope(s, d.Headers, d.Exchange, d.MessageId, d.Body)
+	signEnvelope(s, d.Headers, d.Exchange, d.MessageId, d.Body)
 	return d
 }
 
@@ -44,7 +45,7 @@ func TestEnvelopeSignatureRoundTrip(t *testing.T) {
 	t.Parallel()
 	s := envSigner(t, "the consumers' key, 32 bytes....")
 	d := signedDelivery(s)
-	if v := VerifyEnvelope(s, d); !v.Valid {
+	if v := verifyEnvelope(s, d); !v.Valid {
 		t.Fatalf("fresh envelope signature: %+v", v)
 	}
 	env, ok := ReadVerified(d, s)
@@ -66,7 +67,7 @@ func TestEnvelopeSignatureRoundTrip(t *testing.T) {
 	same := cloneDelivery(d)
 	same.Headers[wire.HeaderAttempts] = int32(5)
 	same.Headers[wire.HeaderClass] = []byte("permanent")
-	if !VerifyEnvelope(s, same).Valid {
+	if !verifyEnvelope(s, same).Valid {
 		t.Fatal("the same values in other wire types did not verify")
 	}
 	// Headers the signature does not cover may change: the producer's own,
@@ -75,23 +76,23 @@ func TestEnvelopeSignatureRoundTrip(t *testing.T) {
 	other.Headers["schema-version"] = "3"
 	other.Headers[wire.HeaderTraceparent] = "00-x"
 	other.Headers[wire.HeaderDeliveryCount] = int64(4)
-	if !VerifyEnvelope(s, other).Valid {
+	if !verifyEnvelope(s, other).Valid {
 		t.Fatal("an unsigned header broke the envelope signature")
 	}
 
-	for _, k := range EnvelopeFields() {
+	for _, k := range slices.Clone(envelopeFields) {
 		c := cloneDelivery(d)
 		if _, present := c.Headers[k]; present {
 			c.Headers[k] = "forged"
 		} else {
 			c.Headers[k] = "added"
 		}
-		if VerifyEnvelope(s, c).Valid {
+		if verifyEnvelope(s, c).Valid {
 			t.Errorf("%s changed: still verifies", k)
 		}
 		c = cloneDelivery(d)
 		delete(c.Headers, k)
-		if VerifyEnvelope(s, c).Valid {
+		if verifyEnvelope(s, c).Valid {
 			t.Errorf("%s removed: still verifies", k)
 		}
 	}
@@ -104,23 +105,23 @@ func TestEnvelopeSignatureRoundTrip(t *testing.T) {
 	} {
 		c := cloneDelivery(d)
 		change(c)
-		if VerifyEnvelope(s, c).Valid {
+		if verifyEnvelope(s, c).Valid {
 			t.Errorf("%s changed: still verifies", name)
 		}
 	}
-	if VerifyEnvelope(envSigner(t, "another key, at least 16 bytes"), d).Valid {
+	if verifyEnvelope(envSigner(t, "another key, at least 16 bytes"), d).Valid {
 		t.Error("verified under another key")
 	}
 	// A retry-state signature over the same headers is no envelope
 	// signature: the domains differ.
 	c := cloneDelivery(d)
-	c.Headers[wire.HeaderEnvelopeSignature] = s.Sign(triage.Subject{Queue: d.Exchange, MessageID: d.MessageId, Body: d.Body}, d.Headers, EnvelopeFields())
-	if VerifyEnvelope(s, c).Valid {
+	c.Headers[wire.HeaderEnvelopeSignature] = s.Sign(triage.Subject{Queue: d.Exchange, MessageID: d.MessageId, Body: d.Body}, d.Headers, slices.Clone(envelopeFields))
+	if verifyEnvelope(s, c).Valid {
 		t.Error("a retry-state signature verified as an envelope signature")
 	}
 	// A nil signer writes no signature, and removes one that was there.
 	h := maps.Clone(d.Headers)
-	SignEnvelope(nil, h, d.Exchange, d.MessageId, d.Body)
+	signEnvelope(nil, h, d.Exchange, d.MessageId, d.Body)
 	if _, has := h[wire.HeaderEnvelopeSignature]; has {
 		t.Error("a nil signer left a signature")
 	}
@@ -187,7 +188,7 @@ func TestReadVerifiedHostileHeaders(t *testing.T) {
 	values := []any{nil, int8(-1), int64(-1 << 62), 3.5, float32(1.5), true, huge, []byte(huge),
 		[]any{"a", []any{amqp.Table{"b": 1}}}, amqp.Table{"k": []any{1, 2}}, time.Time{},
 		amqp.Decimal{Scale: 255, Value: -1}, []any{}, amqp.Table{}}
-	for _, k := range append(EnvelopeFields(), wire.HeaderEnvelopeSignature) {
+	for _, k := range append(slices.Clone(envelopeFields), wire.HeaderEnvelopeSignature) {
 		for _, v := range values {
 			d := signedDelivery(s)
 			d.Headers[k] = v
@@ -204,7 +205,7 @@ func TestReadVerifiedHostileHeaders(t *testing.T) {
 	for _, sig := range []string{"v1:" + strings.Repeat("!", 43), "v1:", huge, "v1:" + strings.Repeat("A", 1<<16)} {
 		d := signedDelivery(s)
 		d.Headers[wire.HeaderEnvelopeSignature] = sig
-		if v := VerifyEnvelope(s, d); v.Valid || !strings.Contains(v.Problem, "malformed") {
+		if v := verifyEnvelope(s, d); v.Valid || !strings.Contains(v.Problem, "malformed") {
 			t.Errorf("signature %.10q: %+v", sig, v)
 		}
 	}
@@ -286,7 +287,7 @@ func TestForgedEnvelopeDeadLetteredByTheBroker(t *testing.T) {
 	}
 	unsigned := forged("m-unsigned")
 	otherKey := forged("m-other-key")
-	SignEnvelope(envSigner(t, "the producer's guess at a key"), otherKey.Headers, dead, otherKey.MessageId, otherKey.Body)
+	signEnvelope(envSigner(t, "the producer's guess at a key"), otherKey.Headers, dead, otherKey.MessageId, otherKey.Body)
 	for _, p := range []amqp.Publishing{unsigned, otherKey} {
 		b.publish(b.q.Name, p)
 	}
@@ -302,7 +303,7 @@ func TestForgedEnvelopeDeadLetteredByTheBroker(t *testing.T) {
 	}
 	// The runtime's own: published to the dead exchange, signed there.
 	genuine := forged("m-genuine")
-	SignEnvelope(key, genuine.Headers, dead, genuine.MessageId, genuine.Body)
+	signEnvelope(key, genuine.Headers, dead, genuine.MessageId, genuine.Body)
 	if err := b.pub.PublishWithContext(context.Background(), dead, b.q.Name, true, false, genuine); err != nil {
 		t.Fatal(err)
 	}

@@ -146,7 +146,7 @@ func TestGarbageInTheStreamsIsSkipped(t *testing.T) {
 		append([]byte(recordMagic2), good.Body[len(recordMagic3):]...), // layout 3's meta read as layout 2's: one byte too many
 		good.Body[:len(good.Body)-len(d.Body)-3],                       // cut inside the headers
 	)
-	// A record whose header table is not EncodeTable's: it lists, with no
+	// A record whose header table is not marshalTable's: it lists, with no
 	// headers.
 	meta, rest, _ := cutSized(good.Body[len(recordMagic3):])
 	_, payload, _ := cutSized(rest)

@@ -3,9 +3,10 @@ package quarantine
 import (
 	"context"
 	"errors"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 

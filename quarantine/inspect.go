@@ -11,11 +11,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/payload"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -76,7 +76,7 @@ type Record struct {
 func (r *Record) Headers() amqp.Table {
 	r.headersOnce.Do(func() {
 		if r.headers == nil {
-			r.headers, _ = DecodeTable(r.rawHeaders)
+			r.headers, _ = unmarshalTable(r.rawHeaders)
 		}
 		if r.headers == nil {
 			r.headers = amqp.Table{}
@@ -101,7 +101,7 @@ func (r *Record) Seen() time.Time {
 // text when it is UTF-8 JSON or text, else base64).
 func (r *Record) MarshalJSON() ([]byte, error) {
 	type plain Record
-	headers, err := EncodeTable(r.Headers())
+	headers, err := marshalTable(r.Headers())
 	if err != nil {
 		return nil, err
 	}
@@ -111,57 +111,13 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 		Payload string          `json:"payload,omitempty"`
 		Base64  []byte          `json:"payload_base64,omitempty"`
 	}{plain: (*plain)(r), Headers: headers}
-	if isText(r.Body) {
+	if payload.IsText(r.Body) {
 		out.Payload = string(r.Body)
 	} else {
 		out.Base64 = r.Body
 	}
 	return json.Marshal(out)
 }
-
-// Event is one entry of a quarantine's events stream: what happened to
-// records, by whom and why. It is also the audit trail.
-type Event struct {
-	// Kind is one of the Event* constants.
-	Kind   string    `json:"kind"`
-	At     time.Time `json:"at"`
-	By     string    `json:"by"`
-	Reason string    `json:"reason,omitempty"`
-	// Run groups the events of one replay or purge.
-	Run string `json:"run"`
-	// Filter is the selection as the operator gave it.
-	Filter string `json:"filter,omitempty"`
-	// IDs are the records it is about.
-	IDs     []string       `json:"ids,omitempty"`
-	ToQueue string         `json:"to_queue,omitempty"`
-	Counts  map[string]int `json:"counts,omitempty"`
-	// Expired are the records an expired event names, with their groups.
-	Expired []ExpiredRecord `json:"expired,omitempty"`
-	// Quarantine is the intake whose events stream holds the event, as
-	// read (a replay of ids in no one queue claims every quarantine, so
-	// one run's claimed event appears once per quarantine).
-	Quarantine string `json:"quarantine,omitempty"`
-	Offset     int64  `json:"-"`
-}
-
-// Event kinds. "replayed" and "purged" resolve the records they name.
-const (
-	EventReplayStarted  = "replay-started"
-	EventReplayed       = "replayed"
-	EventReplayFinished = "replay-finished"
-	// EventReplayRefused ends a replay that claimed its quarantines and
-	// then sent nothing because selected messages fail the current schema
-	// (IDs names them).
-	EventReplayRefused = "replay-refused"
-	EventPurged        = "purged"
-	// EventClaimed: a replay or purge took the quarantine's lock and reads
-	// the events stream up to this event (its end, found without waiting).
-	EventClaimed = "claimed"
-	// EventExpired names records first seen past the retention, unresolved
-	// (see Replayer.RecordExpiries). It does not resolve them: a purge
-	// still may.
-	EventExpired = "expired"
-)
 
 // Inspector reads quarantines without changing them: listing, showing and
 // counting read the records and events streams by offset, which consumes
@@ -240,17 +196,6 @@ type Snapshot struct {
 	byID map[string]*Record
 	// expiredNamed: the ids some expired event names.
 	expiredNamed map[string]bool
-}
-
-// ExpiredRecord is what an expired event keeps of a record, so that it can
-// be counted in its group after the record itself is gone.
-type ExpiredRecord struct {
-	ID          string       `json:"id"`
-	Queue       string       `json:"queue"`
-	Class       string       `json:"class"`
-	Fingerprint string       `json:"fingerprint,omitempty"`
-	Owner       config.Owner `json:"owner"`
-	Seen        time.Time    `json:"seen"`
 }
 
 // Snapshot reads every quarantine's streams.
@@ -450,28 +395,6 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	return r, nil
 }
 
-// readEvents reads an events stream to its end, or, when mark is a run,
-// up to and including that run's claimed event.
-func readEvents(ctx context.Context, conn *amqp.Connection, stream string, waits streamWaits, mark string) ([]Event, error) {
-	var out []Event
-	read := func(off int64, d *amqp.Delivery) error {
-		var e Event
-		if json.Unmarshal(d.Body, &e) != nil || e.Kind == "" {
-			return nil // not an event this version writes
-		}
-		e.Offset = off
-		out = append(out, e)
-		if mark != "" && e.Kind == EventClaimed && e.Run == mark {
-			return errStopRead
-		}
-		return nil
-	}
-	if mark != "" {
-		return out, consumeFrom(ctx, conn, stream, "first", read)
-	}
-	return out, readStream(ctx, conn, stream, waits, read)
-}
-
 // intakeDepth is how many messages wait in an intake queue (a passive
 // declare: it changes nothing).
 func intakeDepth(conn *amqp.Connection, intake string) (int, error) {
@@ -519,12 +442,12 @@ func (s *Snapshot) Get(id string) (*Record, error) {
 
 // History is every record of the same message (same message id or
 // idempotency key) other than r, oldest first: its earlier and later trips
-// through the quarantine. A redacted key (Redacted, the same for every
+// through the quarantine. A redacted key (redactedValue, the same for every
 // message) links nothing: the message id does.
 func (s *Snapshot) History(r *Record) []*Record {
 	var out []*Record
 	key := func(x *Record) string {
-		if x.Envelope.IdempotencyKey != "" && x.Envelope.IdempotencyKey != Redacted {
+		if x.Envelope.IdempotencyKey != "" && x.Envelope.IdempotencyKey != redactedValue {
 			return "k:" + x.Envelope.IdempotencyKey
 		}
 		if x.Properties.MessageID != "" {
@@ -788,40 +711,4 @@ func (s *Snapshot) OldestOpenAge(queue string) time.Duration {
 		}
 	}
 	return oldest
-}
-
-// isText: valid UTF-8 without control characters other than whitespace.
-func isText(b []byte) bool {
-	if !utf8.Valid(b) {
-		return false
-	}
-	for _, c := range b {
-		if c < 0x20 && c != '\n' && c != '\r' && c != '\t' {
-			return false
-		}
-	}
-	return true
-}
-
-// mergeEvents merges events streams into one list in time order, each
-// stream's own order kept (its offsets are the truth; writers' clocks may
-// disagree): of the streams' next events the earliest goes first.
-func mergeEvents(streams [][]Event) []Event {
-	n := 0
-	for _, st := range streams {
-		n += len(st)
-	}
-	out := make([]Event, 0, n)
-	next := make([]int, len(streams))
-	for len(out) < n {
-		pick := -1
-		for i, st := range streams {
-			if next[i] < len(st) && (pick < 0 || st[next[i]].At.Before(streams[pick][next[pick]].At)) {
-				pick = i
-			}
-		}
-		out = append(out, streams[pick][next[pick]])
-		next[pick]++
-	}
-	return out
 }

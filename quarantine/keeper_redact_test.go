@@ -46,7 +46,7 @@ func keptRecord(t *testing.T, d *amqp.Delivery, v *Redaction, stub bool, key ...
 
 func keeperNote(e Envelope) string {
 	for _, n := range e.Notes {
-		if strings.HasPrefix(n, KeeperRedactedNote) {
+		if strings.HasPrefix(n, keeperRedactedNote) {
 			return n
 		}
 	}
@@ -66,7 +66,7 @@ func TestKeeperLeavesVerifiedRecordsAsTheyArrived(t *testing.T) {
 		!slices.Equal(kept.Envelope.Redacted, plain.Envelope.Redacted) || keeperNote(kept.Envelope) != "" {
 		t.Fatalf("verified record changed: body %s, envelope %+v", kept.Body, kept.Envelope)
 	}
-	if v := VerifyEnvelope(envSigner(t, key), &amqp.Delivery{Headers: kept.Headers(), Exchange: kept.Exchange,
+	if v := verifyEnvelope(envSigner(t, key), &amqp.Delivery{Headers: kept.Headers(), Exchange: kept.Exchange,
 		MessageId: kept.Properties.MessageID, Body: kept.Body}); !v.Valid {
 		t.Fatalf("stored record does not verify: %s", v.Problem)
 	}
@@ -100,7 +100,7 @@ func TestKeeperRedactsWhatItCannotVerify(t *testing.T) {
 		"keyless": {secretOf(signedDelivery(envSigner(t, key))), nil},
 	} {
 		if name == "broker" {
-			for _, k := range EnvelopeFields() {
+			for _, k := range slices.Clone(envelopeFields) {
 				delete(tc.d.Headers, k)
 			}
 			tc.d.Headers[wire.HeaderIdempotencyKeyCopy] = "secret-idem"
@@ -108,14 +108,14 @@ func TestKeeperRedactsWhatItCannotVerify(t *testing.T) {
 		orig := cloneDelivery(tc.d)
 		asArrived, _ := RecordID(tc.d)
 		redacted := cloneDelivery(tc.d)
-		redacted.Headers["authorization"], redacted.Headers[wire.HeaderIdempotencyKey] = Redacted, Redacted
-		redacted.Headers[wire.HeaderIdempotencyKeyCopy] = Redacted
+		redacted.Headers["authorization"], redacted.Headers[wire.HeaderIdempotencyKey] = redactedValue, redactedValue
+		redacted.Headers[wire.HeaderIdempotencyKeyCopy] = redactedValue
 		redacted.Body = []byte(`{"id":"j-1","card":"[redacted]"}`)
 		id, _ := RecordID(redacted)
 		r := keptRecord(t, tc.d, red, false, tc.key...)
 		h := r.Headers()
-		if strings.Contains(string(r.Body), "secret") || h["authorization"] != Redacted || h[wire.HeaderIdempotencyKey] != Redacted ||
-			h[wire.HeaderIdempotencyKeyCopy] != Redacted || strings.Contains(r.Envelope.IdempotencyKey, "secret") {
+		if strings.Contains(string(r.Body), "secret") || h["authorization"] != redactedValue || h[wire.HeaderIdempotencyKey] != redactedValue ||
+			h[wire.HeaderIdempotencyKeyCopy] != redactedValue || strings.Contains(r.Envelope.IdempotencyKey, "secret") {
 			t.Errorf("%s: stored body %s, headers %v, key %q", name, r.Body, h, r.Envelope.IdempotencyKey)
 		}
 		if !slices.Equal(r.Envelope.Redacted, want) || r.Envelope.RedactionFailed != "" || keeperNote(r.Envelope) == "" {
@@ -128,7 +128,7 @@ func TestKeeperRedactsWhatItCannotVerify(t *testing.T) {
 			t.Errorf("%s: the delivery was modified", name)
 		}
 		// The stub of a message too large to store is redacted too.
-		if s := keptRecord(t, orig, red, true, tc.key...); s.Headers()["authorization"] != Redacted || !slices.Equal(s.Envelope.Redacted, want) {
+		if s := keptRecord(t, orig, red, true, tc.key...); s.Headers()["authorization"] != redactedValue || !slices.Equal(s.Envelope.Redacted, want) {
 			t.Errorf("%s: stub headers %v, redacted %q", name, s.Headers(), s.Envelope.Redacted)
 		}
 	}
@@ -142,7 +142,7 @@ func TestKeeperRedactionFailureIsRecorded(t *testing.T) {
 	d.Headers["authorization"] = "secret-auth"
 	d.Body = []byte(`{"card":"secret-card","pad":"` + strings.Repeat("x", 64) + `"}`)
 	r := keptRecord(t, d, &Redaction{Headers: []string{"authorization"}, Fields: []string{"/card"}, MaxBodyBytes: 32}, false, "the consumers' key, 32 bytes....")
-	if !bytes.Equal(r.Body, d.Body) || r.Headers()["authorization"] != Redacted ||
+	if !bytes.Equal(r.Body, d.Body) || r.Headers()["authorization"] != redactedValue ||
 		!strings.Contains(r.Envelope.RedactionFailed, "max_body_bytes") || !strings.Contains(keeperNote(r.Envelope), "max_body_bytes") {
 		t.Fatalf("body %s, headers %v, envelope %+v", r.Body, r.Headers(), r.Envelope)
 	}
@@ -153,7 +153,7 @@ func TestKeeperRedactionFailureIsRecorded(t *testing.T) {
 func TestHistoryIgnoresRedactedIdempotencyKeys(t *testing.T) {
 	t.Parallel()
 	rec := func(id, msg string) *Record {
-		return &Record{ID: id, Properties: Properties{MessageID: msg}, Envelope: Envelope{IdempotencyKey: Redacted}}
+		return &Record{ID: id, Properties: Properties{MessageID: msg}, Envelope: Envelope{IdempotencyKey: redactedValue}}
 	}
 	a, b, again := rec("a", "m-1"), rec("b", "m-2"), rec("c", "m-1")
 	s := &Snapshot{Records: []*Record{a, b, again}}

@@ -2,13 +2,8 @@ package quarantine
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 )
@@ -51,9 +46,10 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 	if len(opts.Filter.States) == 0 {
 		opts.Filter.States = []State{StateOpen, StateExpired}
 	}
+	filter := opts.Filter.String() // every event of the run names it
 	res := &PurgeResult{Run: newRun(), DryRun: opts.DryRun, Purged: []string{}}
 	selected, _, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
-		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String()})
+		Event{Run: res.Run, Reason: opts.Reason, Filter: filter})
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +80,7 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 			ids[i] = r.ID
 		}
 		e := Event{Kind: EventPurged, At: rp.now().UTC(), By: by, Reason: opts.Reason, Run: res.Run,
-			Filter: opts.Filter.String(), IDs: ids, Counts: map[string]int{"selected": res.Selected, "purged": len(ids)}}
+			Filter: filter, IDs: ids, Counts: map[string]int{"selected": res.Selected, "purged": len(ids)}}
 		if err := publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e); err != nil {
 			return err
 		}
@@ -158,24 +154,4 @@ func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, er
 		return nil
 	})
 	return count, err
-}
-
-// eachChunk calls fn for each intake of byIntake in name order, with its
-// items in chunks of at most purgeChunk (one event each).
-func eachChunk[T any](byIntake map[string][]T, fn func(intake string, chunk []T) error) error {
-	for _, intake := range slices.Sorted(maps.Keys(byIntake)) {
-		items := byIntake[intake]
-		for from := 0; from < len(items); from += purgeChunk {
-			if err := fn(intake, items[from:min(from+purgeChunk, len(items))]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// publishEvent writes e to an events stream, confirmed.
-func publishEvent(ctx context.Context, pub *amqpx.Publisher, stream string, e Event) error {
-	b, _ := json.Marshal(e)
-	return pub.Publish(ctx, "", stream, amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: b})
 }

@@ -18,7 +18,7 @@ import (
 //
 //	"DLXREC2\n"
 //	4-byte big-endian length m, m bytes of binary meta
-//	4-byte big-endian length h, h bytes of the headers in EncodeTable's encoding (decoded on first use)
+//	4-byte big-endian length h, h bytes of the headers in marshalTable's encoding (decoded on first use)
 //	the payload as received
 //
 // The binary meta is a fixed sequence of fields (see appendMeta): strings

@@ -4,12 +4,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"reflect"
 	"runtime"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -47,7 +48,7 @@ func encodeLayout1(t *testing.T, d *amqp.Delivery, intake string, now time.Time)
 	if err != nil {
 		t.Fatal(err)
 	}
-	headers, err := EncodeTable(d.Headers)
+	headers, err := marshalTable(d.Headers)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,15 +8,16 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
-// Redacted replaces every redacted value.
-const Redacted = "[redacted]"
+// redactedValue replaces every redacted value.
+const redactedValue = "[redacted]"
 
-// redactedJSON is what a redacted body value becomes: Redacted as a JSON
+// redactedJSON is what a redacted body value becomes: redactedValue as a JSON
 // string.
-const redactedJSON = `"` + Redacted + `"`
+const redactedJSON = `"` + redactedValue + `"`
 
 // Redaction says what to scrub before a message is quarantined.
 type Redaction struct {
@@ -99,7 +100,7 @@ func (w *nestedWalk) redact(v any, depth int) (any, bool) {
 		switch v.(type) {
 		case amqp.Table, []any:
 			w.hit()
-			return Redacted, true
+			return redactedValue, true
 		}
 		return nil, false
 	}
@@ -110,7 +111,7 @@ func (w *nestedWalk) redact(v any, depth int) (any, bool) {
 			w.path = append(w.path, "."+k)
 			nv, hit := inner, false
 			if w.r.headerNamed(k) {
-				nv, hit = Redacted, true
+				nv, hit = redactedValue, true
 				w.hit()
 			} else {
 				nv, hit = w.redact(inner, depth+1)
@@ -163,7 +164,7 @@ func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 		w := &nestedWalk{r: r, changed: &res.Changed}
 		for k, v := range res.Headers {
 			if r.headerNamed(k) {
-				res.Headers[k] = Redacted
+				res.Headers[k] = redactedValue
 				res.Changed = append(res.Changed, "header:"+k)
 				continue
 			}
@@ -187,7 +188,7 @@ func (r Redaction) Apply(headers amqp.Table, body []byte) RedactResult {
 	root, fields := compileFields(r.Fields)
 	out, found, err := redactBody(body, root, len(fields))
 	if err != nil {
-		res.Failed = "not redacted: body is not JSON (" + Truncate(err.Error(), 200) + ")"
+		res.Failed = "not redacted: body is not JSON (" + frame.Truncate(err.Error(), 200) + ")"
 		return res
 	}
 	for i, ok := range found {

@@ -37,13 +37,13 @@ func redrives(h map[string]any) int {
 	return int(min(n, math.MaxInt32))
 }
 
-// TrustedRedrives returns the redrive count d carries if a signature made
+// trustedRedrives returns the redrive count d carries if a signature made
 // with v vouches for it (envelopeVerified: d's envelope signature was
 // checked valid with v), else 0 and a note saying what was claimed and
 // why it was not trusted ("" when d claims no count). d must be the
 // message as it reached the intake (its message id and body are signed).
 // With v nil nothing can be verified: the claimed count, and no note.
-func TrustedRedrives(d *amqp.Delivery, v *triage.Signer, envelopeVerified bool) (n int, note string) {
+func trustedRedrives(d *amqp.Delivery, v *triage.Signer, envelopeVerified bool) (n int, note string) {
 	h := map[string]any(d.Headers)
 	if _, claimed := h[wire.HeaderRedriveCount]; !claimed || v == nil {
 		return redrives(h), ""
@@ -55,13 +55,13 @@ func TrustedRedrives(d *amqp.Delivery, v *triage.Signer, envelopeVerified bool) 
 	if res.Valid {
 		return redrives(h), ""
 	}
-	return 0, UnverifiedRedrives(h, res.Problem)
+	return 0, unverifiedRedrives(h, res.Problem)
 }
 
-// UnverifiedRedrives is the note for a redrive count no valid signature
+// unverifiedRedrives is the note for a redrive count no valid signature
 // vouches for: what was claimed (quoted, cut, never used) and why it was
 // not trusted (problem).
-func UnverifiedRedrives(h map[string]any, problem string) string {
+func unverifiedRedrives(h map[string]any, problem string) string {
 	return fmt.Sprintf("redrive count not verified: the message claimed %q prior replays (%s) (%s); counted as none",
 		claimText(h[wire.HeaderRedriveCount]), wire.HeaderRedriveCount, problem)
 }

@@ -28,7 +28,7 @@ func TestRedriveCountNeedsASignature(t *testing.T) {
 	check := func(name string, d *amqp.Delivery, want int, noted bool) {
 		t.Helper()
 		env, _ := ReadVerified(d, signer)
-		n, note := TrustedRedrives(d, signer, env.Verified)
+		n, note := trustedRedrives(d, signer, env.Verified)
 		if n != want || (note != "") != noted {
 			t.Errorf("%s: count %d note %q, want %d (noted %v)", name, n, note, want, noted)
 		}
@@ -45,12 +45,12 @@ func TestRedriveCountNeedsASignature(t *testing.T) {
 	check("a signed replay count", deliver(replayed), 99, false)
 	moved := deliver(replayed)
 	moved.Body = []byte(`{"id":"j-2"}`)
-	if n, note := TrustedRedrives(moved, signer, false); n != 0 || note == "" {
+	if n, note := trustedRedrives(moved, signer, false); n != 0 || note == "" {
 		t.Errorf("a redrive signature moved to another body: %d %q", n, note)
 	}
 	// Without a key nothing can be verified: the claim counts (and the
 	// caller says so).
-	if n, note := TrustedRedrives(deliver(amqp.Table{wire.HeaderRedriveCount: int64(99)}), nil, false); n != 99 || note != "" {
+	if n, note := trustedRedrives(deliver(amqp.Table{wire.HeaderRedriveCount: int64(99)}), nil, false); n != 99 || note != "" {
 		t.Errorf("without a key: %d %q", n, note)
 	}
 
@@ -60,7 +60,7 @@ func TestRedriveCountNeedsASignature(t *testing.T) {
 	env := Envelope{Source: SourceBridge, Class: "permanent", Reason: "r", Attempts: 1}
 	eh := amqp.Table{wire.HeaderRedriveCount: int64(99)}
 	env.Apply(eh)
-	SignEnvelope(signer, eh, "orders.dead", "m-1", body)
+	signEnvelope(signer, eh, "orders.dead", "m-1", body)
 	check("a signed envelope's count", deliver(eh), 99, false)
 	raised := maps.Clone(eh)
 	raised[wire.HeaderRedriveCount] = int64(100)

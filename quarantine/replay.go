@@ -24,6 +24,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -159,7 +160,7 @@ type Replayer struct {
 	// dead letter, a forged or an unsigned envelope), the runtime ignores
 	// them (and notes it): the message's origin is then where the replay
 	// sent it. It also signs the redrive count every replayed message
-	// carries (see TrustedRedrives), and counts a record's prior replays
+	// carries (see trustedRedrives), and counts a record's prior replays
 	// only from a count a signature vouches for; without it the record's
 	// count counts as stored, unverified. Defaults to nil.
 	Signer *triage.Signer
@@ -209,10 +210,11 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		return nil, ErrNoSelector
 	}
 	opts.Filter.States = nil // open records only
+	filter := opts.Filter.String() // every event of the run names it
 	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
 	start := time.Now()
 	selected, claimed, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
-		Event{Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String(), ToQueue: opts.ToQueue})
+		Event{Run: res.Run, Reason: opts.Reason, Filter: filter, ToQueue: opts.ToQueue})
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +230,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			return
 		}
 		defer pub.Close()
-		e := Event{Kind: kind, At: rp.now().UTC(), By: rp.by(), Run: res.Run, Reason: opts.Reason, Filter: opts.Filter.String(), ToQueue: opts.ToQueue, IDs: ids,
+		e := Event{Kind: kind, At: rp.now().UTC(), By: rp.by(), Run: res.Run, Reason: opts.Reason, Filter: filter, ToQueue: opts.ToQueue, IDs: ids,
 			Counts: map[string]int{"selected": res.Selected, "sent": 0, "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}
 		for _, stream := range claimed {
 			_ = publishEvent(context.WithoutCancel(ctx), pub, stream, e)
@@ -312,7 +314,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		intakes[r.Intake] = append(intakes[r.Intake], r.ID)
 	}
 	for _, intake := range sortedKeys(intakes) {
-		if err := event(intake, Event{Kind: EventReplayStarted, Filter: opts.Filter.String(), IDs: intakes[intake], ToQueue: opts.ToQueue,
+		if err := event(intake, Event{Kind: EventReplayStarted, Filter: filter, IDs: intakes[intake], ToQueue: opts.ToQueue,
 			Counts: map[string]int{"selected": res.Selected, "to_send": len(intakes[intake]), "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}); err != nil {
 			return res, fmt.Errorf("write audit event: %w", err)
 		}
@@ -356,7 +358,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	}
 	res.Duration = time.Since(start)
 	for _, intake := range sortedKeys(intakes) {
-		_ = event(intake, Event{Kind: EventReplayFinished, Filter: opts.Filter.String(), ToQueue: opts.ToQueue,
+		_ = event(intake, Event{Kind: EventReplayFinished, Filter: filter, ToQueue: opts.ToQueue,
 			Counts: map[string]int{"sent": len(res.Sent), "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
 	}
 	return res, sendErr
@@ -424,7 +426,7 @@ var keptOnReplay = map[string]bool{
 
 // priorRedrives is how many times r's message was replayed before, and
 // whether this replay verified it: with the consumers' key, the count its
-// headers carry if a signature vouches for it (see TrustedRedrives), read
+// headers carry if a signature vouches for it (see trustedRedrives), read
 // again from the record's headers and payload rather than its meta, else
 // 0; without a key, the record's count as the keeper stored it
 // (verified by a keeper that had the key, else as claimed).
@@ -434,7 +436,7 @@ func (rp *Replayer) priorRedrives(r *Record) (n int, verified bool) {
 	}
 	d := r.delivery()
 	env, _ := ReadVerified(d, rp.Signer)
-	n, _ = TrustedRedrives(d, rp.Signer, env.Verified)
+	n, _ = trustedRedrives(d, rp.Signer, env.Verified)
 	return n, true
 }
 
@@ -480,7 +482,7 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	}
 	h[wire.HeaderRedriveCount] = int64(prior + 1)
 	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
-	h[wire.HeaderRedriveReason] = Truncate(reason, MaxErrorBytes)
+	h[wire.HeaderRedriveReason] = frame.Truncate(reason, maxErrorBytes)
 	p := r.Properties
 	if p.Expiration != "" {
 		h[wire.HeaderOriginalExpiration] = p.Expiration

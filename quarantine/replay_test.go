@@ -492,7 +492,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 		OriginalExchange: "orders", OriginalRouting: "order.created", OriginalQueue: "orders"}
 	eh := amqp.Table{"keep": "me"}
 	env.Apply(eh)
-	SignEnvelope(signer, eh, "orders.dead", "m-1", body)
+	signEnvelope(signer, eh, "orders.dead", "m-1", body)
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
 	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
 	if v := signer.Verify(sub, h, triage.SignedHeaders()); !v.Valid || h[wire.HeaderOriginalExchange] != "orders" {

@@ -28,12 +28,12 @@ import (
 //
 //	headers: dlxbridge-record-id, dlxbridge-record-intake (short strings, for people reading the stream)
 //	body:    "DLXREC2\n", a 4-byte big-endian length m, m bytes of binary meta, a 4-byte length h,
-//	         h bytes of headers (EncodeTable), then the payload as received (see recordbin.go)
+//	         h bytes of headers (marshalTable), then the payload as received (see recordbin.go)
 //
 // Records of layout 1 ("DLXREC1\n", a 4-byte length n, n bytes of JSON
 // meta with the headers inside, then the payload) are still read. The meta
 // holds every AMQP property and the original header table in the
-// typed encoding of EncodeTable, because a stream drops header values that
+// typed encoding of marshalTable, because a stream drops header values that
 // are arrays or tables (and the broker's x-death on 3.10). They travel in
 // the body, not in a header, so a record never exceeds a frame (a
 // quarantined message's headers may already fill one), and the user-id
@@ -114,7 +114,7 @@ func RecordID(d *amqp.Delivery) (string, error) {
 			h[k] = v
 		}
 	}
-	enc, err := EncodeTable(h)
+	enc, err := marshalTable(h)
 	if err != nil {
 		return "", err
 	}
@@ -132,7 +132,7 @@ func RecordID(d *amqp.Delivery) (string, error) {
 // notKept replaces a header value that a record cannot keep.
 const notKept = "[not kept in the quarantine record: nested deeper than the record encoding reads back]"
 
-// storable returns h with every value that EncodeTable refuses (a table or
+// storable returns h with every value that marshalTable refuses (a table or
 // array nested deeper than maxCodecDepth, which amqp091-go and the broker
 // take from a producer) replaced by notKept, so that a producer's header
 // never keeps a message out of its record: the keeper would otherwise
@@ -183,7 +183,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	env, _ := ReadVerified(d, v) // d is the message as published: its body too
 	// The count is kept as the keeper's verdict, on d as published: a claim
 	// no signature vouches for is no prior replay, and a note keeps it.
-	redriven, note := TrustedRedrives(d, v, env.Verified)
+	redriven, note := trustedRedrives(d, v, env.Verified)
 	if note != "" {
 		env.Notes = append(env.Notes, note)
 	}
@@ -196,7 +196,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
-	headers, err := EncodeTable(storable(kept.Headers))
+	headers, err := marshalTable(storable(kept.Headers))
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
@@ -240,10 +240,10 @@ func resignRedrives(kept, d *amqp.Delivery, v *triage.Signer, trusted bool) {
 	kept.Headers[wire.HeaderRedriveSignature] = v.SignRedrive(kept.MessageId, kept.Body, kept.Headers)
 }
 
-// KeeperRedactedNote starts the note of a record the keeper redacted: the
+// keeperRedactedNote starts the note of a record the keeper redacted: the
 // envelope's Redacted and RedactionFailed then say what the keeper did,
 // not what the message's headers claim.
-const KeeperRedactedNote = "redacted by the quarantine keeper"
+const keeperRedactedNote = "redacted by the quarantine keeper"
 
 // redactUnverified applies red to a message that the runtime did not
 // redact under a verified envelope (a broker dead letter, an envelope no
@@ -257,20 +257,20 @@ const KeeperRedactedNote = "redacted by the quarantine keeper"
 // modified; the returned copy holds the redacted headers and body.
 func redactUnverified(d *amqp.Delivery, env *Envelope, red Redaction) *amqp.Delivery {
 	res := red.Apply(d.Headers, d.Body)
-	if res.Headers[wire.HeaderIdempotencyKey] == Redacted {
+	if res.Headers[wire.HeaderIdempotencyKey] == redactedValue {
 		if _, ok := res.Headers[wire.HeaderIdempotencyKeyCopy]; ok {
-			res.Headers[wire.HeaderIdempotencyKeyCopy] = Redacted
+			res.Headers[wire.HeaderIdempotencyKeyCopy] = redactedValue
 		}
 		if env.IdempotencyKey != "" {
-			env.IdempotencyKey = Redacted
+			env.IdempotencyKey = redactedValue
 		}
 	}
 	env.Redacted, env.RedactionFailed = res.Changed, res.Failed
 	switch {
 	case res.Failed != "":
-		env.Notes = append(env.Notes, KeeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing): "+res.Failed)
+		env.Notes = append(env.Notes, keeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing): "+res.Failed)
 	case len(res.Changed) > 0:
-		env.Notes = append(env.Notes, KeeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing)")
+		env.Notes = append(env.Notes, keeperRedactedNote+" (no valid envelope signature says the runtime had; rules applied twice change nothing)")
 	}
 	kept := *d
 	kept.Headers, kept.Body = res.Headers, res.Body
@@ -357,7 +357,7 @@ type Keeper struct {
 	// signature vouches for is kept as a claim in the record's notes, and
 	// the record reads as the broker's dead letter. A redrive count no
 	// signature vouches for is stored as 0, its claim in the notes (see
-	// TrustedRedrives). Without it the record keeps the envelope and the
+	// trustedRedrives). Without it the record keeps the envelope and the
 	// count as its headers claim them, the envelope marked not verified.
 	// Defaults to nil.
 	Verifier *triage.Signer
@@ -367,7 +367,7 @@ type Keeper struct {
 	// it is stored, as the runtime applies it to what it quarantines; a
 	// verified envelope's message was redacted by the runtime and is kept
 	// as it arrived. The record's envelope says what was redacted, with a
-	// note starting KeeperRedactedNote. Defaults to none.
+	// note starting "redacted by the quarantine keeper". Defaults to none.
 	Redaction Redaction
 	// kept, when set, is called after each record is acked (tests).
 	kept  func(id string)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -415,7 +416,7 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time)
 	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tPRIOR_REPLAYS\tREASON")
 	for _, r := range recs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, listClass(r.Envelope), printable(r.Envelope.Fingerprint, ""),
-			age(now, r.Seen()), r.State, r.Redrives, printable(quarantine.Truncate(r.Envelope.Reason, 80), ""))
+			age(now, r.Seen()), r.State, r.Redrives, printable(frame.Truncate(r.Envelope.Reason, 80), ""))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -541,7 +542,7 @@ func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapsho
 			oldest = g.OldestOpenAge.Round(time.Second).String()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, printable(string(g.Class), ""), printable(g.Fingerprint, ""), g.Open, g.Replayed, g.Purged, g.Expired,
-			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), printable(quarantine.Truncate(g.Example, 60), ""))
+			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), printable(frame.Truncate(g.Example, 60), ""))
 		open, replayed, purged, expired = open+g.Open, replayed+g.Replayed, purged+g.Purged, expired+g.Expired
 	}
 	if err := tw.Flush(); err != nil {

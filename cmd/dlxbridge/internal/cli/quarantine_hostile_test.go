@@ -124,7 +124,7 @@ func TestQuarantineShowSaysWhatTheKeeperRedacted(t *testing.T) {
 	out := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id}, cfgFlag...)...)
 	js := b.mustRun(t, cli.ExitOK, append([]string{"quarantine", "show", id, "--output", "json"}, cfgFlag...)...)
 	if !regexp.MustCompile(`(?m)^redacted +header:authorization, body:/card$`).MatchString(out) ||
-		!strings.Contains(out, quarantine.KeeperRedactedNote) || !regexp.MustCompile(`"redacted":\s*\[\s*"header:authorization",\s*"body:/card"\s*\]`).MatchString(js) {
+		!strings.Contains(out, "redacted by the quarantine keeper") || !regexp.MustCompile(`"redacted":\s*\[\s*"header:authorization",\s*"body:/card"\s*\]`).MatchString(js) {
 		t.Errorf("show does not say what the keeper redacted:\n%s\n%s", out, js)
 	}
 	if strings.Contains(out+js, "secret-") {

@@ -20,6 +20,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/internal/payload"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
@@ -280,7 +282,7 @@ func (p *Page) record(w http.ResponseWriter, r *http.Request) {
 			body = body[:len(body)-1]
 		}
 	}
-	if quarantine.IsText(body) {
+	if payload.IsText(body) {
 		rv.Payload = string(body)
 	} else {
 		rv.Payload, rv.Base64 = base64.StdEncoding.EncodeToString(body), true
@@ -414,7 +416,7 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 
 func parseSelection(r *http.Request) (selection, error) {
 	s := selection{Queue: r.PostFormValue("queue"), Class: r.PostFormValue("class"), Fingerprint: r.PostFormValue("fingerprint"),
-		Reason: strings.TrimSpace(r.PostFormValue("reason")), By: quarantine.Truncate(strings.TrimSpace(r.PostFormValue("by")), 64),
+		Reason: strings.TrimSpace(r.PostFormValue("reason")), By: frame.Truncate(strings.TrimSpace(r.PostFormValue("by")), 64),
 		SkipInvalid: r.PostFormValue("skip_invalid") != "", Max: PageDefaultMax, Rate: PageDefaultRate}
 	if s.Queue == "" {
 		return s, fmt.Errorf("%w (the queue field)", quarantine.ErrNoSelector)

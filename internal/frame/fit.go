@@ -1,11 +1,20 @@
-package quarantine
+// Package frame fits a publishing's content header frame into the
+// connection's frame_max. A larger header frame makes the broker close the
+// whole connection with FRAME_ERROR, which requeues everything in flight
+// on it, so every publishing the bridge builds from a delivery (a retry, a
+// re-admission, a quarantine record) goes through Fit before it is sent.
+// The text caps the bridge's own headers keep to live here too, because
+// Fit rewrites the notes and dropped headers within them.
+package frame
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -37,6 +46,12 @@ const (
 	MinDetailBytes = 256
 	// MaxDroppedBytes bounds wire.HeaderDropped.
 	MaxDroppedBytes = 1024
+	// MaxNotesBytes bounds wire.HeaderNotes (and the quarantine envelope's
+	// other lists).
+	MaxNotesBytes = 2048
+	// MaxErrorBytes bounds an error text in a header (a retry's last error,
+	// the envelope's error and reason).
+	MaxErrorBytes = 2048
 )
 
 // ErrNoFit: the message cannot be made to fit one frame without changing
@@ -188,8 +203,8 @@ func Fit(p *amqp.Publishing, frameMax int, rank func(name string) Rank) ([]strin
 	// just this Fit's note and entries, cut short.
 	note := fitNote(changes, frameMax)
 	for _, limit := range []int{MaxNotesBytes, maxShortstr} {
-		h[wire.HeaderDropped] = encodeStrings(append(listed, added...), min(limit, MaxDroppedBytes))
-		h[wire.HeaderNotes] = encodeStrings(append(notes, Truncate(note, limit-4)), limit)
+		h[wire.HeaderDropped] = EncodeStrings(append(listed, added...), min(limit, MaxDroppedBytes))
+		h[wire.HeaderNotes] = EncodeStrings(append(notes, Truncate(note, limit-4)), limit)
 		if HeaderFrameSize(p) <= frameMax {
 			return added, nil
 		}
@@ -426,4 +441,44 @@ func valueSize(v any) int {
 	// A type amqp091-go refuses to encode (ErrFieldType): the publish fails
 	// before any frame is written.
 	return 0
+}
+
+// Truncate cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…[truncated]"
+	cut := n - len(mark)
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
+}
+
+// EncodeStrings keeps as many of the newest (last) strings as fit limit
+// bytes of JSON: notes are appended hop after hop, and the latest say most
+// about the message as it is now. Linear in the input, which may come from
+// a producer's header.
+func EncodeStrings(ss []string, limit int) string {
+	if len(ss) == 0 {
+		return ""
+	}
+	size, from := 1, len(ss) // "[", then each string with its "," or "]"
+	for from > 0 {
+		b, _ := json.Marshal(ss[from-1])
+		if size+len(b)+1 > limit {
+			break
+		}
+		size += len(b) + 1
+		from--
+	}
+	if from == len(ss) {
+		return `["too large to record"]`
+	}
+	b, _ := json.Marshal(ss[from:])
+	return string(b)
 }

@@ -1,4 +1,4 @@
-package quarantine
+package frame
 
 import (
 	"bytes"

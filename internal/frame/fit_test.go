@@ -1,18 +1,18 @@
-package quarantine
+package frame
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/dlxbridge/dlxbridge/wire"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -409,16 +409,6 @@ func fakeBroker(rw io.ReadWriter, frames chan<- []byte) {
 		case [2]uint16{20, 10}: // channel.open -> open-ok
 			method(channel, 20, 11, longstr(""))
 		}
-	}
-}
-
-func TestReadReturnsTheDropRecord(t *testing.T) {
-	t.Parallel()
-	b, _ := json.Marshal([]string{"header:x-app-blob"})
-	d := amqp.Delivery{Headers: amqp.Table{wire.HeaderEnvelope: int32(1), wire.HeaderDropped: string(b)}}
-	env, ok := Read(&d)
-	if !ok || len(env.Dropped) != 1 || env.Dropped[0] != "header:x-app-blob" {
-		t.Fatalf("env.Dropped %v ok %v", env.Dropped, ok)
 	}
 }
 
