@@ -352,6 +352,18 @@ func (q *Queue) Policy() triage.Policy {
 	}
 }
 
+// GateConfig is the configuration of q's schema gate over reg: its
+// message identity and accepted types, decoding at most maxBody bytes
+// (schemas.max_body_bytes). The runtime, a replay's check and the CLI's
+// validate build their gates with it, so that they agree.
+func (q *Queue) GateConfig(reg *schemas.Registry, maxBody int) schemas.GateConfig {
+	accepts := make(map[string][]string, len(q.Accepts))
+	for _, a := range q.Accepts {
+		accepts[a.Type] = a.Versions
+	}
+	return schemas.GateConfig{Registry: reg, Identity: q.Message.Identity(), Accepts: accepts, MaxBodyBytes: maxBody}
+}
+
 // Identity is the schema gate's identity for this message section;
 // schemas.Identity holds its defaults and rules.
 func (m MessageIdentity) Identity() schemas.Identity {

@@ -45,16 +45,11 @@ func (a *admitted) refresh() {
 }
 
 // newGate builds q's schema gate; with the gate off there is none (nil).
-func newGate(reg *schemas.Registry, q *config.Queue, accepts map[string][]string, maxBody int) (*schemas.Gate, error) {
+func newGate(reg *schemas.Registry, q *config.Queue, maxBody int) (*schemas.Gate, error) {
 	if q.Gate == config.GateOff {
 		return nil, nil
 	}
-	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry:     reg,
-		Identity:     q.Message.Identity(),
-		Accepts:      accepts,
-		MaxBodyBytes: maxBody,
-	})
+	gate, err := schemas.NewGate(q.GateConfig(reg, maxBody))
 	if err != nil {
 		return nil, fmt.Errorf("queue %q: schema gate: %w", q.Name, err)
 	}

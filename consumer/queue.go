@@ -40,16 +40,14 @@ type queueRuntime struct {
 }
 
 func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
-	accepts := map[string][]string{}
 	acceptSet := map[string]map[string]bool{}
 	for _, a := range q.Accepts {
-		accepts[a.Type] = a.Versions
 		acceptSet[a.Type] = map[string]bool{}
 		for _, v := range a.Versions {
 			acceptSet[a.Type][v] = true
 		}
 	}
-	gate, err := newGate(d.cfg.Registry, q, accepts, d.cfg.File.Schemas.MaxBodyBytes)
+	gate, err := newGate(d.cfg.Registry, q, d.cfg.File.Schemas.MaxBodyBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -1,13 +1,3 @@
-// Package quarantine owns the quarantine record: the failure envelope the
-// bridge attaches to a message it parks, its header names, and reading it
-// back (also for messages the broker dead-lettered on its own, which carry
-// only x-death).
-//
-// A quarantined message keeps the payload as received, byte for byte (unless
-// redaction rules changed it, which the envelope records), and its original
-// AMQP properties and headers. The envelope is added as headers whose names
-// are the exported Header* constants below, which name package wire's; they
-// are part of dlxbridge's public contract.
 package quarantine
 
 import (

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -605,52 +604,10 @@ type Group struct {
 	Expired     int          `json:"expired"`
 	FirstSeen   time.Time    `json:"first_seen"`
 	LastSeen    time.Time    `json:"last_seen"`
-	// OldestOpenAge is the age of the oldest open record (0 if none). In
-	// JSON it is oldest_open_age_seconds, a number of seconds.
-	OldestOpenAge time.Duration `json:"-"`
 	// Example is one record's reason, for people.
 	Example string `json:"example"`
-}
-
-// MarshalJSON writes OldestOpenAge as oldest_open_age_seconds: a bare
-// time.Duration would be nanoseconds with no unit in its name.
-func (g Group) MarshalJSON() ([]byte, error) {
-	type plain Group
-	return json.Marshal(struct {
-		plain
-		OldestOpenAge float64 `json:"oldest_open_age_seconds"`
-	}{plain(g), g.OldestOpenAge.Seconds()})
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
-func (g *Group) UnmarshalJSON(b []byte) error {
-	type plain Group
-	var v struct {
-		plain
-		OldestOpenAge float64 `json:"oldest_open_age_seconds"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*g = Group(v.plain)
-	g.OldestOpenAge = secondsDuration(v.OldestOpenAge)
-	return nil
-}
-
-// secondsDuration turns seconds back into a Duration, saturating instead
-// of overflowing.
-func secondsDuration(s float64) time.Duration {
-	const two63 = float64(1 << 63)
-	ns := s * float64(time.Second)
-	switch {
-	case ns != ns: // NaN
-		return 0
-	case ns >= two63:
-		return math.MaxInt64
-	case ns <= -two63:
-		return math.MinInt64
-	}
-	return time.Duration(ns)
+	// OldestOpenAge is the age of the oldest open record (0 if none).
+	OldestOpenAge Seconds `json:"oldest_open_age_seconds"`
 }
 
 // Stats groups the records f selects (every state, unless f names
@@ -679,7 +636,7 @@ func (s *Snapshot) Stats(f Filter) []Group {
 		switch r.State {
 		case StateOpen:
 			g.Open++
-			g.OldestOpenAge = max(g.OldestOpenAge, s.At.Sub(seen))
+			g.OldestOpenAge = max(g.OldestOpenAge, Seconds(s.At.Sub(seen)))
 		case StateReplayed:
 			g.Replayed++
 		case StatePurged:

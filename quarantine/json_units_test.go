@@ -13,7 +13,7 @@ import (
 // that nothing on the page says are nanoseconds.
 func TestDurationsInJSONAreSeconds(t *testing.T) {
 	t.Parallel()
-	g := Group{Queue: "orders", Open: 2, OldestOpenAge: 90 * time.Second}
+	g := Group{Queue: "orders", Open: 2, OldestOpenAge: Seconds(90 * time.Second)}
 	b, err := json.Marshal(g)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +29,7 @@ func TestDurationsInJSONAreSeconds(t *testing.T) {
 		t.Fatalf("round trip: %+v", back)
 	}
 
-	r := ReplayResult{Run: "r1", Sent: []string{"a"}, Duration: 1500 * time.Millisecond}
+	r := ReplayResult{Run: "r1", Sent: []string{"a"}, Duration: Seconds(1500 * time.Millisecond)}
 	b, err = json.Marshal(r)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -104,32 +103,8 @@ type ReplayResult struct {
 	OverBudget []string `json:"over_budget,omitempty"`
 	// Stopped: the context ended before every message was sent.
 	Stopped bool `json:"stopped"`
-	// Duration is how long the replay took; duration_seconds in JSON.
-	Duration time.Duration `json:"-"`
-}
-
-// MarshalJSON writes Duration as duration_seconds, a number of seconds.
-func (r ReplayResult) MarshalJSON() ([]byte, error) {
-	type plain ReplayResult
-	return json.Marshal(struct {
-		plain
-		Duration float64 `json:"duration_seconds"`
-	}{plain(r), r.Duration.Seconds()})
-}
-
-// UnmarshalJSON reads what MarshalJSON writes.
-func (r *ReplayResult) UnmarshalJSON(b []byte) error {
-	type plain ReplayResult
-	var v struct {
-		plain
-		Duration float64 `json:"duration_seconds"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*r = ReplayResult(v.plain)
-	r.Duration = secondsDuration(v.Duration)
-	return nil
+	// Duration is how long the replay took.
+	Duration Seconds `json:"duration_seconds"`
 }
 
 // Replayer replays and purges records. One per command.
@@ -209,7 +184,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	if !opts.Filter.HasSelector() {
 		return nil, ErrNoSelector
 	}
-	opts.Filter.States = nil // open records only
+	opts.Filter.States = nil       // open records only
 	filter := opts.Filter.String() // every event of the run names it
 	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
 	start := time.Now()
@@ -294,7 +269,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	}
 	if opts.DryRun || len(send) == 0 {
 		endClaimed(EventReplayFinished, nil)
-		res.Duration = time.Since(start)
+		res.Duration = Seconds(time.Since(start))
 		return res, nil
 	}
 
@@ -356,7 +331,7 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			break
 		}
 	}
-	res.Duration = time.Since(start)
+	res.Duration = Seconds(time.Since(start))
 	for _, intake := range sortedKeys(intakes) {
 		_ = event(intake, Event{Kind: EventReplayFinished, Filter: filter, ToQueue: opts.ToQueue,
 			Counts: map[string]int{"sent": len(res.Sent), "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
@@ -391,17 +366,8 @@ func (rp *Replayer) publishTraced(ctx context.Context, tp trace.TracerProvider, 
 func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *Record, body []byte) error {
 	g, ok := gates[qc.Name]
 	if !ok {
-		accepts := map[string][]string{}
-		for _, a := range qc.Accepts {
-			accepts[a.Type] = a.Versions
-		}
 		var err error
-		g, err = schemas.NewGate(schemas.GateConfig{
-			Registry: rp.Registry,
-			Identity: schemas.Identity{From: qc.Message.From, VersionHeader: qc.Message.VersionHeader,
-				TypePointer: qc.Message.TypePointer, VersionPointer: qc.Message.VersionPointer},
-			Accepts: accepts, MaxBodyBytes: rp.Config.Schemas.MaxBodyBytes,
-		})
+		g, err = schemas.NewGate(qc.GateConfig(rp.Registry, rp.Config.Schemas.MaxBodyBytes))
 		if err != nil {
 			return err
 		}
@@ -442,7 +408,13 @@ func (rp *Replayer) priorRedrives(r *Record) (n int, verified bool) {
 
 // delivery is r's message as it reached the intake.
 func (r *Record) delivery() *amqp.Delivery {
-	return &amqp.Delivery{Headers: r.Headers(), Exchange: r.Exchange, RoutingKey: r.RoutingKey, MessageId: r.Properties.MessageID, Body: r.Body}
+	p := r.Properties
+	return &amqp.Delivery{
+		Headers: r.Headers(), Exchange: r.Exchange, RoutingKey: r.RoutingKey, Body: r.Body,
+		ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, DeliveryMode: p.DeliveryMode,
+		Priority: p.Priority, CorrelationId: p.CorrelationID, ReplyTo: p.ReplyTo, Expiration: p.Expiration,
+		MessageId: p.MessageID, Timestamp: p.Timestamp, Type: p.Type, UserId: p.UserID, AppId: p.AppID,
+	}
 }
 
 // message builds the replayed message: the record's properties, payload
@@ -453,16 +425,14 @@ func (r *Record) delivery() *amqp.Delivery {
 // time and reason set. The idempotency key comes back from the envelope if
 // the header was dropped to fit a frame.
 func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue string) amqp.Publishing {
-	h := amqp.Table{}
-	for k, v := range r.Headers() {
-		switch {
-		case wire.IsBrokerHeader(k):
-		case strings.HasPrefix(k, wire.OwnPrefix) && !keptOnReplay[k]:
-		default:
-			h[k] = v
-		}
-	}
-	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != r.Properties.MessageID {
+	d := r.delivery()
+	h := frame.StripHeaders(d.Headers, func(k string) bool {
+		// The record's expiration property, if it has one, is what the
+		// copy's header says (see frame.Republish).
+		return strings.HasPrefix(k, wire.OwnPrefix) && !keptOnReplay[k] ||
+			k == wire.HeaderOriginalExpiration && d.Expiration != ""
+	})
+	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != d.MessageId {
 		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
 	}
 	// The origin is signed only from an envelope whose signature verifies
@@ -472,7 +442,7 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	// as a claim and records where the replay sent the message.
 	e, signed := r.Envelope, false
 	if rp.Signer != nil {
-		if v, _ := ReadVerified(r.delivery(), rp.Signer); v.Verified {
+		if v, _ := ReadVerified(d, rp.Signer); v.Verified {
 			e, signed = v, true
 		}
 	}
@@ -483,29 +453,19 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	h[wire.HeaderRedriveCount] = int64(prior + 1)
 	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
 	h[wire.HeaderRedriveReason] = frame.Truncate(reason, maxErrorBytes)
-	p := r.Properties
-	if p.Expiration != "" {
-		h[wire.HeaderOriginalExpiration] = p.Expiration
-	}
-	if p.UserID != "" {
-		h[wire.HeaderOriginalUserID] = p.UserID
-	}
+	p := frame.Republish(d, h, body)
 	// The count is signed whatever the record's origin: a broker dead
 	// letter of a crash-looping message (never an envelope the runtime
 	// signed) must still have its replays counted, which is what
 	// max_redrives is for.
-	h[wire.HeaderRedriveSignature] = rp.Signer.SignRedrive(p.MessageID, body, h)
+	h[wire.HeaderRedriveSignature] = rp.Signer.SignRedrive(p.MessageId, body, h)
 	if h[wire.HeaderRedriveSignature] == "" {
 		delete(h, wire.HeaderRedriveSignature)
 	}
 	if signed {
-		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageID, Body: body}, h, triage.SignedHeaders())
+		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageId, Body: body}, h, triage.SignedHeaders())
 	}
-	return amqp.Publishing{
-		Headers: h, ContentType: p.ContentType, ContentEncoding: p.ContentEncoding, DeliveryMode: amqp.Persistent,
-		Priority: p.Priority, CorrelationId: p.CorrelationID, ReplyTo: p.ReplyTo, MessageId: p.MessageID,
-		Timestamp: p.Timestamp, Type: p.Type, AppId: p.AppID, Body: body,
-	}
+	return p
 }
 
 // selectLocked takes the lock of the quarantines f can touch (unless this

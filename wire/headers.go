@@ -93,7 +93,7 @@ const (
 	// HeaderStack is the stack of a handler panic (class panic).
 	HeaderStack = "dlxbridge-stack"
 	// HeaderEnvelopeSignature is the runtime's signature over the envelope
-	// it wrote (see triage.Signer.SignEnvelope and quarantine.SignEnvelope):
+	// it wrote (see triage.Signer.SignEnvelope and quarantine.Publishing):
 	// a reader with the key trusts an envelope only under a valid one.
 	HeaderEnvelopeSignature = "dlxbridge-envelope-signature"
 )

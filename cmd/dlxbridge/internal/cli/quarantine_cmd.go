@@ -539,7 +539,7 @@ func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapsho
 	for _, g := range groups {
 		oldest := "-"
 		if g.Open > 0 {
-			oldest = g.OldestOpenAge.Round(time.Second).String()
+			oldest = time.Duration(g.OldestOpenAge).Round(time.Second).String()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, printable(string(g.Class), ""), printable(g.Fingerprint, ""), g.Open, g.Replayed, g.Purged, g.Expired,
 			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), printable(frame.Truncate(g.Example, 60), ""))
@@ -602,7 +602,7 @@ func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "replayed %d of %d selected in %s (run %s); %d invalid, %d over budget\n",
-		len(res.Sent), res.Selected, res.Duration.Round(time.Millisecond), res.Run, len(res.Invalid), len(res.OverBudget))
+		len(res.Sent), res.Selected, time.Duration(res.Duration).Round(time.Millisecond), res.Run, len(res.Invalid), len(res.OverBudget))
 	return err
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"text/tabwriter"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
@@ -142,11 +143,10 @@ func schemasValidate(env *Env, args []string) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: %s v%s is not in the registry (see 'dlxbridge schemas list')\n", *typ, v)
 		return ExitUsage
 	}
-	gate, err := schemas.NewGate(schemas.GateConfig{
-		Registry:     reg,
-		Accepts:      map[string][]string{*typ: {v}},
-		MaxBodyBytes: *maxBody,
-	})
+	// A queue that accepts just this type and version, with the default
+	// identity: the gate the runtime would build for it.
+	q := config.Queue{Accepts: []config.Accept{{Type: *typ, Versions: []string{v}}}}
+	gate, err := schemas.NewGate(q.GateConfig(reg, *maxBody))
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: %v\n", err)
 		return ExitUsage
