@@ -124,12 +124,9 @@ func Publishing(f *Failure) (p amqp.Publishing, changed []string, err error) {
 	p = frame.Republish(d, h, red.Body)
 	delete(p.Headers, wire.HeaderSignature)
 	if !f.Signed {
-		// A dlxbridge-dropped that no earlier hop's signature vouches for:
-		// the producer wrote it, and the envelope signature (which covers
-		// it) would otherwise present it as what the runtime dropped. The
-		// retry signature does not cover it (adding it would void every
-		// retry in flight across an upgrade), so it is kept only on a
-		// signed hop, whose first hop removed the producer's.
+		// No earlier hop's signature vouches for this dlxbridge-dropped:
+		// the producer wrote it, and the envelope signature would present
+		// it as what the runtime dropped.
 		delete(p.Headers, wire.HeaderDropped)
 	}
 	env.Notes = f.ownRedrives(p.Headers, env.Notes)
