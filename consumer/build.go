@@ -250,7 +250,9 @@ func finish(in *buildInput, exchange, key string, p amqp.Publishing) (built, err
 func seal(in *buildInput, h amqp.Table, notes []string) {
 	delete(h, wire.HeaderNotes)
 	ownDropped(in, h)
-	(&quarantine.Envelope{Notes: notes}).ApplyNotes(h)
+	if n := frame.EncodeStrings(notes, frame.MaxNotesBytes); n != "" {
+		h[wire.HeaderNotes] = n
+	}
 	h[wire.HeaderSignature] = in.signer.Placeholder()
 }
 

@@ -138,13 +138,6 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(wire.HeaderStack, frame.Truncate(e.Stack, MaxStackBytes))
 }
 
-// ApplyNotes writes only the notes header (after Apply, when notes grew).
-func (e *Envelope) ApplyNotes(h amqp.Table) {
-	if n := frame.EncodeStrings(e.Notes, maxNotesBytes); n != "" {
-		h[wire.HeaderNotes] = n
-	}
-}
-
 // encodeViolations keeps as many whole violations as fit MaxValidationBytes.
 func encodeViolations(vs []Violation) string {
 	if len(vs) == 0 {
