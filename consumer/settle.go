@@ -360,172 +360,6 @@ func (w *worker) ack(a acker, st Settled, outcome string, then func()) {
 	})
 }
 
-// sessionPublisher is a worker's confirmer: a confirm pipeline on the
-// session's publishing connection, opened on first use. Each worker has its
-// own; mu lets a re-send (see Publish) share it.
-type sessionPublisher struct {
-	s    *queueSession
-	mu   sync.Mutex
-	pipe *amqpx.Pipeline
-}
-
-// close fails what still awaits a confirm and closes the pipeline's
-// channel (without waiting for the close-ok: during a resource alarm none
-// comes, and the channel closes with the publishing connection, which the
-// session closes next).
-func (sp *sessionPublisher) close() {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		sp.pipe.Close()
-		sp.pipe = nil
-	}
-}
-
-// retire closes pipe, broken by a publish, unless a re-send has replaced it
-// already (then the one in use stays).
-func (sp *sessionPublisher) retire(pipe *amqpx.Pipeline) {
-	sp.mu.Lock()
-	if sp.pipe == pipe {
-		sp.pipe = nil
-	}
-	sp.mu.Unlock()
-	pipe.Close()
-}
-
-// pipeline returns the confirm pipeline, opening one if needed: one whose
-// channel died is replaced.
-func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		if !sp.pipe.Broken() {
-			return sp.pipe, nil
-		}
-		sp.pipe = nil // it ends by itself once it has failed what it held
-	}
-	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
-	if err != nil {
-		return nil, err
-	}
-	sp.pipe = p
-	go sp.s.watchConfirms(p)
-	return p, nil
-}
-
-// Publish sends with confirm + mandatory on the pipeline.
-//
-// While the broker blocks the publishing connection (a resource alarm) it
-// reads nothing from it: a publish, or opening a channel for one, would only
-// wait, and a timeout would requeue the message and run its handler again
-// for nothing. So publish first waits for the unblock, holding the delivery,
-// until the drain deadline.
-//
-// A publish in flight when the broker closed the channel for another one's
-// size (amqpx.ErrBesideRefusal) is sent again, on a new channel, before
-// confirmed hears of it (see resending): one oversized copy costs the
-// others on the channel nothing but, at worst, a duplicate.
-func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
-	sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, maxResends))
-}
-
-// maxResends bounds how often one publish is sent again after refusals of
-// others (each refusal takes one oversized publish out of the pipeline,
-// and the limit it teaches holds the later ones back, so a second round is
-// already rare).
-const maxResends = 4
-
-// resending wraps confirmed: a publish failed beside another's refusal is
-// sent again (up to left times), and a refusal teaches the connection the
-// broker's limit at once, before the publishes failed beside it are sent
-// again.
-func (sp *sessionPublisher) resending(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error), left int) func(error) {
-	return func(err error) {
-		if max, ok := amqpx.IsTooLarge(err); ok {
-			sp.s.maxSize.learn(max)
-		}
-		if left > 0 && errors.Is(err, amqpx.ErrBesideRefusal) && sp.s.handlerCtx.Err() == nil {
-			// Called on the pipeline's goroutine, which must not block
-			// (nor open a channel).
-			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, left-1))
-			return
-		}
-		confirmed(err)
-	}
-}
-
-// publish sends p on the pipeline, unless its body is over the broker's
-// limit as learned on this connection (*overLimitError: sent, it would
-// close the channel under the others).
-func (sp *sessionPublisher) publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
-	if limit := sp.s.maxSize.get(); overLimit(len(p.Body), limit) {
-		confirmed(&overLimitError{size: int64(len(p.Body)), limit: limit})
-		return
-	}
-	if err := sp.s.blocking.Wait(sp.s.handlerCtx); err != nil {
-		_, reason := sp.s.blocking.Blocked()
-		confirmed(fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err))
-		return
-	}
-	pipe, err := sp.pipeline()
-	if err == nil {
-		err = pipe.Publish(context.WithoutCancel(ctx), exchange, key, p, confirmed)
-	}
-	if err != nil {
-		// An error of this publish's own leaves the others in flight on
-		// the pipeline: failing them would requeue originals whose copies
-		// the broker may well confirm.
-		if pipe != nil && errors.Is(err, amqpx.ErrPublisherClosed) {
-			sp.retire(pipe)
-		}
-		confirmed(err)
-	}
-}
-
-// publishTimeout bounds the wait for a publisher confirm while the
-// publishing connection is not blocked.
-const publishTimeout = 30 * time.Second
-
-// errConfirmTimeout ends a confirm wait that took publishTimeout.
-var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTimeout)
-
-// watchConfirms bounds p's confirm waits: at the drain deadline, and when
-// the oldest unconfirmed publish has waited publishTimeout while the
-// publishing connection is not blocked, p fails what it holds (whether the
-// broker has those copies is unknown). While the broker blocks the
-// connection a confirm comes only after the unblock, so the wait goes on
-// until it, and publishTimeout more.
-func (qs *queueSession) watchConfirms(p *amqpx.Pipeline) {
-	tick := time.NewTicker(min(publishTimeout/4, time.Second))
-	defer tick.Stop()
-	var blockedUntil time.Time
-	for {
-		select {
-		case <-p.Done():
-			return
-		case <-qs.handlerCtx.Done():
-			p.Fail(context.Cause(qs.handlerCtx))
-			return
-		case <-tick.C:
-		}
-		if blocked, _ := qs.blocking.Blocked(); blocked {
-			blockedUntil = time.Now()
-			continue
-		}
-		if sent, ok := p.Oldest(); ok && time.Since(later(sent, blockedUntil)) >= publishTimeout {
-			p.Fail(errConfirmTimeout)
-			return
-		}
-	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
 func errString(err error) string {
 	if err == nil {
 		return ""
@@ -576,4 +410,94 @@ func (f *failureMemo) take(id string) (string, int) {
 	}
 	delete(f.m, id)
 	return e.last, e.count
+}
+
+// settler finishes, one at a time and in the order their confirms came,
+// the settlements whose publishes were confirmed or failed.
+func (w *worker) settler() {
+	defer close(w.settlerDone)
+	for f := range w.confirmed {
+		f()
+		<-w.awaiting
+		w.settling.Done()
+		if len(w.confirmed) == 0 {
+			// About to wait: its acks must not wait for a worker that may
+			// itself be waiting for a delivery.
+			w.s.acks.flush(false)
+		}
+	}
+}
+
+// settleLater starts a settlement that waits for a confirm: publish gets
+// the func to call with the confirm's result, and finish then runs on the
+// settler, with when the result came. With pipelineDepth settlements awaiting, it waits for one to
+// finish first (until the drain deadline: false, nothing started).
+func (w *worker) settleLater(publish func(confirmed func(error)), finish func(err error, at time.Time)) bool {
+	select {
+	case w.awaiting <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		return false
+	}
+	w.settling.Add(1)
+	publish(func(err error) {
+		var at time.Time // only a failure's is read
+		if err != nil {
+			at = time.Now()
+		}
+		w.confirmed <- func() { finish(err, at) }
+	})
+	return true
+}
+
+// settleInOrder returns once every settlement the worker has in flight is
+// finished and its ack written. A re-admission waits for it: its copy goes
+// to this same queue and can be delivered before the confirm of its publish
+// reaches the publishing connection; handled while the original is still
+// unacked, a crash would requeue the original and re-admit it once more.
+// Re-admissions are rare (upstream dead letters on RabbitMQ 3.13+), so the
+// wait costs nothing that matters.
+func (w *worker) settleInOrder() {
+	w.settling.Wait()
+	w.s.acks.flush(true)
+}
+
+// unsendable reports whether err says a copy cannot be published at all
+// (no retry could help), and why, as a dead_lettered reason: it does not
+// fit one frame (quarantine.ErrNoFit), or its body is over the broker's
+// max message size.
+func unsendable(err error) (reason string, ok bool) {
+	var ol *overLimitError
+	switch {
+	case errors.As(err, &ol):
+		return deadLetterMaxMessageSize, true
+	case errors.Is(err, quarantine.ErrNoFit):
+		return deadLetterFrameMax, true
+	}
+	if _, ok := amqpx.IsTooLarge(err); ok {
+		return deadLetterMaxMessageSize, true
+	}
+	return "", false
+}
+
+// deadLetter settles a failed delivery that no copy can carry (reason, see
+// unsendable; cause says why): it is rejected without requeue, so the
+// broker dead-letters it as received, with x-death, into the quarantine;
+// nothing was published and nothing is acked. A reject that cannot be
+// written (the channel is gone) leaves it to the broker to redeliver.
+func (w *worker) deadLetter(span trace.Span, a acker, st Settled, f failure, log *slog.Logger, reason string, cause error) {
+	qr := w.q
+	if err := a.Reject(); err != nil {
+		log.Warn("reject failed (channel gone); the broker will redeliver", "error", err)
+		st.SettleErr = err
+		qr.record(st, OutcomeAckFailed)
+		return
+	}
+	span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeDeadLettered), attribute.String("dlxbridge.dead_letter_reason", reason))
+	span.SetStatus(codes.Error, "dead-lettered ("+reason+"): "+f.verdict.Reason)
+	st.SettleErr = cause
+	qr.record(st, OutcomeDeadLettered)
+	w.deps.metrics.deadLettered.WithLabelValues(qr.cfg.Name, reason).Inc()
+	w.deps.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(f.verdict.Class)).Inc()
+	log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
+		"why", reason, "cause", cause, "action", f.verdict.Action, "reason", f.verdict.Reason, "error", errString(f.err))
 }

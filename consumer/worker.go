@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
-	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -68,55 +66,6 @@ func newWorker(qs *queueSession, out confirmer) *worker {
 	w.isRetry = func(q string) bool { return qs.isRetry[q] }
 	go w.settler()
 	return w
-}
-
-// settler finishes, one at a time and in the order their confirms came,
-// the settlements whose publishes were confirmed or failed.
-func (w *worker) settler() {
-	defer close(w.settlerDone)
-	for f := range w.confirmed {
-		f()
-		<-w.awaiting
-		w.settling.Done()
-		if len(w.confirmed) == 0 {
-			// About to wait: its acks must not wait for a worker that may
-			// itself be waiting for a delivery.
-			w.s.acks.flush(false)
-		}
-	}
-}
-
-// settleLater starts a settlement that waits for a confirm: publish gets
-// the func to call with the confirm's result, and finish then runs on the
-// settler, with when the result came. With pipelineDepth settlements awaiting, it waits for one to
-// finish first (until the drain deadline: false, nothing started).
-func (w *worker) settleLater(publish func(confirmed func(error)), finish func(err error, at time.Time)) bool {
-	select {
-	case w.awaiting <- struct{}{}:
-	case <-w.s.handlerCtx.Done():
-		return false
-	}
-	w.settling.Add(1)
-	publish(func(err error) {
-		var at time.Time // only a failure's is read
-		if err != nil {
-			at = time.Now()
-		}
-		w.confirmed <- func() { finish(err, at) }
-	})
-	return true
-}
-
-// settleInOrder returns once every settlement the worker has in flight is
-// finished and its ack written. A re-admission waits for it: its copy goes
-// to this same queue and can be delivered before the confirm of its publish
-// reaches the publishing connection; handled while the original is still
-// unacked, a crash would requeue the original and re-admit it once more.
-// Re-admissions are rare (upstream dead letters on RabbitMQ 3.13+), so the
-// wait costs nothing that matters.
-func (w *worker) settleInOrder() {
-	w.settling.Wait()
-	w.s.acks.flush(true)
 }
 
 // next returns the next delivery to process; false when there is none to
@@ -371,115 +320,6 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 	return w.settleFailure(ctx, span, a, d, f), false
 }
 
-// retryNowBlocked says why a failed delivery that triage would retry in
-// process can't be, "" if it can:
-//   - a handler abandoned past its deadline still runs and holds its
-//     concurrency slot (queueRuntime.slots): another call would wait for
-//     a slot, or run beside it on the same message;
-//   - the breaker is open or probing (breakerOutcome), or the handler
-//     signalled that its dependency is down: calling it again at once is
-//     what the signal asks not to do;
-//   - the runtime is stopping: the drain is for settling, not for new
-//     handler calls;
-//   - the consume channel is closed: the delivery can no longer be acked;
-//   - what is left of the delivery's share of maxHold (immediateHold,
-//     at most maxHold itself; immediateTimeout) is less than
-//     leastImmediateCall, or less than the
-//     handler timeout when the next attempt would be the last one: the
-//     deliveries prefetched behind it wait too (the broker's
-//     consumer_timeout, 30 minutes by default, closes a channel whose
-//     delivery stays unacked, requeueing every delivery on it and raising
-//     their delivery counts), and a cut deadline must not cost a message
-//     its last attempt.
-func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows, lastNext bool) string {
-	switch {
-	case abandoned:
-		return "the handler was abandoned past its deadline"
-	case !breakerAllows:
-		return "the queue's breaker is not closed"
-	}
-	if _, down := triage.IsDependencyDown(herr); down {
-		return "the handler signalled its dependency is down"
-	}
-	switch {
-	case w.s.isStopping() || w.s.handlerCtx.Err() != nil:
-		return "the runtime is stopping"
-	case w.s.ch != nil && w.s.ch.IsClosed():
-		return "the consume channel is closed"
-	}
-	left, least := w.immediateTimeout(), w.q.leastImmediateCall()
-	switch {
-	case left < least:
-		return fmt.Sprintf("the delivery has been held %s; another call would get %s of its %s share of %s beside the deliveries prefetched behind it, %d per worker, less than %s (toward the broker's consumer_timeout)",
-			w.deps.cfg.Now().Sub(w.received).Round(time.Millisecond), max(left, 0).Round(time.Millisecond), w.q.immediateHold(), maxHold, w.q.queuedPerWorker(), least)
-	case lastNext && left < w.q.cfg.Consumer.HandlerTimeout:
-		// A cut deadline may time out a handler that its own timeout
-		// would let succeed: never on the last attempt, which would
-		// quarantine the message. A retry lane gives it the full timeout.
-		return fmt.Sprintf("the next attempt is the last, and its deadline would be cut to %s of the handler timeout %s (the delivery's share of %s beside the deliveries prefetched behind it)",
-			left.Round(time.Millisecond), w.q.cfg.Consumer.HandlerTimeout, maxHold)
-	}
-	return ""
-}
-
-// immediateTimeout is the deadline of an immediate retry's call: the
-// handler timeout, or what is left of the delivery's share of maxHold
-// (immediateHold) once the abandonment grace is set aside, if less. So a
-// delivery's immediate retries add at most its share to the wait of the
-// deliveries prefetched behind it, however many there are and however
-// long each call could last, and a handler that fails at once still gets
-// its immediate retries under a large prefetch.
-func (w *worker) immediateTimeout() time.Duration {
-	held := w.deps.cfg.Now().Sub(w.received)
-	return min(w.q.cfg.Consumer.HandlerTimeout, w.q.immediateHold()-held-abandonGrace)
-}
-
-// leastImmediateCall is the shortest deadline worth an immediate retry's
-// call: a second, or the handler timeout if shorter.
-func (qr *queueRuntime) leastImmediateCall() time.Duration {
-	return min(qr.cfg.Consumer.HandlerTimeout, time.Second)
-}
-
-// queuedPerWorker is how many prefetched deliveries may wait for each of
-// the queue's workers.
-func (qr *queueRuntime) queuedPerWorker() int {
-	c := qr.cfg.Consumer
-	return max(1, (c.Prefetch+c.Concurrency-1)/max(1, c.Concurrency))
-}
-
-// immediateHold is how long, at most, a worker retries one delivery in
-// process: the deliveries prefetched behind it wait meanwhile, unacked
-// (the broker's consumer_timeout counts from their delivery), and no
-// client clock shows when they arrived. maxHold shared among the
-// deliveries that can wait for one worker bounds what immediate retries
-// add to the last one's wait to maxHold, whatever the retry count.
-func (qr *queueRuntime) immediateHold() time.Duration {
-	return maxHold / time.Duration(qr.queuedPerWorker())
-}
-
-// retryNow makes an immediate retry visible (metric, debug log, span
-// event) and gives the next call fresh data: a handler may have changed
-// the Data it was handed.
-func (w *worker) retryNow(span trace.Span, recording bool, d *amqp.Delivery, msg *admitted, f failure) {
-	qr := w.q
-	v := f.verdict
-	qr.metrics.immediateRetries.Inc()
-	if w.deps.log.Enabled(context.Background(), slog.LevelDebug) {
-		w.deps.log.Debug("retrying at once in process", "queue", qr.cfg.Name, "message_id", d.MessageId,
-			"class", v.Class, "attempt", v.Attempt, "reason", v.Reason, "error", errString(f.err))
-	}
-	if recording {
-		span.AddEvent("dlxbridge.immediate_retry", trace.WithAttributes(
-			attribute.Int("dlxbridge.attempt", v.Attempt),
-			attribute.String("dlxbridge.class", string(v.Class)),
-			attribute.String("exception.message", quarantine.Truncate(errString(f.err), quarantine.MaxErrorBytes)),
-		))
-		span.SetAttributes(attribute.Int("dlxbridge.attempt", v.Attempt+1))
-	}
-	w.settled.Attempt = v.Attempt + 1
-	msg.refresh()
-}
-
 // consumerSpan starts a process span (one slice for every message).
 var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
@@ -500,3 +340,32 @@ func (qr *queueRuntime) failed(err error, attempts triage.Attempts, immediate in
 type randFunc func() float64
 
 func (f randFunc) Float64() float64 { return f() }
+
+// work runs the worker's loop until there is no delivery to take, then
+// closes the worker and marks it done in qs.workers. After a stop's
+// basic.cancel the client closes deliveries once it has handed over what
+// came before the cancel-ok: all of it is handled, not returned to the
+// queue. A goroutine whose handler call is abandoned leaves the loop
+// without touching the worker: the goroutine that took over goes on with it
+// (see takeOver), so one goroutine at a time is the worker.
+func (w *worker) work() {
+	qs := w.s
+	w.looping = true
+	for {
+		f, ok := w.next(qs.fed)
+		if !ok {
+			break
+		}
+		w.admission.take(w.q.breaker, f)
+		if qs.handlerCtx.Err() != nil {
+			w.admission.release()
+			break // past the drain deadline: left for the channel close to requeue
+		}
+		if !w.process(f.d) {
+			return // abandoned in its handler
+		}
+		w.admission.release() // if it never reached the handler
+	}
+	w.close()
+	qs.workers.Done()
+}

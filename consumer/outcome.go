@@ -81,3 +81,20 @@ func (s *Settled) failed(f failure) {
 		s.Tier, s.Delay = v.Tier, v.Delay
 	}
 }
+
+// Outcome labels of dlxbridge_deliveries_total.
+const (
+	OutcomeAcked       = "acked"       // the handler succeeded and the ack was sent
+	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
+	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
+	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
+	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
+	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
+	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
+	// OutcomeDeadLettered: no retry or quarantine copy could be published
+	// (the body is over the broker's max message size, or not even the
+	// bare envelope fits one frame): the original was rejected without
+	// requeue, and the broker dead-letters it, as received, into the
+	// quarantine (dlxbridge_dead_lettered_total says why).
+	OutcomeDeadLettered = "dead_lettered"
+)
