@@ -133,12 +133,9 @@ type queueMetrics struct {
 	// dlxbridge_publish_confirm_seconds for each kind of copy.
 	confirmRetry, confirmQuarantine, confirmReadmit prometheus.Observer
 	immediateRetries                                prometheus.Counter
-	// firstAttempt observes a success on the first attempt, the common
-	// case, without a closure per message.
-	firstAttempt func()
-	queue        string
-	deliveries   *prometheus.CounterVec
-	outcomes     sync.Map // outcome → prometheus.Counter
+	queue                                           string
+	deliveries                                      *prometheus.CounterVec
+	outcomes                                        sync.Map // outcome → prometheus.Counter
 }
 
 func (m *metrics) forQueue(queue string) *queueMetrics {
@@ -154,7 +151,6 @@ func (m *metrics) forQueue(queue string) *queueMetrics {
 		queue:            queue,
 		deliveries:       m.deliveries,
 	}
-	qm.firstAttempt = func() { qm.attemptsSuccess.Observe(1) }
 	return qm
 }
 
@@ -170,13 +166,8 @@ func (qm *queueMetrics) confirmWait(a triage.Action) prometheus.Observer {
 	return qm.confirmQuarantine
 }
 
-// succeeded returns what observes a success on attempt.
-func (qm *queueMetrics) succeeded(attempt int) func() {
-	if attempt == 1 {
-		return qm.firstAttempt
-	}
-	return func() { qm.attemptsSuccess.Observe(float64(attempt)) }
-}
+// succeeded observes a success on attempt.
+func (qm *queueMetrics) succeeded(attempt int) { qm.attemptsSuccess.Observe(float64(attempt)) }
 
 // settled counts one delivery settled with outcome.
 func (qm *queueMetrics) settled(outcome string) {

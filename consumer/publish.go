@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/quarantine"
 )
 
 // A retry or quarantine copy whose body is over the broker's max message
@@ -220,4 +221,22 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// unsendable reports whether err says a copy cannot be published at all
+// (no retry could help), and why, as a dead_lettered reason: it does not
+// fit one frame (quarantine.ErrNoFit), or its body is over the broker's
+// max message size.
+func unsendable(err error) (reason string, ok bool) {
+	var ol *overLimitError
+	switch {
+	case errors.As(err, &ol):
+		return deadLetterMaxMessageSize, true
+	case errors.Is(err, quarantine.ErrNoFit):
+		return deadLetterFrameMax, true
+	}
+	if _, ok := amqpx.IsTooLarge(err); ok {
+		return deadLetterMaxMessageSize, true
+	}
+	return "", false
 }

@@ -10,7 +10,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
@@ -48,7 +47,7 @@ type worker struct {
 	settling    sync.WaitGroup
 	settlerDone chan struct{} // closed when the settler has ended
 	// pauseUntil (unix ns) holds the worker back after failed publishes
-	// (see finishFailure).
+	// (see requeue).
 	pauseUntil atomic.Int64
 	// idle times the wait for a next delivery before waiting acks are
 	// written.
@@ -66,6 +65,45 @@ func newWorker(qs *queueSession, out confirmer) *worker {
 	w.isRetry = func(q string) bool { return qs.isRetry[q] }
 	go w.settler()
 	return w
+}
+
+// work runs the worker's loop until there is no delivery to take, then
+// closes the worker and marks it done in qs.workers. After a stop's
+// basic.cancel the client closes deliveries once it has handed over what
+// came before the cancel-ok: all of it is handled, not returned to the
+// queue. A goroutine whose handler call is abandoned leaves the loop
+// without touching the worker: the goroutine that took over goes on with it
+// (see takeOver), so one goroutine at a time is the worker.
+func (w *worker) work() {
+	qs := w.s
+	w.looping = true
+	for {
+		f, ok := w.next(qs.fed)
+		if !ok {
+			break
+		}
+		w.admission.take(w.q.breaker, f)
+		if qs.handlerCtx.Err() != nil {
+			w.admission.release()
+			break // past the drain deadline: left for the channel close to requeue
+		}
+		if !w.handle(f.d) {
+			return // abandoned in its handler
+		}
+		w.admission.release() // if it never reached the handler
+	}
+	w.close()
+	qs.workers.Done()
+}
+
+// handle processes d and settles it; false when its handler call was
+// abandoned (see process).
+func (w *worker) handle(d amqp.Delivery) bool {
+	o, ok := w.process(d)
+	if ok {
+		w.settle(o)
+	}
+	return ok
 }
 
 // next returns the next delivery to process; false when there is none to
@@ -150,14 +188,13 @@ type failure struct {
 	at time.Time
 }
 
-// process takes one delivery from receipt to settlement, in order: the
+// process takes one delivery from receipt to its outcome, in order: the
 // bridge's signature and attempt count, the crash-loop guard, the schema
-// gate, the handler (invoke.go), then the ack or the verdict's settlement
-// (settle.go: build the retry or quarantine publishing, publish with
-// confirm, and only then ack). It reports false when the handler call was
-// abandoned: the calling goroutine is then no longer the worker's (see
-// runHandler) and must touch nothing of it.
-func (w *worker) process(d amqp.Delivery) bool {
+// gate, the handler (invoke.go), then the ack or the verdict's copy
+// (settlement), for settle to carry out. It reports false when the handler
+// call was abandoned: the calling goroutine is then no longer the
+// worker's (see runHandler) and must touch nothing of it.
+func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
@@ -181,14 +218,7 @@ func (w *worker) process(d amqp.Delivery) bool {
 			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
 		)
 	}
-	// Once settleFailure has taken the delivery up, it ends the span when
-	// the settlement is done.
-	spanHandedOff := false
-	defer func() {
-		if !spanHandedOff {
-			span.End()
-		}
-	}()
+	// The span goes with the outcome: settle ends it.
 
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
@@ -218,11 +248,8 @@ func (w *worker) process(d amqp.Delivery) bool {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		if spanHandedOff = w.settleFailure(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); spanHandedOff {
-			if v.Action == triage.ActionReadmit {
-				w.settleInOrder()
-			}
-			return true
+		if o, ok := w.settlement(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); ok {
+			return o, true
 		}
 		// A re-admission that cannot be sent (one frame, max message
 		// size) was not: the message is handled here, with the count it
@@ -233,8 +260,8 @@ func (w *worker) process(d amqp.Delivery) bool {
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		spanHandedOff = w.settleFailure(ctx, span, a, &d, qr.failed(err, attempts, 0, "", ""))
-		return true
+		o, _ := w.settlement(ctx, span, a, &d, qr.failed(err, attempts, 0, "", ""))
+		return o, true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
 	if recording {
@@ -244,24 +271,18 @@ func (w *worker) process(d amqp.Delivery) bool {
 	// 3. The handler, on this goroutine, called again at once on the same
 	// delivery while triage answers ActionRetryNow
 	// (queues[].retry.immediate_retries) and the runtime can (see
-	// retryNowBlocked). If a call is abandoned, the goroutine that takes
-	// over settles the delivery and ends the span.
+	// retryNowBlocked). If a call is abandoned (or the handler calls
+	// runtime.Goexit), the goroutine that takes over settles the delivery
+	// and ends the span.
 	timeout := qr.cfg.Consumer.HandlerTimeout
 	for immediate := 0; ; immediate++ {
-		// Set across the call: a handler that calls runtime.Goexit
-		// unwinds this goroutine through the deferred span.End, and the
-		// goroutine that takes over ends the span when it has settled.
-		spanHandedOff = true
 		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now, timeout)
-		spanHandedOff = false
 		if !ok {
-			spanHandedOff = true
-			return false
+			return outcome{}, false
 		}
-		var again bool
-		spanHandedOff, again = w.handled(ctx, span, a, &d, &msg, &attempts, immediate, herr, false)
+		o, again := w.handled(ctx, span, a, &d, &msg, &attempts, immediate, herr, false)
 		if !again {
-			return true
+			return o, true
 		}
 		// Checked by retryNowBlocked a moment ago: at least
 		// leastImmediateCall, unless the clock jumped since.
@@ -269,15 +290,13 @@ func (w *worker) process(d amqp.Delivery) bool {
 	}
 }
 
-// handled settles a delivery after its handler returned herr, or was
-// abandoned (a timeout, settled by the goroutine that took over). Unless
-// it was abandoned, a failure triage would retry in process is not settled:
-// handled counts the attempt in attempts, prepares msg for the next call
-// and reports again, and the caller calls the handler once more. Otherwise
-// it reports whether settleFailure took the span up.
-func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (spanHandedOff, again bool) {
+// handled decides a delivery's outcome after its handler returned herr, or
+// was abandoned (a timeout, settled by the goroutine that took over).
+// Unless it was abandoned, a failure triage would retry in process has no
+// outcome yet: handled counts the attempt in attempts, prepares msg for the
+// next call and reports again, and the caller calls the handler once more.
+func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (o outcome, again bool) {
 	qr := w.q
-	recording := span.IsRecording()
 	attempt := attempts.Failed + 1
 	breakerAllows := w.breakerOutcome(herr)
 	if herr != nil && w.s.handlerCtx.Err() != nil {
@@ -286,17 +305,11 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 		// and the broker requeues it when the channel closes. A handler that
 		// succeeded is still acked below if the channel is open.
 		w.settled.Err = herr
-		w.record(OutcomeAbandoned)
-		span.SetStatus(codes.Error, "shutdown before settle")
-		return false, false
+		return outcome{kind: kindLeave, a: a, d: d, span: span, settled: w.settled}, false
 	}
 	if herr == nil {
 		w.settled.Attempt = attempt
-		w.ack(a, w.settled, OutcomeAcked, qr.metrics.succeeded(attempt))
-		if recording {
-			span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
-		}
-		return false, false
+		return outcome{kind: kindAck, a: a, d: d, span: span, settled: w.settled}, false
 	}
 	f := qr.failed(herr, *attempts, immediate, msg.Type, msg.Version)
 	if f.verdict.Action == triage.ActionRetryNow {
@@ -313,11 +326,12 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 			if attempts.FirstFailure.IsZero() {
 				attempts.FirstFailure = f.at
 			}
-			w.retryNow(span, recording, d, msg, f)
-			return false, true
+			w.retryNow(span, span.IsRecording(), d, msg, f)
+			return outcome{}, true
 		}
 	}
-	return w.settleFailure(ctx, span, a, d, f), false
+	o, _ = w.settlement(ctx, span, a, d, f)
+	return o, false
 }
 
 // consumerSpan starts a process span (one slice for every message).
@@ -337,35 +351,62 @@ func (qr *queueRuntime) failed(err error, attempts triage.Attempts, immediate in
 	return f
 }
 
+// settlement is the outcome of a retry, re-admission or quarantine
+// verdict: its copy, built (build.go) to be published with confirm +
+// mandatory before the original is acked. A copy that cannot be published
+// at all (see unsendable: over one frame, or a body over the broker's max
+// message size) is not sent: a retry is parked in the quarantine instead,
+// and what even the quarantine cannot take is dead-lettered. It reports
+// false for a re-admission that cannot be sent, w.settled untouched: the
+// caller delivers the message instead, since rejecting it would quarantine
+// a message whose handler never ran.
+func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) (outcome, bool) {
+	qr := w.q
+	v := f.verdict
+	span.SetAttributes(
+		attribute.String("dlxbridge.class", string(v.Class)),
+		attribute.String("dlxbridge.action", string(v.Action)),
+	)
+	if f.err != nil {
+		span.RecordError(f.err)
+	}
+	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	if st := panicStack(f.err); st != "" {
+		log = log.With("stack", st)
+	}
+	out, err := w.prepare(ctx, span, d, f)
+	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
+		return outcome{}, false
+	}
+	w.settled.failed(f)
+	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
+		// A retry may not drop the producer's headers (see fitRank):
+		// park it instead, where they may give way (and redaction may
+		// shrink the body).
+		f.verdict.Action = triage.ActionQuarantine
+		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
+		v = f.verdict
+		w.settled.failed(f)
+		out, err = w.prepare(ctx, span, d, f)
+	}
+	o := outcome{kind: kindQuarantine, a: a, d: d, span: span, settled: w.settled,
+		failed: &failedOutcome{f: f, out: out, err: err, log: log}}
+	switch v.Action {
+	case triage.ActionRetry:
+		o.kind = kindRetry
+	case triage.ActionReadmit:
+		o.kind = kindReadmit
+	}
+	if why, no := unsendable(err); no {
+		// Not even the bare envelope fits (a frame_max far below the
+		// default), or the body is over the broker's max message size:
+		// nothing can be sent. The broker dead-letters the message as
+		// received into the quarantine, with x-death as its record.
+		o.kind, o.failed.why = kindDeadLetter, why
+	}
+	return o, true
+}
+
 type randFunc func() float64
 
 func (f randFunc) Float64() float64 { return f() }
-
-// work runs the worker's loop until there is no delivery to take, then
-// closes the worker and marks it done in qs.workers. After a stop's
-// basic.cancel the client closes deliveries once it has handed over what
-// came before the cancel-ok: all of it is handled, not returned to the
-// queue. A goroutine whose handler call is abandoned leaves the loop
-// without touching the worker: the goroutine that took over goes on with it
-// (see takeOver), so one goroutine at a time is the worker.
-func (w *worker) work() {
-	qs := w.s
-	w.looping = true
-	for {
-		f, ok := w.next(qs.fed)
-		if !ok {
-			break
-		}
-		w.admission.take(w.q.breaker, f)
-		if qs.handlerCtx.Err() != nil {
-			w.admission.release()
-			break // past the drain deadline: left for the channel close to requeue
-		}
-		if !w.process(f.d) {
-			return // abandoned in its handler
-		}
-		w.admission.release() // if it never reached the handler
-	}
-	w.close()
-	qs.workers.Done()
-}
