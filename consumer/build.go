@@ -286,15 +286,11 @@ func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
 	return h
 }
 
-// ownState removes from h every retry-signed header that state (the
-// runtime's own retry state) does not set, the notes aside (seal writes
-// them): a producer's dlxbridge-readmitted on a retry, or its
-// dlxbridge-first-failure-at on a re-admission without a known first
-// failure, would otherwise travel under the runtime's signature, as if
-// the bridge had written it (a header is evidence, never a command); and
-// one of a type the signature cannot vouch for (a table, a time, a void)
-// would void the signature when the copy comes back, so that its attempts
-// count as 0 and a failing message is retried for ever.
+// ownState removes from h every retry-signed header that state, the
+// runtime's own retry state, does not set (seal writes the notes). A
+// producer's header must not travel under the runtime's signature as if
+// the bridge wrote it, and one of a type the signature cannot vouch for
+// would void the signature, so that a failing message is retried for ever.
 func ownState(h, state amqp.Table) {
 	for _, k := range signedHeaders {
 		if _, ours := state[k]; !ours && k != wire.HeaderNotes {

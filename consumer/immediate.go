@@ -14,26 +14,12 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// retryNowBlocked says why a failed delivery that triage would retry in
-// process can't be, "" if it can:
-//   - a handler abandoned past its deadline still runs and holds its
-//     concurrency slot (queueRuntime.slots): another call would wait for
-//     a slot, or run beside it on the same message;
-//   - the breaker is open or probing (breakerOutcome), or the handler
-//     signalled that its dependency is down: calling it again at once is
-//     what the signal asks not to do;
-//   - the runtime is stopping: the drain is for settling, not for new
-//     handler calls;
-//   - the consume channel is closed: the delivery can no longer be acked;
-//   - what is left of the delivery's share of maxHold (immediateHold,
-//     at most maxHold itself; immediateTimeout) is less than
-//     leastImmediateCall, or less than the
-//     handler timeout when the next attempt would be the last one: the
-//     deliveries prefetched behind it wait too (the broker's
-//     consumer_timeout, 30 minutes by default, closes a channel whose
-//     delivery stays unacked, requeueing every delivery on it and raising
-//     their delivery counts), and a cut deadline must not cost a message
-//     its last attempt.
+// retryNowBlocked says why a failure triage would retry in process can't
+// be, "" if it can. Another call at once must not run beside an abandoned
+// one, against a breaker or a dependency that asks for a pause, or past a
+// stop or a closed channel; nor may it hold the deliveries prefetched
+// behind it toward the broker's consumer_timeout, or cut the deadline of a
+// message's last attempt.
 func (w *worker) retryNowBlocked(herr error, abandoned, breakerAllows, lastNext bool) string {
 	switch {
 	case abandoned:
