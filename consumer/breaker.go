@@ -195,30 +195,6 @@ func (a *admission) take(qb *queueBreaker, f fedDelivery) {
 	*a = admission{qb: qb, ticket: f.ticket, open: qb != nil && f.admitted}
 }
 
-// breakerOutcome records the handler's result: herr's outcome, or
-// abandoned when the session is ending (a handler cancelled by shutdown
-// looks transient). Each handler call of a delivery is recorded, immediate
-// retries included: each one is a call to the dependency. It reports
-// whether the breaker lets a failed delivery be retried in process: with no
-// breaker, yes; else only a delivery it admitted as closed (not a probe:
-// its one outcome is the probe's answer) while it is still closed after
-// this outcome. An open breaker asks for the queue to wait; retrying in
-// process would call the dependency it paused for.
-func (w *worker) breakerOutcome(herr error) (again bool) {
-	a := &w.admission
-	if !a.open && !a.again {
-		return a.qb == nil
-	}
-	a.open, a.again = false, false
-	o := triage.OutcomeOf(herr)
-	if herr != nil && w.s.handlerCtx.Err() != nil {
-		o = triage.Outcome{Abandoned: true}
-	}
-	a.qb.record(a.ticket, o)
-	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
-	return a.again
-}
-
 // release records an admitted delivery that never reached its handler (the
 // crash-loop guard or the schema gate settled it, or the session ended) as
 // abandoned: it counts for nothing and frees a probe slot.
@@ -229,3 +205,7 @@ func (a *admission) release() {
 	a.open = false
 	a.qb.record(a.ticket, triage.Outcome{Abandoned: true})
 }
+
+type randFunc func() float64
+
+func (f randFunc) Float64() float64 { return f() }

@@ -45,3 +45,10 @@ func (d *deferAttrs) resolved() slog.Handler {
 	}
 	return d.h.WithAttrs(d.attrs)
 }
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

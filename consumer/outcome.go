@@ -1,11 +1,7 @@
 package consumer
 
 import (
-	"log/slog"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -69,9 +65,9 @@ func (d *deps) notifySettled(s Settled) {
 	d.cfg.OnSettled(s)
 }
 
-// failed notes a failure's verdict in w.settled; called again after the
+// noteFailure notes a failure's verdict in w.settled; called again after the
 // verdict changes, it replaces what it noted.
-func (s *Settled) failed(f failure) {
+func (s *Settled) noteFailure(f failure) {
 	v := f.verdict
 	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
 	s.Tier, s.Delay = 0, 0
@@ -103,52 +99,14 @@ const (
 	OutcomeDeadLettered = "dead_lettered"
 )
 
-// outcomeKind is how a delivery is to be settled.
-type outcomeKind uint8
-
-const (
-	kindAck        outcomeKind = iota // the handler succeeded: ack
-	kindRetry                         // publish the delayed retry, then ack
-	kindReadmit                       // publish the re-admission, then ack
-	kindQuarantine                    // publish the quarantine record, then ack
-	kindDeadLetter                    // no copy can be sent: reject without requeue
-	kindLeave                         // the runtime is past its drain deadline: leave it for the channel close to requeue
-)
-
-// labels names a copy's kind: its outcome once acked, and its label in
-// dlxbridge_publish_failures_total.
-func (k outcomeKind) labels() (outcome, copyKind string) {
-	switch k {
-	case kindRetry:
-		return OutcomeRetried, "retry"
-	case kindReadmit:
-		return OutcomeReadmitted, "readmit"
-	}
-	return OutcomeQuarantined, "quarantine"
-}
-
-// outcome is what the worker decided for one delivery, for settle to carry
-// out: how to settle it, through which acker, and what OnSettled will get.
-type outcome struct {
-	kind outcomeKind
-	a    acker
-	d    *amqp.Delivery
-	// span is the delivery's process span: settle ends it.
-	span    trace.Span
-	settled Settled
-	// failed is the failure behind a copy or a dead letter; nil for an ack
-	// or a delivery left unsettled at the drain deadline.
-	failed *failedOutcome
-}
-
-// failedOutcome is what settling a failure needs: its verdict, the copy to
-// publish, the log that names it.
-type failedOutcome struct {
-	f   failure
-	out outgoing
-	// err is why the copy was not built (settled as a failed publish) or,
-	// dead-lettered, why no copy can be sent (why: unsendable's reason).
-	err error
-	why string
-	log *slog.Logger
+// failure is everything known about a failed delivery when it is settled.
+type failure struct {
+	verdict    triage.Verdict
+	attempts   triage.Attempts
+	err        error
+	msgType    string
+	version    string
+	validation *schemas.ValidationError
+	// at is when it was decided (the verdict's Now).
+	at time.Time
 }

@@ -240,3 +240,8 @@ func unsendable(err error) (reason string, ok bool) {
 	}
 	return "", false
 }
+
+// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
+// their confirms: past it the worker waits for one before it takes the next
+// delivery.
+const pipelineDepth = 64

@@ -2,12 +2,14 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/quarantine"
@@ -58,10 +60,55 @@ func (sd sessionDelivery) Reject() error {
 	return sd.s.settle(func() error { return sd.d.Reject(false) })
 }
 
-// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
-// their confirms: past it the worker waits for one before it takes the next
-// delivery.
-const pipelineDepth = 64
+// outcomeKind is how a delivery is to be settled.
+type outcomeKind uint8
+
+const (
+	kindAck        outcomeKind = iota // the handler succeeded: ack
+	kindRetry                         // publish the delayed retry, then ack
+	kindReadmit                       // publish the re-admission, then ack
+	kindQuarantine                    // publish the quarantine record, then ack
+	kindDeadLetter                    // no copy can be sent: reject without requeue
+	kindLeave                         // the runtime is past its drain deadline: leave it for the channel close to requeue
+)
+
+// labels names a copy's kind: its outcome once acked, and its label in
+// dlxbridge_publish_failures_total.
+func (k outcomeKind) labels() (outcome, copyKind string) {
+	switch k {
+	case kindRetry:
+		return OutcomeRetried, "retry"
+	case kindReadmit:
+		return OutcomeReadmitted, "readmit"
+	}
+	return OutcomeQuarantined, "quarantine"
+}
+
+// outcome is what the worker decided for one delivery, for settle to carry
+// out: how to settle it, through which acker, and what OnSettled will get.
+type outcome struct {
+	kind outcomeKind
+	a    acker
+	d    *amqp.Delivery
+	// span is the delivery's process span: settle ends it.
+	span    trace.Span
+	settled Settled
+	// failed is the failure behind a copy or a dead letter; nil for an ack
+	// or a delivery left unsettled at the drain deadline.
+	failed *failedOutcome
+}
+
+// failedOutcome is what settling a failure needs: its verdict, the copy to
+// publish, the log that names it.
+type failedOutcome struct {
+	f   failure
+	out outgoing
+	// err is why the copy was not built (settled as a failed publish) or,
+	// dead-lettered, why no copy can be sent (why: unsendable's reason).
+	err error
+	why string
+	log *slog.Logger
+}
 
 // settle carries out o, the one place a delivery is settled: an ack goes
 // to the ack window; a retry, re-admission or quarantine copy is published
@@ -72,7 +119,7 @@ const pipelineDepth = 64
 func (w *worker) settle(o outcome) {
 	switch o.kind {
 	case kindAck:
-		w.ack(o, OutcomeAcked)
+		w.ackOutcome(o, OutcomeAcked)
 		if o.span.IsRecording() {
 			o.span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
 		}
@@ -107,34 +154,39 @@ func (w *worker) sendCopy(o outcome) {
 		return
 	}
 	w.settling.Add(1)
-	confirmed := func(err error) {
-		var at time.Time // only a failure's is read
-		if err != nil {
-			at = time.Now()
-		}
-		w.confirmed <- func() { w.afterConfirm(o, err, at) }
-	}
 	fo := o.failed
+	wait := w.q.metrics.confirmWait(fo.f.verdict.Action)
+	sent := time.Now()
+	confirmed := func(err error) {
+		c := confirmation{o: o, err: err}
+		if err == nil {
+			wait.Observe(time.Since(sent).Seconds())
+		} else {
+			c.at = time.Now()
+		}
+		w.confirmed <- c
+	}
 	if fo.err != nil { // not built: settled as a failed publish
 		confirmed(fo.err)
 		return
 	}
-	wait := w.q.metrics.confirmWait(fo.f.verdict.Action)
-	sent := time.Now()
-	w.out.Publish(fo.out.ctx, fo.out.b.exchange, fo.out.b.key, fo.out.b.p, func(err error) {
-		if err == nil {
-			wait.Observe(time.Since(sent).Seconds())
-		}
-		confirmed(err)
-	})
+	w.out.Publish(fo.out.ctx, fo.out.b.exchange, fo.out.b.key, fo.out.b.p, confirmed)
+}
+
+// confirmation is a copy's confirm (err nil) or failure (at at), for the
+// settler.
+type confirmation struct {
+	o   outcome
+	err error
+	at  time.Time
 }
 
 // settler finishes, one at a time and in the order their confirms came,
 // the settlements whose publishes were confirmed or failed.
 func (w *worker) settler() {
 	defer close(w.settlerDone)
-	for f := range w.confirmed {
-		f()
+	for c := range w.confirmed {
+		w.afterConfirm(c.o, c.err, c.at)
 		<-w.awaiting
 		w.settling.Done()
 		if len(w.confirmed) == 0 {
@@ -185,7 +237,7 @@ func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
 	if o.kind == kindQuarantine {
 		o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
 	}
-	w.ack(o, result)
+	w.ackOutcome(o, result)
 }
 
 // requeue settles o after its copy's publish failed with err: the
@@ -264,11 +316,11 @@ func (w *worker) deadLetter(o outcome) {
 	w.done(&o, OutcomeDeadLettered, fo.err)
 }
 
-// ack asks for o's ack and records o as result once it is written (acks
-// are coalesced, see ackWindow). An ack on a dead channel fails: the broker
-// will redeliver the message (a duplicate, which idempotency keys are for),
-// so it is recorded as OutcomeAckFailed.
-func (w *worker) ack(o outcome, result string) {
+// ackOutcome asks for o's ack and records o as result once it is written
+// (acks are coalesced, see ackWindow). An ack on a dead channel fails: the
+// broker will redeliver the message (a duplicate, which idempotency keys
+// are for), so it is recorded as OutcomeAckFailed.
+func (w *worker) ackOutcome(o outcome, result string) {
 	o.a.Ack(func(err error) {
 		if err != nil {
 			w.done(&o, OutcomeAckFailed, err)
@@ -289,7 +341,7 @@ func (w *worker) done(o *outcome, result string, settleErr error) {
 	if settleErr != nil {
 		st.SettleErr = settleErr
 	}
-	qr.record(st, result)
+	qr.recordSettled(st, result)
 	m := w.deps.metrics
 	switch result {
 	case OutcomeAcked:
@@ -318,19 +370,12 @@ func (w *worker) done(o *outcome, result string, settleErr error) {
 	}
 }
 
-// record counts a settled delivery and reports it to Config.OnSettled. Safe
-// for concurrent use.
-func (qr *queueRuntime) record(st Settled, outcome string) {
+// recordSettled counts a settled delivery and reports it to
+// Config.OnSettled. Safe for concurrent use.
+func (qr *queueRuntime) recordSettled(st Settled, outcome string) {
 	qr.metrics.settled(outcome)
 	st.Outcome = outcome
 	qr.deps.notifySettled(st)
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // failureMemo is a small bounded map from message id to the last publish

@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
-	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -39,11 +38,11 @@ type worker struct {
 	// admission is the delivery's breaker ticket (breaker.go).
 	admission admission
 	// The settlements awaiting a confirm: awaiting holds a token for each
-	// (at most pipelineDepth), confirmed carries the rest of each one's
+	// (at most pipelineDepth), confirmed carries each one's
 	// settlement, once its confirm is in, to the worker's settler goroutine,
 	// and settling counts them until they are done.
 	awaiting    chan struct{}
-	confirmed   chan func()
+	confirmed   chan confirmation
 	settling    sync.WaitGroup
 	settlerDone chan struct{} // closed when the settler has ended
 	// pauseUntil (unix ns) holds the worker back after failed publishes
@@ -61,7 +60,7 @@ type worker struct {
 
 func newWorker(qs *queueSession, out confirmer) *worker {
 	w := &worker{deps: qs.deps, q: qs.q, s: qs, out: out,
-		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan func(), pipelineDepth), settlerDone: make(chan struct{})}
+		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan confirmation, pipelineDepth), settlerDone: make(chan struct{})}
 	w.isRetry = func(q string) bool { return qs.isRetry[q] }
 	go w.settler()
 	return w
@@ -176,18 +175,6 @@ func (w *worker) close() {
 	}
 }
 
-// failure is everything known about a failed delivery when it is settled.
-type failure struct {
-	verdict    triage.Verdict
-	attempts   triage.Attempts
-	err        error
-	msgType    string
-	version    string
-	validation *schemas.ValidationError
-	// at is when it was decided (the verdict's Now).
-	at time.Time
-}
-
 // process takes one delivery from receipt to its outcome, in order: the
 // bridge's signature and attempt count, the crash-loop guard, the schema
 // gate, the handler (invoke.go), then the ack or the verdict's copy
@@ -260,7 +247,7 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	msg, err := qr.admit(&d)
 	if err != nil {
-		o, _ := w.settlement(ctx, span, a, &d, qr.failed(err, attempts, 0, "", ""))
+		o, _ := w.settlement(ctx, span, a, &d, qr.decide(err, attempts, 0, "", ""))
 		return o, true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
@@ -311,13 +298,13 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 		w.settled.Attempt = attempt
 		return outcome{kind: kindAck, a: a, d: d, span: span, settled: w.settled}, false
 	}
-	f := qr.failed(herr, *attempts, immediate, msg.Type, msg.Version)
+	f := qr.decide(herr, *attempts, immediate, msg.Type, msg.Version)
 	if f.verdict.Action == triage.ActionRetryNow {
 		lastNext := f.verdict.Attempt+1 >= qr.policy.MaxAttempts
 		if why := w.retryNowBlocked(herr, abandoned, breakerAllows, lastNext); why != "" {
 			// Decided again as if the immediate retries were spent: a
 			// delayed retry or, past a budget, the quarantine.
-			f = qr.failed(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
+			f = qr.decide(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
 			f.verdict.Reason += "; not retried in process: " + why
 		} else {
 			// The next attempt counts this one as failed, and the budgets
@@ -337,11 +324,11 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 // consumerSpan starts a process span (one slice for every message).
 var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
-// failed classifies a failed attempt with triage.Classify, the one path for
+// decide classifies a failed attempt with triage.Classify, the one path for
 // every class (the gate's *schemas.ValidationError is ClassSchema), and
 // decides what follows; immediate is how many immediate retries the
 // delivery had. typ and version default to the ones the gate's error names.
-func (qr *queueRuntime) failed(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
+func (qr *queueRuntime) decide(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
 	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
 	if errors.As(err, &f.validation) && typ == "" {
 		f.msgType, f.version = f.validation.Type, f.validation.Version
@@ -378,7 +365,7 @@ func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *am
 	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
 		return outcome{}, false
 	}
-	w.settled.failed(f)
+	w.settled.noteFailure(f)
 	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
 		// A retry may not drop the producer's headers (see fitRank):
 		// park it instead, where they may give way (and redaction may
@@ -386,7 +373,7 @@ func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *am
 		f.verdict.Action = triage.ActionQuarantine
 		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 		v = f.verdict
-		w.settled.failed(f)
+		w.settled.noteFailure(f)
 		out, err = w.prepare(ctx, span, d, f)
 	}
 	o := outcome{kind: kindQuarantine, a: a, d: d, span: span, settled: w.settled,
@@ -407,6 +394,26 @@ func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *am
 	return o, true
 }
 
-type randFunc func() float64
-
-func (f randFunc) Float64() float64 { return f() }
+// breakerOutcome records the handler's result: herr's outcome, or
+// abandoned when the session is ending (a handler cancelled by shutdown
+// looks transient). Each handler call of a delivery is recorded, immediate
+// retries included: each one is a call to the dependency. It reports
+// whether the breaker lets a failed delivery be retried in process: with no
+// breaker, yes; else only a delivery it admitted as closed (not a probe:
+// its one outcome is the probe's answer) while it is still closed after
+// this outcome. An open breaker asks for the queue to wait; retrying in
+// process would call the dependency it paused for.
+func (w *worker) breakerOutcome(herr error) (again bool) {
+	a := &w.admission
+	if !a.open && !a.again {
+		return a.qb == nil
+	}
+	a.open, a.again = false, false
+	o := triage.OutcomeOf(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		o = triage.Outcome{Abandoned: true}
+	}
+	a.qb.record(a.ticket, o)
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
+	return a.again
+}
