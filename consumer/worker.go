@@ -29,8 +29,8 @@ type worker struct {
 	// pubFailures counts consecutive failed retry/quarantine publishes; it
 	// drives the pause before a requeue.
 	pubFailures int
-	// settled is what process has learned of the delivery in hand; record
-	// reports it to Config.OnSettled.
+	// settled is what process has learned of the delivery in hand; its
+	// outcome carries it to settle, which reports it to Config.OnSettled.
 	settled Settled
 	// received is when process took the delivery in hand up (its clock's
 	// Now): immediate retries hold it unacked from then on.
@@ -38,9 +38,9 @@ type worker struct {
 	// admission is the delivery's breaker ticket (breaker.go).
 	admission admission
 	// The settlements awaiting a confirm: awaiting holds a token for each
-	// (at most pipelineDepth), confirmed carries each one's
-	// settlement, once its confirm is in, to the worker's settler goroutine,
-	// and settling counts them until they are done.
+	// (at most pipelineDepth), confirmed carries each one's confirmation to
+	// the worker's settler goroutine, and settling counts them until they
+	// are done.
 	awaiting    chan struct{}
 	confirmed   chan confirmation
 	settling    sync.WaitGroup
