@@ -23,7 +23,8 @@ import (
 //     silently when its retry lane expires. The bridge's attempt and
 //     first-failure headers carry what the retry loop needs.
 //   - x-delivery-count: a stale count from the last hop would trip the
-//     crash-loop guard on the retry's first delivery.
+//     crash-loop guard on the retry's first delivery; x-acquired-count
+//     (4.3) goes with it.
 func retryHeaders(h amqp.Table) amqp.Table {
 	out := make(amqp.Table, len(h))
 	for k, v := range h {
@@ -174,14 +175,15 @@ func buildRetry(in *buildInput) (built, error) {
 // x-delivery-count is the work queue's own from its first delivery: see
 // triage.Precheck. x-death and x-*-death-* stay (handlers may read them; 4.x
 // treats a client's x-death as an opaque header, and it names no queue the
-// work queue dead-letters into); x-delivery-count goes. The signed
+// work queue dead-letters into); the delivery counts (x-delivery-count,
+// x-acquired-count) go. The signed
 // HeaderReadmitted records the x-death the copy carries, so a copy the
 // broker dead-letters into the queue again is re-admitted again.
 func buildReadmit(in *buildInput) (built, error) {
 	d, f := in.d, in.f
 	base := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
-		if k != wire.HeaderDeliveryCount {
+		if !wire.IsCountHeader(k) {
 			base[k] = v
 		}
 	}

@@ -234,3 +234,49 @@ func TestKeeperReadsASizeRefusal(t *testing.T) {
 		}
 	}
 }
+
+// A keeper that dies between the stream's confirm and the intake's ack
+// writes the record again when the intake delivers the message anew; the
+// two must share an id, or the quarantine lists (and a replay sends) the
+// message twice. The redelivery differs only in the broker's count headers:
+// x-delivery-count, and on RabbitMQ 4.3 also x-acquired-count.
+func TestRecordIDSurvivesAnIntakeRedelivery(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	intake := b.q.Quarantine.Queue
+	b.publish(intake, amqp.Publishing{MessageId: "m-redelivered", Type: "test.job",
+		Headers: envelopeHeaders(b.q.Name, "fp", "boom", time.Now().UTC().Truncate(time.Second)), Body: []byte(`{"n":1}`)})
+	var ids []string
+	for i := 0; i < 2; i++ {
+		ch := b.env.Channel(fmt.Sprintf("keeper-%d", i))
+		var d amqp.Delivery
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var ok bool
+			var err error
+			if d, ok, err = ch.Get(intake, false); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("delivery %d never came", i+1)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
+		}
+		id, err := RecordID(&d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("delivery %d: redelivered %v, x-delivery-count %v, x-acquired-count %v: id %s",
+			i+1, d.Redelivered, d.Headers["x-delivery-count"], d.Headers["x-acquired-count"], id)
+		ids = append(ids, id)
+		// The keeper dies: its channel closes with the message unacked.
+		if err := ch.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("the redelivered message got record id %s, the first delivery %s: it would be kept twice", ids[1], ids[0])
+	}
+}
