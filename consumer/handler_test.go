@@ -104,6 +104,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		"x-first-death-reason":     "expired",
 		"x-last-death-queue":       "orders",
 		"x-delivery-count":         int64(3),
+		"x-acquired-count":         int64(4),
 		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		triage.HeaderAttempts:      int64(2),
 		"x-custom-app-header":      "kept",
@@ -111,7 +112,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		"dlxbridge-original-queue": "orders",
 	}
 	out := frame.StripHeaders(in, nil)
-	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count"} {
+	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count", "x-acquired-count"} {
 		if _, ok := out[gone]; ok {
 			t.Errorf("%s survived", gone)
 		}

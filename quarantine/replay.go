@@ -419,9 +419,10 @@ func (r *Record) delivery() *amqp.Delivery {
 
 // message builds the replayed message: the record's properties, payload
 // and producer headers; its retry state reset (every dlxbridge envelope and
-// attempt header, x-death, x-first-death-*, x-last-death-* and
-// x-delivery-count stripped: a stale x-death can make a 3.x broker drop it
-// and a stale count would trip the crash-loop guard); the redrive count,
+// attempt header, x-death, x-first-death-*, x-last-death-*,
+// x-delivery-count and x-acquired-count stripped: a stale x-death can make
+// a 3.x broker drop it and a stale count would trip the crash-loop guard);
+// the redrive count,
 // time and reason set. The idempotency key comes back from the envelope if
 // the header was dropped to fit a frame.
 func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue string) amqp.Publishing {

@@ -102,15 +102,16 @@ type recordMeta struct {
 
 // RecordID is a quarantined message's stable, short id: the first 12 hex
 // digits of a SHA-256 over what the message is (the exchange and routing
-// key it reached the intake with, its properties, its headers but
-// x-delivery-count, which a redelivery changes, and its payload). A record
+// key it reached the intake with, its properties, its headers but the
+// delivery counts (x-delivery-count, and on 4.3 x-acquired-count), which a
+// redelivery changes, and its payload). A record
 // written twice (a keeper that crashed between the stream's confirm and the
 // intake's ack) has the same id, and readers keep one. Unlike a stream
 // offset, it survives retention.
 func RecordID(d *amqp.Delivery) (string, error) {
 	h := amqp.Table{}
 	for k, v := range storable(d.Headers) {
-		if k != wire.HeaderDeliveryCount {
+		if !wire.IsCountHeader(k) {
 			h[k] = v
 		}
 	}

@@ -58,7 +58,24 @@ func TestKeeperStoresRecordsAsReceivedAndReadingChangesNothing(t *testing.T) {
 			t.Fatalf("record %d differs between reads: %s@%d vs %s@%d", i, s1.Records[i].ID, s1.Records[i].Offset, s2.Records[i].ID, s2.Records[i].Offset)
 		}
 	}
-	r := s1.Records[0]
+	// The records keep the intake's delivery order, which is not always
+	// the publish order: RabbitMQ 4.3's quorum queues deliver a message
+	// without a priority before one with priority 3 (seen on 4.3.6; 4.0.5
+	// keeps publish order). So each record is found by its message id, and
+	// each must carry its own message's headers.
+	var r *Record
+	for _, rec := range s1.Records {
+		if rec.Properties.MessageID == "m-0" {
+			r = rec
+			continue
+		}
+		if got := rec.Headers()["dlxbridge-fingerprint"]; got != "fp-b" || rec.Envelope.Fingerprint != "fp-b" || rec.Properties.Priority != 0 {
+			t.Fatalf("record %s carries fingerprint header %v, envelope %q, priority %d: another message's", rec.Properties.MessageID, got, rec.Envelope.Fingerprint, rec.Properties.Priority)
+		}
+	}
+	if r == nil {
+		t.Fatal("no record of m-0")
+	}
 	if !sameValue(r.Headers(), headers) {
 		t.Fatalf("headers changed on the way:\n got %#v\nwant %#v", r.Headers(), headers)
 	}
@@ -81,7 +98,7 @@ func TestKeeperStoresRecordsAsReceivedAndReadingChangesNothing(t *testing.T) {
 	}
 
 	// A crash between confirm and ack writes a record again: same id.
-	dup, id, err := encodeRecord(&amqp.Delivery{MessageId: "m-1", Type: "test.job", Headers: s1.Records[1].Headers(),
+	dup, id, err := encodeRecord(&amqp.Delivery{MessageId: s1.Records[1].Properties.MessageID, Type: "test.job", Headers: s1.Records[1].Headers(),
 		Body: s1.Records[1].Body, Exchange: s1.Records[1].Exchange, RoutingKey: s1.Records[1].RoutingKey}, intake, time.Now(), nil)
 	if err != nil || id != s1.Records[1].ID {
 		t.Fatalf("re-encoded id %s, want %s (%v)", id, s1.Records[1].ID, err)
@@ -215,5 +232,51 @@ func TestKeeperReadsASizeRefusal(t *testing.T) {
 		if got := tooLarge(c.err); got != c.want {
 			t.Errorf("tooLarge(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// A keeper that dies between the stream's confirm and the intake's ack
+// writes the record again when the intake delivers the message anew; the
+// two must share an id, or the quarantine lists (and a replay sends) the
+// message twice. The redelivery differs only in the broker's count headers:
+// x-delivery-count, and on RabbitMQ 4.3 also x-acquired-count.
+func TestRecordIDSurvivesAnIntakeRedelivery(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	intake := b.q.Quarantine.Queue
+	b.publish(intake, amqp.Publishing{MessageId: "m-redelivered", Type: "test.job",
+		Headers: envelopeHeaders(b.q.Name, "fp", "boom", time.Now().UTC().Truncate(time.Second)), Body: []byte(`{"n":1}`)})
+	var ids []string
+	for i := 0; i < 2; i++ {
+		ch := b.env.Channel(fmt.Sprintf("keeper-%d", i))
+		var d amqp.Delivery
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var ok bool
+			var err error
+			if d, ok, err = ch.Get(intake, false); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("delivery %d never came", i+1)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
+		}
+		id, err := RecordID(&d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("delivery %d: redelivered %v, x-delivery-count %v, x-acquired-count %v: id %s",
+			i+1, d.Redelivered, d.Headers["x-delivery-count"], d.Headers["x-acquired-count"], id)
+		ids = append(ids, id)
+		// The keeper dies: its channel closes with the message unacked.
+		if err := ch.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("the redelivered message got record id %s, the first delivery %s: it would be kept twice", ids[1], ids[0])
 	}
 }

@@ -147,11 +147,41 @@ func parseSide(arg, s string) string {
 	}
 	val, typ := m[1], m[2]
 	switch {
+	case arg == ArgMaxAge && isDigits(val):
+		return maxAgeFromMillis(val)
 	case typ == "longstr" || stringArgs[arg]:
 		return strconv.Quote(val)
 	default:
 		return val
 	}
+}
+
+// maxAgeFromMillis renders a bare x-max-age from a 406 text. RabbitMQ 4.3
+// compares stream retention after converting it to milliseconds and names
+// the converted values ("received '1209600000' but current is '60000'"),
+// where earlier versions echo the declared strings ("14D", "60s"). The
+// broker's units are whole seconds or more, so a millisecond value divisible
+// by 1000 is written back in seconds, as config writes retention; any other
+// keeps its unit visible.
+func maxAgeFromMillis(ms string) string {
+	n, err := strconv.ParseInt(ms, 10, 64)
+	switch {
+	case err != nil:
+		return ms
+	case n%1000 == 0:
+		return strconv.FormatInt(n/1000, 10) + "s"
+	default:
+		return ms + "ms"
+	}
+}
+
+func isDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // stringArgs are the arguments whose values are strings, so a 406 that does

@@ -24,6 +24,16 @@ func TestParseInequivalent(t *testing.T) {
 			want:   topology.ArgDiff{Object: "queue 'orders'", Arg: "x-delivery-limit", Want: "9", Have: "5"},
 		},
 		{
+			name:   "4.3 stream retention in milliseconds",
+			reason: "PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue 'q.records' in vhost '/': received '1209600000' but current is '60000'",
+			want:   topology.ArgDiff{Object: "queue 'q.records'", Arg: "x-max-age", Want: "1209600s", Have: "60s"},
+		},
+		{
+			name:   "4.0 stream retention as declared",
+			reason: "PRECONDITION_FAILED - inequivalent arg 'x-max-age' for queue 'q.records' in vhost '/': received '1209600s' but current is '1D'",
+			want:   topology.ArgDiff{Object: "queue 'q.records'", Arg: "x-max-age", Want: "1209600s", Have: "1D"},
+		},
+		{
 			name:   "none vs typed string",
 			reason: "inequivalent arg 'x-dead-letter-strategy' for queue 'a.b:c' in vhost 'vh': received none but current is the value 'at-least-once' of type 'longstr'",
 			want:   topology.ArgDiff{Object: "queue 'a.b:c'", Arg: "x-dead-letter-strategy", Want: "none", Have: `"at-least-once"`},

@@ -87,6 +87,11 @@ type MgmtQueue struct {
 	// a passive declare says 0 with a reader attached. See ConsumerCount.
 	Consumers       int               `json:"consumers"`
 	ConsumerDetails []json.RawMessage `json:"consumer_details"`
+	// DeliveryLimit is a quorum queue's effective delivery limit, argument
+	// and policies applied, as RabbitMQ 4.x reports it: a number or
+	// "unlimited" (seen on 4.3.6, a few seconds after a policy changed).
+	// Absent (nil) on 3.x and before the broker reports it.
+	DeliveryLimit any `json:"delivery_limit"`
 }
 
 // ConsumerCount is the larger of Consumers and len(ConsumerDetails): a

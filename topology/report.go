@@ -147,6 +147,9 @@ const (
 	IssueProperty          Issue = "property differs"
 	IssuePolicy            Issue = "policy overrides"
 	IssueUnexpectedBinding Issue = "unexpected binding"
+	// IssueCanDrop: a quarantine whose effective settings let the broker
+	// drop a message (Arg names the setting, Have its value).
+	IssueCanDrop Issue = "can drop messages"
 )
 
 // Problem is one difference between the broker and the config.

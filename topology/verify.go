@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Verify compares the broker with t and reports every difference. It
@@ -113,6 +115,7 @@ func (in *Inspector) verifyManagement(ctx context.Context, t *Topology, r *Verif
 		present[q.Name] = true
 		r.Problems = append(r.Problems, queueProblems(q, have)...)
 		r.Problems = append(r.Problems, policyProblems(q, have, policies)...)
+		r.Problems = append(r.Problems, dropRisks(q, have)...)
 	}
 	return in.verifyBindings(ctx, t, r, present)
 }
@@ -154,6 +157,44 @@ func queueProblems(want QueueSpec, have *MgmtQueue) []Problem {
 			continue
 		}
 		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueArgument, Arg: d.Arg, Want: d.Want, Have: d.Have})
+	}
+	return ps
+}
+
+// SafeDeliveryLimit is the smallest effective delivery limit verify accepts
+// on a quarantine: it has no dead-letter exchange, so a message requeued
+// past the limit (an inspection consumer that nacks, a connection that
+// keeps dropping) is dropped. A large finite limit, as a policy may set one,
+// is the advice where -1 cannot be used.
+const SafeDeliveryLimit = 100000
+
+// dropRisks reports the effective settings, arguments and policies applied
+// as the broker reports them, under which a quarantine queue can drop a
+// message: a delivery limit below SafeDeliveryLimit with no dead-letter
+// exchange, or an overflow that drops the head. The limit is read from the
+// broker's own figure (4.x), not derived from the policy, because 4.1 and
+// 4.2 do not apply a changed limit to an existing queue.
+func dropRisks(want QueueSpec, have *MgmtQueue) []Problem {
+	if want.Role != RoleQuarantine || have.Type != QueueTypeQuorum {
+		return nil
+	}
+	obj := queueObject(want.Name)
+	effective := func(arg, key string) any {
+		if v, ok := have.Arguments[arg]; ok {
+			return v
+		}
+		return have.EffectivePolicy[key]
+	}
+	var ps []Problem
+	dlx, _ := effective(ArgDeadLetterExchange, "dead-letter-exchange").(string)
+	if n, res := wire.Int(have.DeliveryLimit); res == wire.IntOK && n >= 0 && n < SafeDeliveryLimit && dlx == "" {
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueCanDrop, Arg: "delivery_limit",
+			Want: fmt.Sprintf("unlimited or at least %d", SafeDeliveryLimit),
+			Have: fmt.Sprintf("%d, no dead-letter exchange: a message requeued %d times is dropped", n, n)})
+	}
+	if o, _ := effective(ArgOverflow, "overflow").(string); o == "drop-head" {
+		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueCanDrop, Arg: "overflow",
+			Want: FormatArg(OverflowReject), Have: FormatArg(o) + ": the oldest message is dropped at the length limit"})
 	}
 	return ps
 }

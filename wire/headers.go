@@ -143,6 +143,11 @@ const (
 	// HeaderDeliveryCount is a quorum queue's delivery count; absent on the
 	// first delivery.
 	HeaderDeliveryCount = "x-delivery-count"
+	// HeaderAcquiredCount is RabbitMQ 4.3's count of a quorum queue's
+	// acquisitions of the message (every delivery that was returned, nack
+	// included, which x-delivery-count no longer counts there); absent on
+	// the first delivery and on older brokers.
+	HeaderAcquiredCount = "x-acquired-count"
 	// FirstDeathPrefix and LastDeathPrefix start the x-first-death-* (all
 	// versions) and x-last-death-* (3.13+) headers.
 	FirstDeathPrefix         = "x-first-death-"
@@ -173,10 +178,18 @@ const (
 	HeaderBaggage     = "baggage"
 )
 
-// IsBrokerHeader reports whether k is a dead-letter header the broker owns:
-// x-death, x-delivery-count, x-first-death-* or x-last-death-*.
+// IsBrokerHeader reports whether k is a dead-letter or count header the
+// broker owns: x-death, x-delivery-count, x-acquired-count, x-first-death-*
+// or x-last-death-*.
 func IsBrokerHeader(k string) bool {
-	return k == HeaderXDeath || k == HeaderDeliveryCount || IsDeathHeader(k)
+	return IsCountHeader(k) || IsDeathHeader(k)
+}
+
+// IsCountHeader reports whether k is one of a quorum queue's delivery
+// counts (x-delivery-count, x-acquired-count): the headers a redelivery of
+// the same message changes.
+func IsCountHeader(k string) bool {
+	return k == HeaderDeliveryCount || k == HeaderAcquiredCount
 }
 
 // IsDeathHeader reports whether k is x-death or one of the

@@ -22,7 +22,7 @@ var notHeaders = map[string]bool{
 
 // headerLike: a literal that reads like a header name of the bridge's or the
 // broker's dead-letter family.
-var headerLike = regexp.MustCompile(`^(dlxbridge-|x-death|x-delivery-count|x-first-death-|x-last-death-)[a-z0-9-]*$`)
+var headerLike = regexp.MustCompile(`^(dlxbridge-|x-death|x-delivery-count|x-acquired-count|x-first-death-|x-last-death-)[a-z0-9-]*$`)
 
 // TestNoHeaderNameOutsideWire holds the module to one home for the wire
 // contract: no .go file outside this package spells a header name the

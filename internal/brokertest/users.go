@@ -82,3 +82,19 @@ func (e *Env) mgmtSend(method, path string, body any) error {
 	}
 	return nil
 }
+
+// QuorumPolicy sets a policy on the quorum queues whose names match pattern
+// (a regular expression; keep it inside the test's Prefix) through the
+// management API, and deletes it when the test ends.
+func (e *Env) QuorumPolicy(name, pattern string, definition map[string]any) {
+	e.T.Helper()
+	path := "/api/policies/" + e.ManagementVhost() + "/" + url.PathEscape(name)
+	if err := e.mgmtSend(http.MethodPut, path, map[string]any{"pattern": pattern, "apply-to": "quorum_queues", "definition": definition}); err != nil {
+		e.T.Fatalf("set policy %s: %v", name, err)
+	}
+	e.T.Cleanup(func() {
+		if err := e.mgmtSend(http.MethodDelete, path, nil); err != nil {
+			e.T.Logf("delete policy %s: %v", name, err)
+		}
+	})
+}

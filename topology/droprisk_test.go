@@ -1,0 +1,74 @@
+package topology_test
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
+	"github.com/dlxbridge/dlxbridge/topology"
+)
+
+// A quarantine has no dead-letter exchange: given a small delivery limit by
+// policy, a message requeued that often there is dropped. verify reads the
+// limit the broker applies (not the policy) and fails naming the queue and
+// the risk.
+func TestVerifyFailsOnAQuarantineThatCanDrop(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	env.RequireManagement()
+	ctx := context.Background()
+	conn := env.Dial("topology")
+	cfg := shortConfig(t, env.Prefix, 3)
+	topo, err := topology.BuildFor(cfg, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !topo.Broker.HasDefaultDeliveryLimit() {
+		t.Skipf("broker %s reports no effective delivery limit", topo.Broker)
+	}
+	in := &topology.Inspector{Conn: conn}
+	if in.Mgmt, err = topology.NewManagement(env.ManagementURL, env.URL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Apply(ctx, topo); err != nil {
+		t.Fatal(err)
+	}
+	quarantine := cfg.Queues[0].Quarantine.Queue
+	env.QuorumPolicy(env.Prefix+".small-limit", "^"+regexp.QuoteMeta(quarantine)+"$", map[string]any{"delivery-limit": 5})
+	// The broker applies a policy on its own time; wait until it reports
+	// the limit it applies (polled: there is no event).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var q struct {
+			DeliveryLimit any `json:"delivery_limit"`
+		}
+		_ = json.Unmarshal(env.ManagementGet("/api/queues/"+env.ManagementVhost()+"/"+quarantine), &q)
+		if f, ok := q.DeliveryLimit.(float64); ok && f == 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker reports delivery_limit %v, want the policy's 5", q.DeliveryLimit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r, err := in.Verify(ctx, topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *topology.Problem
+	for i, p := range r.Problems {
+		if p.Issue == topology.IssueCanDrop {
+			found = &r.Problems[i]
+		}
+	}
+	if r.OK() || found == nil {
+		t.Fatalf("verify problems %+v, want %s on %s", r.Problems, topology.IssueCanDrop, quarantine)
+	}
+	if !strings.Contains(found.Object, quarantine) || found.Arg != "delivery_limit" || !strings.Contains(found.Have, "dropped") {
+		t.Fatalf("problem %s, want the quarantine's delivery limit named with the risk", found)
+	}
+}
