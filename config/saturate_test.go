@@ -83,3 +83,17 @@ func TestRetryTiersThatCannotWork(t *testing.T) {
 		t.Errorf("a tier under the limit: %v", err)
 	}
 }
+
+func TestRunAllowedHosts(t *testing.T) {
+	t.Parallel()
+	ok := "run: {allowed_hosts: [console.example, \"proxy.example:8443\", \"[::1]:9180\", \"::1\", 10.0.0.1]}\n"
+	if _, err := config.Parse([]byte(queueDoc("") + ok)); err != nil {
+		t.Errorf("valid allowed_hosts: %v", err)
+	}
+	for _, bad := range []string{"\"\"", "\"http://x\"", "\"x:99999\"", "\"a b\"", "\"x:y:z\""} {
+		_, err := config.Parse([]byte(queueDoc("") + "run: {allowed_hosts: [" + bad + "]}\n"))
+		if err == nil || !strings.Contains(err.Error(), "run.allowed_hosts[0]") {
+			t.Errorf("allowed_hosts [%s]: %v", bad, err)
+		}
+	}
+}
