@@ -95,7 +95,7 @@ func (c *Config) validateRun(add func(path, format string, args ...any)) {
 			add(fmt.Sprintf("run.allowed_hosts[%d]", i), "%q is not a host or host:port (write an IPv6 address with a port as [::1]:9180)", h)
 		}
 	}
-		for i := range c.Queues {
+	for i := range c.Queues {
 		q := &c.Queues[i]
 		p := fmt.Sprintf("queues[%d].forward", i)
 		if q.Forward.Timeout < 0 {

@@ -155,23 +155,23 @@ type headerRow struct{ Key, Value string }
 
 // actionView is a dry run waiting for its confirmation, or an outcome.
 type actionView struct {
-	Kind        string // "replay" or "purge"
-	DryRun      bool
-	Sel         selection
-	IDs         string // the dry run's ids, comma-separated, for the confirm
-	Plan        []quarantine.Planned
-	Purge       []string
-	Selected    int
-	Sent        []string
-	Invalid     []string
-	OverBudget  []string
-	Stopped     bool
-	Run         string
+	Kind       string // "replay" or "purge"
+	DryRun     bool
+	Sel        selection
+	IDs        string // the dry run's ids, comma-separated, for the confirm
+	Plan       []quarantine.Planned
+	Purge      []string
+	Selected   int
+	Sent       []string
+	Invalid    []string
+	OverBudget []string
+	Stopped    bool
+	Run        string
 	// Confirmation is the dry run's single-use confirmation id: the
 	// confirm form carries it instead of the token.
 	Confirmation string
-	Sendable    int
-	ConfirmNote string
+	Sendable     int
+	ConfirmNote  string
 }
 
 // selection is one group and the operator's choices, as the forms carry it.
@@ -335,7 +335,7 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 	client, now := clientKey(r.RemoteAddr), p.clock()
 	if ok, wait := p.fails.allow(client, now); !ok && p.Token != "" {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
-		p.fail(w, http.StatusTooManyRequests, fmt.Errorf("too many refused operator tokens from %s: try again in %s", client, (wait + time.Second).Round(time.Second)))
+		p.fail(w, http.StatusTooManyRequests, fmt.Errorf("too many refused operator tokens from %s: try again in %s", client, (wait+time.Second).Round(time.Second)))
 		return
 	}
 	// A confirmation from the page's dry run stands for the token, and
