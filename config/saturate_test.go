@@ -72,7 +72,6 @@ func TestRetryTiersThatCannotWork(t *testing.T) {
 	for extra, want := range map[string]string{
 		"retry: {tiers: [1s, 1194h], jitter: 0, max_elapsed: 0}":   "over the broker's limit",
 		"retry: {tiers: [1s, 1000h], jitter: 0.5, max_elapsed: 0}": "over the broker's limit",
-		"retry: {tiers: [1s, 20m], max_elapsed: 15m}":              "longer than retry.max_elapsed",
 	} {
 		_, err := config.Parse([]byte(queueDoc(extra)))
 		if err == nil || !strings.Contains(err.Error(), "queues[0].retry.tiers[1]: ") || !strings.Contains(err.Error(), want) {
@@ -81,6 +80,18 @@ func TestRetryTiersThatCannotWork(t *testing.T) {
 	}
 	if _, err := config.Parse([]byte(queueDoc("retry: {tiers: [1s, 1193h], jitter: 0, max_elapsed: 0}"))); err != nil {
 		t.Errorf("a tier under the limit: %v", err)
+	}
+	// A tier past the time budget is never waited: a warning, since such
+	// configs loaded before.
+	cfg, err := config.Parse([]byte(queueDoc("retry: {tiers: [1s, 20m], max_elapsed: 15m}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws := cfg.Warnings(); len(ws) != 1 || ws[0].Path != "queues[0].retry.tiers[1]" || !strings.Contains(ws[0].Msg, "longer than retry.max_elapsed") {
+		t.Errorf("warnings = %v, want one on tiers[1]", ws)
+	}
+	if cfg, _ := config.Parse([]byte(queueDoc(""))); len(cfg.Warnings()) != 0 {
+		t.Errorf("the defaults warn: %v", cfg.Warnings())
 	}
 }
 

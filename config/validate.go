@@ -243,9 +243,6 @@ func (c *Config) Validate() error {
 				add(tp, "%s with jitter %g makes a queue TTL of %s, over the broker's limit of %s (2^32-1 ms)", d, q.Retry.JitterValue(), hi.Round(time.Millisecond), MaxTTL)
 				derivable = false
 			}
-			if me := q.Retry.MaxElapsedValue(); me > 0 && d > me {
-				add(tp, "%s is longer than retry.max_elapsed (%s): a retry that waits it always returns past the time budget and is quarantined instead; shorten the tier or raise max_elapsed (0 disables the budget)", d, me)
-			}
 		}
 		if q.Retry.Lanes > MaxLanes {
 			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
@@ -333,4 +330,23 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	return errs
+}
+
+// Warnings lists what a valid config does that is likely not meant, one
+// FieldError per finding: a retry tier longer than the time budget is never
+// waited (every retry that would wait it is quarantined instead). Such a
+// config worked before this was checked, so it is reported, not refused.
+func (c *Config) Warnings() Errors {
+	var ws Errors
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		me := q.Retry.MaxElapsedValue()
+		for j, d := range q.Retry.Tiers {
+			if me > 0 && d > me {
+				ws = append(ws, FieldError{Path: fmt.Sprintf("queues[%d].retry.tiers[%d]", i, j),
+					Msg: fmt.Sprintf("%s is longer than retry.max_elapsed (%s): a retry that waits it always returns past the time budget and is quarantined instead; shorten the tier or raise max_elapsed (0 disables the budget)", d, me)})
+			}
+		}
+	}
+	return ws
 }

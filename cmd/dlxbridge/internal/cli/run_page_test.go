@@ -16,15 +16,7 @@ import (
 func TestRunRefusesAnEmptyOperatorToken(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Require(t)
-	b := writeRunConfig(t, env, "    forward: {url: \"http://127.0.0.1:1/x\"}\n")
-	doc, err := os.ReadFile(b.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc = []byte(strings.Replace(string(doc), "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  operator_token_env: DLXBRIDGE_TEST_UNSET_TOKEN\n", 1))
-	if err := os.WriteFile(b.config, doc, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	b := tokenEnvConfig(t, env, "DLXBRIDGE_TEST_UNSET_TOKEN")
 	_, errOut := b.mustRunAll(t, cli.ExitUsage, "run", "--config", b.config, "--apply")
 	if !strings.Contains(errOut, "run.operator_token_env names DLXBRIDGE_TEST_UNSET_TOKEN, which is unset or empty") {
 		t.Errorf("stderr:\n%s", errOut)
@@ -39,15 +31,7 @@ func TestRunRefusesAnEmptyOperatorToken(t *testing.T) {
 func TestRunRefusesAShortOperatorToken(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Require(t)
-	b := writeRunConfig(t, env, "    forward: {url: \"http://127.0.0.1:1/x\"}\n")
-	doc, err := os.ReadFile(b.config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc = []byte(strings.Replace(string(doc), "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  operator_token_env: DLXBRIDGE_TEST_SHORT_TOKEN\n", 1))
-	if err := os.WriteFile(b.config, doc, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	b := tokenEnvConfig(t, env, "DLXBRIDGE_TEST_SHORT_TOKEN")
 	for _, token := range []string{"a", "0123456789abcde", "   short token   \n"} {
 		var out, errOut bytes.Buffer
 		cenv := &cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string {
@@ -64,4 +48,19 @@ func TestRunRefusesAShortOperatorToken(t *testing.T) {
 			t.Errorf("token %q: exit %d, stderr:\n%s", token, code, errOut.String())
 		}
 	}
+}
+
+// tokenEnvConfig is a run config whose run.operator_token_env names name.
+func tokenEnvConfig(t *testing.T, env *brokertest.Env, name string) *topoBundle {
+	t.Helper()
+	b := writeRunConfig(t, env, "    forward: {url: \"http://127.0.0.1:1/x\"}\n")
+	doc, err := os.ReadFile(b.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = []byte(strings.Replace(string(doc), "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  operator_token_env: "+name+"\n", 1))
+	if err := os.WriteFile(b.config, doc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

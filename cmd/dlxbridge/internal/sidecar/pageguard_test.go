@@ -27,29 +27,6 @@ func unreachable(token string, allowed ...string) *Page {
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-func withHost(t *testing.T, method, u, host string, form url.Values) (int, string) {
-	t.Helper()
-	var body io.Reader
-	if form != nil {
-		body = strings.NewReader(form.Encode())
-	}
-	req, err := http.NewRequest(method, u, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Host = host
-	if form != nil {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	got, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(got)
-}
-
 // A page reached under another name (a DNS-rebinding site's, in an
 // operator's browser) answers 421 and reads nothing; its own address,
 // localhost on loopback and the configured names are answered.
