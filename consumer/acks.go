@@ -9,44 +9,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// ackWindow coalesces the acks of one consume channel. The channel numbers
-// its deliveries 1, 2, 3, ... (one consumer per channel), and an ack with
-// multiple set settles every outstanding delivery up to its tag; so one ack
-// may cover the settled prefix of the tags, and never a tag beyond the
-// first one still being worked on (or never taken up by a worker: that tag
-// is not settled either).
-//
-// A delivery is settled for the window when its ack is asked for (ack) or
-// once its reject, with or without requeue, was written (rejected). Acks are
-// written by flush: when batch acks are waiting, when a worker is about to
-// wait for its next delivery, when a settlement's confirm came in, or when
-// the oldest has waited maxDelay (a timer: the worker that asked may be in
-// its next handler, and the one holding a gap in the prefix may be in a
-// long one); each waiting ack's report is then called with the write's
-// result. What the prefix cannot cover (a delivery ahead of it still in a
-// handler, or waiting for its retry or quarantine publish's confirm) waits
-// for it, and is acked one frame per tag (a spill) only when waiting longer
-// would cost more than those frames: a worker about to wait for a delivery
-// finds half the prefetch waiting, or fewer when other workers' handlers
-// can hold the rest (the broker may have stopped delivering because of
-// them), an ack has waited ackStale (a long handler holds the
-// gap), or a stop or a paused worker forces it. Each frame costs the
-// broker a command of its own, and in a storm a quarantine's confirm holds
-// a gap every few deliveries: writing what waited behind it whenever a
-// worker waited or a batch was waiting wrote 24,500 of a one-worker storm's
-// 35,600 acks one by one (40,000 messages); this way about 3,000.
-//
-// The write goes through settle: between a stop's basic.cancel and its
-// cancel-ok it waits (see queueSession.settle).
-//
-// Memory stays bounded by the prefetch while a tag pins the prefix (a
-// handler may hold it up to its timeout, and every forced flush frees
-// prefetch for more deliveries behind it): asked holds acks not yet
-// written, each a delivery the broker counts against the prefetch, and
-// written holds the tags past the prefix already written as ranges: one
-// range more only for each unsettled tag between them: a delivery in hand
-// (which the prefetch bounds too), or one the client dropped, until the
-// next delivery shows it and it is requeued (see received).
+// ackWindow coalesces the acks of one consume channel, since each ack frame
+// costs the broker a command: one ack with multiple set covers the settled
+// prefix of the delivery tags, never a tag still in a handler or awaiting
+// its copy's confirm. What waits behind such a gap is acked tag by tag (a
+// spill) only once waiting would cost more: too much of the prefetch held,
+// an ack gone stale, or a stop. Writes pass the session's settle gate
+// (queueSession.settle), and the window holds no more than the prefetch.
 type ackWindow struct {
 	settle   func(write func() error) error
 	batch    int // acks waiting that flush the settled prefix
@@ -186,17 +155,11 @@ func (w *ackWindow) rejected(d *amqp.Delivery) {
 	w.mu.Unlock()
 }
 
-// received notes that the feeder took d up, and settles the deliveries the
-// client dropped before it. The channel numbers its deliveries one by one
-// and the feeder takes them in that order, one subscription after the
-// other, so a tag skipped is a delivery the client dropped as addressed to
-// a consumer it no longer knows (a quorum queue's delivery that crossed a
-// basic.cancel, which queueSession.settle is there to prevent). No handler
-// sees it and nothing else would settle it: it would pin the prefix, every
-// later ack written on its own, and stay unacked until the channel closes
-// (or consumer_timeout closes it). It is nacked with requeue: the broker
-// delivers it again. Only the feeder calls received. received returns the dropped tags and the first
-// reject's error.
+// received notes that the feeder took d up. A tag skipped is a delivery the
+// client dropped as addressed to a cancelled consumer: nothing else would
+// settle it, and it would pin the prefix until the channel closes, so it is
+// nacked with requeue. Only the feeder calls it; it returns the dropped
+// tags and the first nack's error.
 func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
 	// seen is the feeder's alone: no lock on the path of every delivery
 	// (a stop's flush holds the lock until the broker's cancel-ok).
@@ -220,9 +183,8 @@ func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
 
 // flush writes one ack with multiple set for the settled prefix, if it holds
 // an ack. With spill it also acks one by one what waits behind a delivery
-// that is not settled yet. Writes are made in order under
-// the window's lock (a tag acked twice would close the channel); the
-// reports run after it.
+// that is not settled yet. Writes are made in order under the window's lock
+// (a tag acked twice would close the channel); the reports run after it.
 func (w *ackWindow) flush(spill bool) {
 	var reports []func(error)
 	var errs []error

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -8,7 +9,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -150,6 +154,77 @@ func retryLane(in *buildInput) (topology.RetryLane, time.Duration) {
 	return lane, min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
 }
 
+var noopSpan = trace.SpanFromContext(context.Background())
+
+// outgoing is a built retry or quarantine publishing with its producer span.
+type outgoing struct {
+	b    built
+	ctx  context.Context
+	span trace.Span
+}
+
+// prepare builds the verdict's publishing (see build) inside a producer
+// span, whose context the publishing carries so that the next consumer
+// span continues the trace. A publishing that cannot fit one frame (the
+// error wraps quarantine.ErrNoFit), or whose body is over the broker's max
+// message size as learned on this connection (*overLimitError), is not
+// sent, and the span is ended.
+func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
+	in := w.buildInput(d, f, consumeSpan)
+	exchange, key, attrs := destination(in)
+	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationPublish,
+			attribute.String(telemetry.AttrDestination, exchange),
+			attribute.String(telemetry.AttrRoutingKey, key),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+		),
+		trace.WithAttributes(attrs...))
+	in.trace = amqp.Table{}
+	telemetry.Inject(pctx, in.trace)
+	b, err := build(in)
+	if limit := w.s.maxSize.get(); err == nil && overLimit(len(b.p.Body), limit) {
+		// Said by settlement, which parks or dead-letters it.
+		err = &overLimitError{size: int64(len(b.p.Body)), limit: limit}
+	} else if err != nil {
+		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
+	}
+	switch {
+	case err != nil:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
+		return outgoing{span: noopSpan}, err
+	case len(b.changed) > 0:
+		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", in.queue, "message_id", d.MessageId, "changed", b.changed)
+	}
+	return outgoing{b: b, ctx: pctx, span: span}, nil
+}
+
+// buildInput gathers what the builders read for d's failure f.
+func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
+	in := &buildInput{
+		d:             d,
+		f:             f,
+		queue:         w.q.cfg.Name,
+		wq:            w.s.wq,
+		now:           w.deps.cfg.Now(),
+		signer:        w.deps.signer,
+		verifier:      w.deps.verifier,
+		redact:        w.q.redact,
+		versionHeader: w.q.cfg.Message.VersionHeader,
+		host:          w.deps.host,
+		workerVersion: w.deps.cfg.WorkerVersion,
+		frameMax:      w.s.frameMax,
+	}
+	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
+		in.traceID = sc.TraceID().String()
+	}
+	return in
+}
+
 // buildRetry is a delayed retry: the message as received, without the
 // broker's headers, with the signed retry state and the delay as its
 // expiration, for the verdict's retry lane.
@@ -211,15 +286,11 @@ func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
 	return h
 }
 
-// ownState removes from h every retry-signed header that state (the
-// runtime's own retry state) does not set, the notes aside (seal writes
-// them): a producer's dlxbridge-readmitted on a retry, or its
-// dlxbridge-first-failure-at on a re-admission without a known first
-// failure, would otherwise travel under the runtime's signature, as if
-// the bridge had written it (a header is evidence, never a command); and
-// one of a type the signature cannot vouch for (a table, a time, a void)
-// would void the signature when the copy comes back, so that its attempts
-// count as 0 and a failing message is retried for ever.
+// ownState removes from h every retry-signed header that state, the
+// runtime's own retry state, does not set (seal writes the notes). A
+// producer's header must not travel under the runtime's signature as if
+// the bridge wrote it, and one of a type the signature cannot vouch for
+// would void the signature, so that a failing message is retried for ever.
 func ownState(h, state amqp.Table) {
 	for _, k := range signedHeaders {
 		if _, ours := state[k]; !ours && k != wire.HeaderNotes {
@@ -359,7 +430,7 @@ func sign(in *buildInput, h amqp.Table) {
 // header the producer set travels unchanged (FixedHeader), except trace
 // context, which only tracing reads and which the bridge re-injects anyway;
 // only the bridge's own headers give way. A retry that still cannot fit is
-// quarantined instead (see settleFailure), where the producer's headers may
+// quarantined instead (see settlement), where the producer's headers may
 // go too; versionHeader and the idempotency key go last of them.
 func fitRank(back bool, versionHeader string) func(string) quarantine.Rank {
 	return func(k string) quarantine.Rank {

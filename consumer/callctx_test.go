@@ -55,7 +55,7 @@ func TestHandlerContextEndsAtTheDeadline(t *testing.T) {
 		got <- seen{hasDeadline, ctx.Err(), context.Cause(ctx), timed.Err()}
 		return ctx.Err()
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	s := <-got
 	if !s.deadline || s.err != context.DeadlineExceeded || s.cause != context.DeadlineExceeded || s.child != context.DeadlineExceeded {
 		t.Fatalf("handler saw deadline %v, Err %v, Cause %v, derived %v; want a deadline and DeadlineExceeded throughout", s.deadline, s.err, s.cause, s.child)
@@ -72,7 +72,7 @@ func TestHandlerErrorAfterTheDeadlineIsATimeout(t *testing.T) {
 		<-ctx.Done()
 		return errors.New("slow dependency")
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	if st := b.waitSettled(t); st.Class != triage.ClassTimeout || !errors.Is(st.Err, context.DeadlineExceeded) {
 		t.Fatalf("settled %s, class %q, error %v; want a timeout", st.Outcome, st.Class, st.Err)
 	}
@@ -89,7 +89,7 @@ func TestHandlerContextEndsWhenTheHandlerReturns(t *testing.T) {
 		kept <- ctx
 		return nil
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	ctx := <-kept
 	if during != nil {
 		t.Fatalf("Err while the handler ran: %v", during)
@@ -119,7 +119,7 @@ func TestHandlerContextEndsWithTheSession(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		b.w.process(b.delivery())
+		b.w.handle(b.delivery())
 	}()
 	<-started
 	b.cancel()
@@ -151,13 +151,13 @@ func TestHandlerDeadlineAfterManyCalls(t *testing.T) {
 	// have passed.
 	start := time.Now()
 	for n := 0; n < 10 || time.Since(start) < 100*time.Millisecond; n++ {
-		b.w.process(b.delivery())
+		b.w.handle(b.delivery())
 	}
 	block.Store(true)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		b.w.process(b.delivery())
+		b.w.handle(b.delivery())
 	}()
 	select {
 	case err := <-got:

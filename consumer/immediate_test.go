@@ -372,7 +372,7 @@ func TestReturnedTimeoutIsRetriedImmediately(t *testing.T) {
 		}
 		return ctx.Err() // nil: a fresh deadline
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	if st := b.waitSettled(t); st.Outcome != OutcomeAcked || st.Attempt != 2 || calls.Load() != 2 {
 		t.Fatalf("settled %s at attempt %d after %d calls; want acked at attempt 2 after 2", st.Outcome, st.Attempt, calls.Load())
 	}
@@ -402,7 +402,7 @@ func TestImmediateRetryBlockedByStopAndDependencySignal(t *testing.T) {
 				close(b.w.s.stopping)
 				close(b.w.s.cancelled)
 			}
-			b.w.process(b.delivery())
+			b.w.handle(b.delivery())
 			st := b.waitSettled(t)
 			if st.Outcome != OutcomeRetried || calls.Load() != 1 || !strings.Contains(st.Reason, "not retried in process: "+tt.why) {
 				t.Fatalf("settled %s after %d calls, reason %q; want retried after 1, saying %q", st.Outcome, calls.Load(), st.Reason, tt.why)
@@ -420,7 +420,7 @@ func TestImmediateRetriesStopBeforeTheConsumerTimeout(t *testing.T) {
 	t.Parallel()
 	// Nothing prefetched behind it: only the delivery's own hold.
 	b, calls := clockedRetries(t, 3, 0, 1, 1, 6*time.Minute)
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	st := b.waitSettled(t)
 	if st.Outcome != OutcomeRetried || calls.Load() != 2 || !strings.Contains(st.Reason, "consumer_timeout") {
 		t.Fatalf("settled %s after %d calls, reason %q; want retried after 2, naming the consumer_timeout", st.Outcome, calls.Load(), st.Reason)
@@ -602,7 +602,7 @@ func TestImmediateRetriesLeaveTimeForTheDeliveriesBehind(t *testing.T) {
 func wantRetriedAfter(t *testing.T, prefetch, concurrency int, step time.Duration, calls int32, perWorker int) {
 	t.Helper()
 	b, n := clockedRetries(t, 19, 20, prefetch, concurrency, step)
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	st := b.waitSettled(t)
 	if st.Outcome != OutcomeRetried || n.Load() != calls || !strings.Contains(st.Reason, fmt.Sprintf("%d per worker", perWorker)) {
 		t.Fatalf("settled %s after %d calls, reason %q; want retried after %d, naming the %d deliveries per worker", st.Outcome, n.Load(), st.Reason, calls, perWorker)
@@ -638,7 +638,7 @@ func TestImmediateRetryDeadlineIsTheShareLeft(t *testing.T) {
 		}
 		return nil
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	if st := b.waitSettled(t); st.Outcome != OutcomeAcked {
 		t.Fatalf("settled %s (%s), want acked on the immediate retry", st.Outcome, st.Reason)
 	}
@@ -664,7 +664,7 @@ func TestImmediateRetryNeverCutsTheLastAttempt(t *testing.T) {
 	}, func(ctx context.Context, m *Message) error {
 		return errors.New("blip")
 	})
-	b.w.process(b.delivery())
+	b.w.handle(b.delivery())
 	st := b.waitSettled(t)
 	if st.Outcome != OutcomeRetried || !strings.Contains(st.Reason, "the next attempt is the last") {
 		t.Fatalf("settled %s (%s), want a delayed retry: the last attempt keeps its full deadline", st.Outcome, st.Reason)

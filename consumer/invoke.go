@@ -192,9 +192,8 @@ func (w *worker) takeOver(c *handlerCall, exited error) {
 	herr = w.handlerReturned(c, herr)
 	// The delivery settles through its session, as process settles it.
 	// Abandoned: never retried in process (its handler still holds a slot).
-	if handedOff, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true); !handedOff {
-		c.span.End()
-	}
+	o, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true)
+	w.settle(o)
 	w.admission.release()
 	if w.looping {
 		w.work()

@@ -9,23 +9,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// Outcome labels of dlxbridge_deliveries_total.
-const (
-	OutcomeAcked       = "acked"       // the handler succeeded and the ack was sent
-	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
-	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
-	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
-	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
-	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
-	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
-	// OutcomeDeadLettered: no retry or quarantine copy could be published
-	// (the body is over the broker's max message size, or not even the
-	// bare envelope fits one frame): the original was rejected without
-	// requeue, and the broker dead-letters it, as received, into the
-	// quarantine (dlxbridge_dead_lettered_total says why).
-	OutcomeDeadLettered = "dead_lettered"
-)
-
 // Reasons of dlxbridge_dead_lettered_total.
 const (
 	deadLetterMaxMessageSize = "max_message_size"
@@ -150,12 +133,9 @@ type queueMetrics struct {
 	// dlxbridge_publish_confirm_seconds for each kind of copy.
 	confirmRetry, confirmQuarantine, confirmReadmit prometheus.Observer
 	immediateRetries                                prometheus.Counter
-	// firstAttempt observes a success on the first attempt, the common
-	// case, without a closure per message.
-	firstAttempt func()
-	queue        string
-	deliveries   *prometheus.CounterVec
-	outcomes     sync.Map // outcome → prometheus.Counter
+	queue                                           string
+	deliveries                                      *prometheus.CounterVec
+	outcomes                                        sync.Map // outcome → prometheus.Counter
 }
 
 func (m *metrics) forQueue(queue string) *queueMetrics {
@@ -171,7 +151,6 @@ func (m *metrics) forQueue(queue string) *queueMetrics {
 		queue:            queue,
 		deliveries:       m.deliveries,
 	}
-	qm.firstAttempt = func() { qm.attemptsSuccess.Observe(1) }
 	return qm
 }
 
@@ -187,13 +166,8 @@ func (qm *queueMetrics) confirmWait(a triage.Action) prometheus.Observer {
 	return qm.confirmQuarantine
 }
 
-// succeeded returns what observes a success on attempt.
-func (qm *queueMetrics) succeeded(attempt int) func() {
-	if attempt == 1 {
-		return qm.firstAttempt
-	}
-	return func() { qm.attemptsSuccess.Observe(float64(attempt)) }
-}
+// succeeded observes a success on attempt.
+func (qm *queueMetrics) succeeded(attempt int) { qm.attemptsSuccess.Observe(float64(attempt)) }
 
 // settled counts one delivery settled with outcome.
 func (qm *queueMetrics) settled(outcome string) {

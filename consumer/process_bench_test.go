@@ -180,12 +180,12 @@ func processBody(size int) []byte {
 func BenchmarkProcess(b *testing.B) {
 	pb := newProcessBundle(b, nil, nil)
 	d := pb.delivery()
-	pb.w.process(d) // warm: watchdog, metric children
+	pb.w.handle(d) // warm: watchdog, metric children
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu := startCPU()
 	for range b.N {
-		pb.w.process(pb.delivery())
+		pb.w.handle(pb.delivery())
 	}
 	b.StopTimer()
 	cpu.report(b)
@@ -206,8 +206,8 @@ const runtimeAllocs = 15
 // Not parallel: testing.AllocsPerRun refuses to run in a parallel test.
 func TestProcessAllocs(t *testing.T) {
 	b := newProcessBundle(t, nil, nil)
-	b.w.process(b.delivery()) // warm: watchdog timer, metric children
-	got := testing.AllocsPerRun(200, func() { b.w.process(b.delivery()) })
+	b.w.handle(b.delivery()) // warm: watchdog timer, metric children
+	got := testing.AllocsPerRun(200, func() { b.w.handle(b.delivery()) })
 	b.w.s.acks.flush(true)
 	if got := b.ackedWithin(202); got != 202 { // AllocsPerRun runs it once more to warm up
 		t.Fatalf("%d acked, want 202", got)
@@ -261,11 +261,11 @@ func BenchmarkProcessKinds(b *testing.B) {
 			if kind == "invalid" {
 				pb.body = bytes.Replace(pb.body, []byte(`"quantity":1`), []byte(`"quantity":0`), 1)
 			}
-			pb.w.process(pb.delivery())
+			pb.w.handle(pb.delivery())
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				pb.w.process(pb.delivery())
+				pb.w.handle(pb.delivery())
 				pb.out.mu.Lock()
 				pb.out.sent = pb.out.sent[:0]
 				pb.out.mu.Unlock()

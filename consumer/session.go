@@ -223,7 +223,7 @@ type queueSession struct {
 	// (under settleMu's write lock when set; see subscription.pause).
 	pausing chan struct{}
 	// sub is the basic.consume that the breaker cancels and renews; fed
-	// carries its deliveries from the feeder to the workers (breaker.go).
+	// carries its deliveries from the feeder to the workers (receive.go).
 	sub *subscription
 	fed chan fedDelivery
 	// acks coalesces the channel's acks.
@@ -276,44 +276,6 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		go newWorker(qs, &sessionPublisher{s: qs}).work()
 	}
 	return qs, nil
-}
-
-// work runs the worker's loop until there is no delivery to take, then
-// closes the worker and marks it done in qs.workers. After a stop's
-// basic.cancel the client closes deliveries once it has handed over what
-// came before the cancel-ok: all of it is handled, not returned to the
-// queue. A goroutine whose handler call is abandoned leaves the loop
-// without touching the worker: the goroutine that took over goes on with it
-// (see takeOver), so one goroutine at a time is the worker.
-func (w *worker) work() {
-	qs := w.s
-	w.looping = true
-	for {
-		f, ok := w.next(qs.fed)
-		if !ok {
-			break
-		}
-		w.admission.take(w.q.breaker, f)
-		if qs.handlerCtx.Err() != nil {
-			w.admission.release()
-			break // past the drain deadline: left for the channel close to requeue
-		}
-		if !w.process(f.d) {
-			return // abandoned in its handler
-		}
-		w.admission.release() // if it never reached the handler
-	}
-	w.close()
-	qs.workers.Done()
-}
-
-// received notes that the feeder took d up; deliveries the client dropped
-// before it are requeued (see ackWindow.received).
-func (qs *queueSession) received(d *amqp.Delivery) {
-	dropped, err := qs.acks.received(d)
-	if len(dropped) > 0 {
-		qs.deps.log.Warn("deliveries the client dropped (addressed to a cancelled consumer) were requeued", "queue", qs.q.cfg.Name, "tags", dropped, "error", err)
-	}
 }
 
 // beginStop cancels the consumer; the workers go on with what was already

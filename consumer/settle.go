@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -14,9 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/quarantine"
-	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // The settlement seam: what settling needs of the broker. A worker's
@@ -64,261 +60,234 @@ func (sd sessionDelivery) Reject() error {
 	return sd.s.settle(func() error { return sd.d.Reject(false) })
 }
 
-// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
-// their confirms: past it the worker waits for one before it takes the next
-// delivery.
-const pipelineDepth = 64
+// outcomeKind is how a delivery is to be settled.
+type outcomeKind uint8
 
-// settleFailure carries out a retry, re-admission or quarantine verdict:
-// build the publishing, publish it with confirm + mandatory, and only once
-// the confirm is in ack the original (finishFailure). The confirm is not
-// waited for here: the worker goes on with its next deliveries and finishes
-// this one when the confirm arrives (see worker.next). A failed publish
-// rejects the original with requeue: the broker keeps it and the
-// crash-loop guard bounds the loop. What cannot be parked is never acked.
-// A copy that cannot be published at all (see unsendable: over one frame,
-// or a body over the broker's max message size) is not sent; a retry is
-// parked in the quarantine instead, and what even the quarantine cannot
-// take is rejected without requeue (deadLetter).
-// It reports false, having done nothing, for a re-admission that cannot be
-// sent: the caller delivers the message instead, since rejecting it would
-// quarantine a message whose handler never ran. Once it reports true the
-// span is its to end.
-func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
-	qr := w.q
-	c := w.deps
-	v := f.verdict
-	span.SetAttributes(
-		attribute.String("dlxbridge.class", string(v.Class)),
-		attribute.String("dlxbridge.action", string(v.Action)),
-	)
-	if f.err != nil {
-		span.RecordError(f.err)
+const (
+	kindAck        outcomeKind = iota // the handler succeeded: ack
+	kindRetry                         // publish the delayed retry, then ack
+	kindReadmit                       // publish the re-admission, then ack
+	kindQuarantine                    // publish the quarantine record, then ack
+	kindDeadLetter                    // no copy can be sent: reject without requeue
+	kindLeave                         // the runtime is past its drain deadline: leave it for the channel close to requeue
+)
+
+// labels names a copy's kind: its outcome once acked, and its label in
+// dlxbridge_publish_failures_total.
+func (k outcomeKind) labels() (outcome, copyKind string) {
+	switch k {
+	case kindRetry:
+		return OutcomeRetried, "retry"
+	case kindReadmit:
+		return OutcomeReadmitted, "readmit"
 	}
-	log := c.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
-	if st := panicStack(f.err); st != "" {
-		log = log.With("stack", st)
-	}
-	out, err := w.prepare(ctx, span, d, f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
-		return false // w.settled untouched: the handler decides the outcome
-	}
-	w.settled.failed(f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
-		// A retry may not drop the producer's headers (see fitRank):
-		// park it instead, where they may give way (and redaction may
-		// shrink the body).
-		f.verdict.Action = triage.ActionQuarantine
-		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
-		v = f.verdict
-		w.settled.failed(f)
-		out, err = w.prepare(ctx, span, d, f)
-	}
-	if why, no := unsendable(err); no {
-		// Not even the bare envelope fits (a frame_max far below the
-		// default), or the body is over the broker's max message size:
-		// nothing was sent. Reject without requeue: the broker
-		// dead-letters the message as received into the quarantine, with
-		// x-death as its record.
-		defer span.End()
-		w.deadLetter(span, a, w.settled, f, log, why, err)
-		return true
-	}
-	wait := qr.metrics.confirmWait(v.Action)
-	publish := func(confirmed func(error)) {
-		if err != nil { // not built: settled as a failed publish
-			confirmed(err)
-			return
-		}
-		sent := time.Now()
-		w.out.Publish(out.ctx, out.b.exchange, out.b.key, out.b.p, func(err error) {
-			if err == nil {
-				wait.Observe(time.Since(sent).Seconds())
-			}
-			confirmed(err)
-		})
-	}
-	st := w.settled
-	if !w.settleLater(publish, func(err error, at time.Time) { w.finishFailure(span, out.span, a, d, f, st, log, err, at) }) {
-		// The drain deadline passed while the pipeline was full: left
-		// unsettled for the channel close to requeue.
-		out.span.End()
-		span.End()
-		w.record(OutcomeAbandoned)
-	}
-	return true
+	return OutcomeQuarantined, "quarantine"
 }
 
-// finishFailure settles a failed delivery once its retry or quarantine
-// publish is confirmed (err nil) or failed (at failedAt). It runs on the
-// worker's settler goroutine.
-func (w *worker) finishFailure(span, pubSpan trace.Span, a acker, d *amqp.Delivery, f failure, st Settled, log *slog.Logger, err error, failedAt time.Time) {
-	defer span.End()
-	if err != nil {
-		pubSpan.RecordError(err)
-		pubSpan.SetStatus(codes.Error, err.Error())
-	}
-	pubSpan.End()
-	qr := w.q
-	c := w.deps
-	v := f.verdict
-	var outcome, kind string
-	switch v.Action {
-	case triage.ActionRetry:
-		outcome, kind = OutcomeRetried, "retry"
-	case triage.ActionReadmit:
-		outcome, kind = OutcomeReadmitted, "readmit"
+// outcome is what the worker decided for one delivery, for settle to carry
+// out: how to settle it, through which acker, and what OnSettled will get.
+type outcome struct {
+	kind outcomeKind
+	a    acker
+	d    *amqp.Delivery
+	// span is the delivery's process span: settle ends it.
+	span    trace.Span
+	settled Settled
+	// failed is the failure behind a copy or a dead letter; nil for an ack
+	// or a delivery left unsettled at the drain deadline.
+	failed *failedOutcome
+}
+
+// failedOutcome is what settling a failure needs: its verdict, the copy to
+// publish, the log that names it.
+type failedOutcome struct {
+	f   failure
+	out outgoing
+	// err is why the copy was not built (settled as a failed publish) or,
+	// dead-lettered, why no copy can be sent (why: unsendable's reason).
+	err error
+	why string
+	log *slog.Logger
+}
+
+// settle carries out o, the one place a delivery is settled: an ack goes
+// to the ack window; a retry, re-admission or quarantine copy is published
+// with confirm + mandatory, and the original acked only once the broker
+// has confirmed it (afterConfirm, on the settler), or requeued when the
+// publish failed; what no copy can carry is rejected without requeue. Each
+// delivery's outcome is recorded once (done), and o's span ends with it.
+func (w *worker) settle(o outcome) {
+	switch o.kind {
+	case kindAck:
+		w.ackOutcome(o, OutcomeAcked)
+		if o.span.IsRecording() {
+			o.span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeAcked))
+		}
+		o.span.End()
+	case kindLeave:
+		w.done(&o, OutcomeAbandoned, nil)
+		o.span.SetStatus(codes.Error, "shutdown before settle")
+		o.span.End()
+	case kindDeadLetter:
+		w.deadLetter(o)
+		o.span.End()
 	default:
-		outcome, kind = OutcomeQuarantined, "quarantine"
+		w.sendCopy(o)
+		if o.kind == kindReadmit {
+			w.settleInOrder()
+		}
 	}
+}
+
+// sendCopy publishes o's copy without waiting for its confirm: the worker
+// goes on with its next deliveries, and the settler finishes o when the
+// confirm arrives. With pipelineDepth copies awaiting confirms it first
+// waits for one; past the drain deadline o is left unsettled, for the
+// channel close to requeue.
+func (w *worker) sendCopy(o outcome) {
+	select {
+	case w.awaiting <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		o.failed.out.span.End()
+		o.span.End()
+		w.done(&o, OutcomeAbandoned, nil)
+		return
+	}
+	w.settling.Add(1)
+	fo := o.failed
+	wait := w.q.metrics.confirmWait(fo.f.verdict.Action)
+	sent := time.Now()
+	confirmed := func(err error) {
+		c := confirmation{o: o, err: err}
+		if err == nil {
+			wait.Observe(time.Since(sent).Seconds())
+		} else {
+			c.at = time.Now()
+		}
+		w.confirmed <- c
+	}
+	if fo.err != nil { // not built: settled as a failed publish
+		confirmed(fo.err)
+		return
+	}
+	w.out.Publish(fo.out.ctx, fo.out.b.exchange, fo.out.b.key, fo.out.b.p, confirmed)
+}
+
+// confirmation is a copy's confirm (err nil) or failure (at at), for the
+// settler.
+type confirmation struct {
+	o   outcome
+	err error
+	at  time.Time
+}
+
+// settler finishes, one at a time and in the order their confirms came,
+// the settlements whose publishes were confirmed or failed.
+func (w *worker) settler() {
+	defer close(w.settlerDone)
+	for c := range w.confirmed {
+		w.afterConfirm(c.o, c.err, c.at)
+		<-w.awaiting
+		w.settling.Done()
+		if len(w.confirmed) == 0 {
+			// About to wait: its acks must not wait for a worker that may
+			// itself be waiting for a delivery.
+			w.s.acks.flush(false)
+		}
+	}
+}
+
+// settleInOrder returns once every settlement the worker has in flight is
+// finished and its ack written. A re-admission waits for it: its copy goes
+// to this same queue and can be delivered before its confirm reaches the
+// publishing connection, and handled while the original is unacked, a
+// crash would requeue the original and re-admit it once more.
+func (w *worker) settleInOrder() {
+	w.settling.Wait()
+	w.s.acks.flush(true)
+}
+
+// afterConfirm settles o once its copy was confirmed (err nil) or failed
+// (at failedAt): the ack, or the requeue. It runs on the settler.
+func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
+	defer o.span.End()
+	fo := o.failed
+	if err != nil {
+		fo.out.span.RecordError(err)
+		fo.out.span.SetStatus(codes.Error, err.Error())
+	}
+	fo.out.span.End()
+	result, _ := o.kind.labels()
 	if err != nil && w.s.handlerCtx.Err() != nil {
 		// The drain deadline passed while the publish waited (typically on
 		// a connection blocked by a resource alarm). Whether the broker has
 		// the copy is unknown: the original is left unsettled, and the
 		// channel close requeues it. Not a failure of the message's.
-		qr.record(st, OutcomeAbandoned)
-		span.SetStatus(codes.Error, "shutdown before settle")
-		log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", v.Action, "error", err)
+		w.done(&o, OutcomeAbandoned, nil)
+		o.span.SetStatus(codes.Error, "shutdown before settle")
+		fo.log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", fo.f.verdict.Action, "error", err)
 		return
 	}
 	if err != nil {
-		c.metrics.publishFailures.WithLabelValues(qr.cfg.Name, kind).Inc()
-		if max, ok := amqpx.IsTooLarge(err); ok {
-			// The broker refused this copy for its body's size (before
-			// routing it: no queue has it) and named its limit, which
-			// the connection's later failures are checked against
-			// before they are sent (the publisher learned it already).
-			w.s.maxSize.learn(max)
-		}
-		if why, no := unsendable(err); no && v.Action != triage.ActionReadmit {
-			// No copy of this body can be sent: refused by the broker,
-			// or held back by the publisher (*overLimitError) once it
-			// knew the limit.
-			w.deadLetter(span, a, st, f, log, why, err)
-			return
-		}
-		// A re-admission's handler never ran: requeued below, it comes
-		// back and, the limit known now, is handled in place.
-		qr.publishFailures.add(d.MessageId, err.Error())
-		// Requeued messages keep their place and come straight back: pause
-		// (this worker only: it takes no delivery until then) so a broker
-		// that can't take publishes right now doesn't burn the message's
-		// deliveries in a hot loop. Failures that come together pause
-		// together: one that came before the latest pause ended joins it,
-		// rather than adding a longer one after it (the settler finishes
-		// them one by one: a lost channel fails up to pipelineDepth at
-		// once).
-		until := time.Unix(0, w.pauseUntil.Load())
-		if !failedAt.Before(until) {
-			until = time.Now().Add(w.publishBackoff())
-			w.pauseUntil.Store(until.UnixNano())
-		}
-		log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
-		span.SetStatus(codes.Error, kind+" publish failed")
-		t := time.NewTimer(time.Until(until))
-		select {
-		case <-t.C:
-		case <-w.s.handlerCtx.Done():
-		}
-		t.Stop()
-		// reject, not nack: from RabbitMQ 4.3 only reject with requeue
-		// raises the delivery count the crash-loop guard relies on.
-		if rerr := a.Requeue(); rerr != nil {
-			log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
-		}
-		st.SettleErr = err
-		qr.record(st, OutcomeRequeued)
+		w.requeue(o, err, failedAt)
 		return
 	}
 	w.pubFailures = 0
-	span.SetAttributes(attribute.String("dlxbridge.outcome", outcome))
-	switch outcome {
-	case OutcomeQuarantined:
-		span.SetStatus(codes.Error, "quarantined: "+v.Reason)
+	o.span.SetAttributes(attribute.String("dlxbridge.outcome", result))
+	if o.kind == kindQuarantine {
+		o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
 	}
-	w.ack(a, st, outcome, func() {
-		switch outcome {
-		case OutcomeRetried:
-			c.metrics.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
-			log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(f.err))
-		case OutcomeReadmitted:
-			log.Debug("re-admitted", "reason", v.Reason)
-		default:
-			c.metrics.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-			log.Warn("quarantined", "reason", v.Reason, "error", errString(f.err))
-		}
-	})
+	w.ackOutcome(o, result)
 }
 
-var noopSpan = trace.SpanFromContext(context.Background())
-
-// outgoing is a built retry or quarantine publishing with its producer span.
-type outgoing struct {
-	b    built
-	ctx  context.Context
-	span trace.Span
-}
-
-// prepare builds the verdict's publishing (see build) inside a producer
-// span, whose context the publishing carries so that the next consumer
-// span continues the trace. A publishing that cannot fit one frame (the
-// error wraps quarantine.ErrNoFit), or whose body is over the broker's max
-// message size as learned on this connection (*overLimitError), is not
-// sent, and the span is ended.
-func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
-	in := w.buildInput(d, f, consumeSpan)
-	exchange, key, attrs := destination(in)
-	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			telemetry.AttrSystemRabbitMQ,
-			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, exchange),
-			attribute.String(telemetry.AttrRoutingKey, key),
-			attribute.String(telemetry.AttrMessageID, d.MessageId),
-		),
-		trace.WithAttributes(attrs...))
-	in.trace = amqp.Table{}
-	telemetry.Inject(pctx, in.trace)
-	b, err := build(in)
-	if limit := w.s.maxSize.get(); err == nil && overLimit(len(b.p.Body), limit) {
-		// Said by settleFailure, which parks or dead-letters it.
-		err = &overLimitError{size: int64(len(b.p.Body)), limit: limit}
-	} else if err != nil {
-		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
+// requeue settles o after its copy's publish failed with err: the
+// original is rejected with requeue (the broker keeps it, and the
+// crash-loop guard bounds the loop), after a pause of this worker's; a
+// copy no retry could send is dead-lettered instead.
+func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
+	fo := o.failed
+	v := fo.f.verdict
+	_, kind := o.kind.labels()
+	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
+	if max, ok := amqpx.IsTooLarge(err); ok {
+		// The broker refused this copy for its body's size (before routing
+		// it: no queue has it) and named its limit, which the connection's
+		// later copies are checked against before they are sent.
+		w.s.maxSize.learn(max)
 	}
-	switch {
-	case err != nil:
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		span.End()
-		return outgoing{span: noopSpan}, err
-	case len(b.changed) > 0:
-		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", in.queue, "message_id", d.MessageId, "changed", b.changed)
+	if why, no := unsendable(err); no && o.kind != kindReadmit {
+		// No copy of this body can be sent: refused by the broker, or held
+		// back by the publisher (*overLimitError) once it knew the limit.
+		fo.why, fo.err = why, err
+		w.deadLetter(o)
+		return
 	}
-	return outgoing{b: b, ctx: pctx, span: span}, nil
-}
-
-// buildInput gathers what the builders read for d's failure f.
-func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
-	in := &buildInput{
-		d:             d,
-		f:             f,
-		queue:         w.q.cfg.Name,
-		wq:            w.s.wq,
-		now:           w.deps.cfg.Now(),
-		signer:        w.deps.signer,
-		verifier:      w.deps.verifier,
-		redact:        w.q.redact,
-		versionHeader: w.q.cfg.Message.VersionHeader,
-		host:          w.deps.host,
-		workerVersion: w.deps.cfg.WorkerVersion,
-		frameMax:      w.s.frameMax,
+	// A re-admission's handler never ran: requeued below, it comes back
+	// and, the limit known now, is handled in place.
+	w.q.publishFailures.add(o.d.MessageId, err.Error())
+	// Requeued messages come straight back: the pause (this worker takes
+	// no delivery until then) keeps a broker that can't take publishes
+	// from burning their deliveries in a hot loop. Failures that come
+	// together, as a lost channel's do, join one pause rather than add up.
+	until := time.Unix(0, w.pauseUntil.Load())
+	if !failedAt.Before(until) {
+		until = time.Now().Add(w.publishBackoff())
+		w.pauseUntil.Store(until.UnixNano())
 	}
-	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
-		in.traceID = sc.TraceID().String()
+	fo.log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
+	o.span.SetStatus(codes.Error, kind+" publish failed")
+	t := time.NewTimer(time.Until(until))
+	select {
+	case <-t.C:
+	case <-w.s.handlerCtx.Done():
 	}
-	return in
+	t.Stop()
+	// reject, not nack: from RabbitMQ 4.3 only reject with requeue raises
+	// the delivery count the crash-loop guard relies on.
+	if rerr := o.a.Requeue(); rerr != nil {
+		fo.log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+	}
+	w.done(&o, OutcomeRequeued, err)
 }
 
 // publishBackoff is the pause after the n-th consecutive failed publish:
@@ -329,208 +298,84 @@ func (w *worker) publishBackoff() time.Duration {
 	return d/2 + time.Duration(w.deps.cfg.Rand()*float64(d/2))
 }
 
-// record counts a settled delivery and reports it to Config.OnSettled.
-func (w *worker) record(outcome string) { w.q.record(w.settled, outcome) }
-
-// record counts a settled delivery and reports it to Config.OnSettled. Safe
-// for concurrent use.
-func (qr *queueRuntime) record(st Settled, outcome string) {
-	qr.metrics.settled(outcome)
-	st.Outcome = outcome
-	qr.deps.notifySettled(st)
+// deadLetter settles a failure that no copy can carry (o.failed.why, see
+// unsendable; o.failed.err says why): it is rejected without requeue, so
+// the broker dead-letters it as received, with x-death, into the
+// quarantine; nothing was published and nothing is acked. A reject that
+// cannot be written (the channel is gone) leaves it to the broker to
+// redeliver.
+func (w *worker) deadLetter(o outcome) {
+	fo := o.failed
+	if err := o.a.Reject(); err != nil {
+		fo.log.Warn("reject failed (channel gone); the broker will redeliver", "error", err)
+		w.done(&o, OutcomeAckFailed, err)
+		return
+	}
+	o.span.SetAttributes(attribute.String("dlxbridge.outcome", OutcomeDeadLettered), attribute.String("dlxbridge.dead_letter_reason", fo.why))
+	o.span.SetStatus(codes.Error, "dead-lettered ("+fo.why+"): "+fo.f.verdict.Reason)
+	w.done(&o, OutcomeDeadLettered, fo.err)
 }
 
-// ack acks the delivery; once the ack is written (acks are coalesced, see
-// ackWindow) the outcome is recorded and then, if set, runs. An ack on a
-// dead channel fails: the broker will redeliver the message (a duplicate,
-// which idempotency keys are for), so it is recorded as OutcomeAckFailed.
-func (w *worker) ack(a acker, st Settled, outcome string, then func()) {
-	qr := w.q
-	a.Ack(func(err error) {
+// ackOutcome asks for o's ack and records o as result once it is written
+// (acks are coalesced, see ackWindow). An ack on a dead channel fails: the
+// broker will redeliver the message (a duplicate, which idempotency keys
+// are for), so it is recorded as OutcomeAckFailed.
+func (w *worker) ackOutcome(o outcome, result string) {
+	o.a.Ack(func(err error) {
 		if err != nil {
-			st.SettleErr = err
-			qr.record(st, OutcomeAckFailed)
-			qr.deps.log.Warn("ack failed; the broker will redeliver", "queue", qr.cfg.Name, "message_id", st.MessageID, "error", err)
+			w.done(&o, OutcomeAckFailed, err)
+			w.deps.log.Warn("ack failed; the broker will redeliver", "queue", o.settled.Queue, "message_id", o.settled.MessageID, "error", err)
 			return
 		}
-		qr.record(st, outcome)
-		if then != nil {
-			then()
-		}
+		w.done(&o, result, nil)
 	})
 }
 
-// sessionPublisher is a worker's confirmer: a confirm pipeline on the
-// session's publishing connection, opened on first use. Each worker has its
-// own; mu lets a re-send (see Publish) share it.
-type sessionPublisher struct {
-	s    *queueSession
-	mu   sync.Mutex
-	pipe *amqpx.Pipeline
-}
-
-// close fails what still awaits a confirm and closes the pipeline's
-// channel (without waiting for the close-ok: during a resource alarm none
-// comes, and the channel closes with the publishing connection, which the
-// session closes next).
-func (sp *sessionPublisher) close() {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		sp.pipe.Close()
-		sp.pipe = nil
+// done records o as settled with result (settleErr: why it could not be
+// settled as decided): the deliveries counter, Config.OnSettled, then the
+// outcome's own counters and log line. It may run on another worker's
+// goroutine (an ack's report): it touches nothing of w's but its queue.
+func (w *worker) done(o *outcome, result string, settleErr error) {
+	qr := w.q
+	st := o.settled
+	if settleErr != nil {
+		st.SettleErr = settleErr
 	}
-}
-
-// retire closes pipe, broken by a publish, unless a re-send has replaced it
-// already (then the one in use stays).
-func (sp *sessionPublisher) retire(pipe *amqpx.Pipeline) {
-	sp.mu.Lock()
-	if sp.pipe == pipe {
-		sp.pipe = nil
-	}
-	sp.mu.Unlock()
-	pipe.Close()
-}
-
-// pipeline returns the confirm pipeline, opening one if needed: one whose
-// channel died is replaced.
-func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		if !sp.pipe.Broken() {
-			return sp.pipe, nil
-		}
-		sp.pipe = nil // it ends by itself once it has failed what it held
-	}
-	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
-	if err != nil {
-		return nil, err
-	}
-	sp.pipe = p
-	go sp.s.watchConfirms(p)
-	return p, nil
-}
-
-// Publish sends with confirm + mandatory on the pipeline.
-//
-// While the broker blocks the publishing connection (a resource alarm) it
-// reads nothing from it: a publish, or opening a channel for one, would only
-// wait, and a timeout would requeue the message and run its handler again
-// for nothing. So publish first waits for the unblock, holding the delivery,
-// until the drain deadline.
-//
-// A publish in flight when the broker closed the channel for another one's
-// size (amqpx.ErrBesideRefusal) is sent again, on a new channel, before
-// confirmed hears of it (see resending): one oversized copy costs the
-// others on the channel nothing but, at worst, a duplicate.
-func (sp *sessionPublisher) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
-	sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, maxResends))
-}
-
-// maxResends bounds how often one publish is sent again after refusals of
-// others (each refusal takes one oversized publish out of the pipeline,
-// and the limit it teaches holds the later ones back, so a second round is
-// already rare).
-const maxResends = 4
-
-// resending wraps confirmed: a publish failed beside another's refusal is
-// sent again (up to left times), and a refusal teaches the connection the
-// broker's limit at once, before the publishes failed beside it are sent
-// again.
-func (sp *sessionPublisher) resending(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error), left int) func(error) {
-	return func(err error) {
-		if max, ok := amqpx.IsTooLarge(err); ok {
-			sp.s.maxSize.learn(max)
-		}
-		if left > 0 && errors.Is(err, amqpx.ErrBesideRefusal) && sp.s.handlerCtx.Err() == nil {
-			// Called on the pipeline's goroutine, which must not block
-			// (nor open a channel).
-			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, left-1))
-			return
-		}
-		confirmed(err)
-	}
-}
-
-// publish sends p on the pipeline, unless its body is over the broker's
-// limit as learned on this connection (*overLimitError: sent, it would
-// close the channel under the others).
-func (sp *sessionPublisher) publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
-	if limit := sp.s.maxSize.get(); overLimit(len(p.Body), limit) {
-		confirmed(&overLimitError{size: int64(len(p.Body)), limit: limit})
+	qr.recordSettled(st, result)
+	m := w.deps.metrics
+	switch result {
+	case OutcomeAcked:
+		qr.metrics.succeeded(st.Attempt)
+		return
+	case OutcomeRetried, OutcomeReadmitted, OutcomeQuarantined, OutcomeDeadLettered:
+	default:
 		return
 	}
-	if err := sp.s.blocking.Wait(sp.s.handlerCtx); err != nil {
-		_, reason := sp.s.blocking.Blocked()
-		confirmed(fmt.Errorf("the broker blocks publishing (%s) and the runtime is stopping: %w", reason, err))
-		return
-	}
-	pipe, err := sp.pipeline()
-	if err == nil {
-		err = pipe.Publish(context.WithoutCancel(ctx), exchange, key, p, confirmed)
-	}
-	if err != nil {
-		// An error of this publish's own leaves the others in flight on
-		// the pipeline: failing them would requeue originals whose copies
-		// the broker may well confirm.
-		if pipe != nil && errors.Is(err, amqpx.ErrPublisherClosed) {
-			sp.retire(pipe)
-		}
-		confirmed(err)
-	}
-}
-
-// publishTimeout bounds the wait for a publisher confirm while the
-// publishing connection is not blocked.
-const publishTimeout = 30 * time.Second
-
-// errConfirmTimeout ends a confirm wait that took publishTimeout.
-var errConfirmTimeout = fmt.Errorf("no publisher confirm within %s", publishTimeout)
-
-// watchConfirms bounds p's confirm waits: at the drain deadline, and when
-// the oldest unconfirmed publish has waited publishTimeout while the
-// publishing connection is not blocked, p fails what it holds (whether the
-// broker has those copies is unknown). While the broker blocks the
-// connection a confirm comes only after the unblock, so the wait goes on
-// until it, and publishTimeout more.
-func (qs *queueSession) watchConfirms(p *amqpx.Pipeline) {
-	tick := time.NewTicker(min(publishTimeout/4, time.Second))
-	defer tick.Stop()
-	var blockedUntil time.Time
-	for {
-		select {
-		case <-p.Done():
-			return
-		case <-qs.handlerCtx.Done():
-			p.Fail(context.Cause(qs.handlerCtx))
-			return
-		case <-tick.C:
-		}
-		if blocked, _ := qs.blocking.Blocked(); blocked {
-			blockedUntil = time.Now()
-			continue
-		}
-		if sent, ok := p.Oldest(); ok && time.Since(later(sent, blockedUntil)) >= publishTimeout {
-			p.Fail(errConfirmTimeout)
-			return
-		}
+	fo := o.failed
+	v := fo.f.verdict
+	switch result {
+	case OutcomeRetried:
+		m.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+		fo.log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeReadmitted:
+		fo.log.Debug("re-admitted", "reason", v.Reason)
+	case OutcomeQuarantined:
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeDeadLettered:
+		m.deadLettered.WithLabelValues(qr.cfg.Name, fo.why).Inc()
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
+			"why", fo.why, "cause", fo.err, "action", v.Action, "reason", v.Reason, "error", errString(fo.f.err))
 	}
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
+// recordSettled counts a settled delivery and reports it to
+// Config.OnSettled. Safe for concurrent use.
+func (qr *queueRuntime) recordSettled(st Settled, outcome string) {
+	qr.metrics.settled(outcome)
+	st.Outcome = outcome
+	qr.deps.notifySettled(st)
 }
 
 // failureMemo is a small bounded map from message id to the last publish

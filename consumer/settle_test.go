@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/dlxbridge/dlxbridge/config"
@@ -138,6 +139,16 @@ func newSettleBundle(t testing.TB, frameMax int) *settleBundle {
 	b.w = newWorker(qs, b.out)
 	t.Cleanup(b.w.close)
 	return b
+}
+
+// settleFailure is what process and settle do with a failed delivery:
+// its settlement, then settle. False when it has none (see settlement).
+func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
+	o, ok := w.settlement(ctx, span, a, d, f)
+	if ok {
+		w.settle(o)
+	}
+	return ok
 }
 
 // settle is settleFailure through to its end: the confirm's arrival, the

@@ -65,9 +65,9 @@ func (d *deps) notifySettled(s Settled) {
 	d.cfg.OnSettled(s)
 }
 
-// failed notes a failure's verdict in w.settled; called again after the
+// noteFailure notes a failure's verdict in w.settled; called again after the
 // verdict changes, it replaces what it noted.
-func (s *Settled) failed(f failure) {
+func (s *Settled) noteFailure(f failure) {
 	v := f.verdict
 	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
 	s.Tier, s.Delay = 0, 0
@@ -80,4 +80,33 @@ func (s *Settled) failed(f failure) {
 	if v.Action == triage.ActionRetry {
 		s.Tier, s.Delay = v.Tier, v.Delay
 	}
+}
+
+// Outcome labels of dlxbridge_deliveries_total.
+const (
+	OutcomeAcked       = "acked"       // the handler succeeded and the ack was sent
+	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
+	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
+	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
+	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
+	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
+	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
+	// OutcomeDeadLettered: no retry or quarantine copy could be published
+	// (the body is over the broker's max message size, or not even the
+	// bare envelope fits one frame): the original was rejected without
+	// requeue, and the broker dead-letters it, as received, into the
+	// quarantine (dlxbridge_dead_lettered_total says why).
+	OutcomeDeadLettered = "dead_lettered"
+)
+
+// failure is everything known about a failed delivery when it is settled.
+type failure struct {
+	verdict    triage.Verdict
+	attempts   triage.Attempts
+	err        error
+	msgType    string
+	version    string
+	validation *schemas.ValidationError
+	// at is when it was decided (the verdict's Now).
+	at time.Time
 }

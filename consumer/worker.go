@@ -1,0 +1,419 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// worker processes deliveries one at a time; it owns a confirm publisher on
+// the session's publishing connection for retries and quarantine (out).
+type worker struct {
+	deps *deps
+	q    *queueRuntime
+	s    *queueSession
+	out  confirmer
+	// looping: the worker runs its loop (work), which a goroutine that
+	// takes over from an abandoned handler call goes on with (takeOver).
+	looping bool
+	// pubFailures counts consecutive failed retry/quarantine publishes; it
+	// drives the pause before a requeue.
+	pubFailures int
+	// settled is what process has learned of the delivery in hand; its
+	// outcome carries it to settle, which reports it to Config.OnSettled.
+	settled Settled
+	// received is when process took the delivery in hand up (its clock's
+	// Now): immediate retries hold it unacked from then on.
+	received time.Time
+	// admission is the delivery's breaker ticket (breaker.go).
+	admission admission
+	// The settlements awaiting a confirm: awaiting holds a token for each
+	// (at most pipelineDepth), confirmed carries each one's confirmation to
+	// the worker's settler goroutine, and settling counts them until they
+	// are done.
+	awaiting    chan struct{}
+	confirmed   chan confirmation
+	settling    sync.WaitGroup
+	settlerDone chan struct{} // closed when the settler has ended
+	// pauseUntil (unix ns) holds the worker back after failed publishes
+	// (see requeue).
+	pauseUntil atomic.Int64
+	// idle times the wait for a next delivery before waiting acks are
+	// written.
+	idle *time.Timer
+	// watch ends handler calls at their deadlines and abandons those
+	// that ignore them (see callCtx, runHandler).
+	watch *watchdog
+	// isRetry says whether a queue is one of the session's retry queues.
+	isRetry func(queue string) bool
+}
+
+func newWorker(qs *queueSession, out confirmer) *worker {
+	w := &worker{deps: qs.deps, q: qs.q, s: qs, out: out,
+		awaiting: make(chan struct{}, pipelineDepth), confirmed: make(chan confirmation, pipelineDepth), settlerDone: make(chan struct{})}
+	w.isRetry = func(q string) bool { return qs.isRetry[q] }
+	go w.settler()
+	return w
+}
+
+// work runs the worker's loop until there is no delivery to take, then
+// closes the worker and marks it done in qs.workers. After a stop's
+// basic.cancel the client closes deliveries once it has handed over what
+// came before the cancel-ok: all of it is handled, not returned to the
+// queue. A goroutine whose handler call is abandoned leaves the loop
+// without touching the worker: the goroutine that took over goes on with it
+// (see takeOver), so one goroutine at a time is the worker.
+func (w *worker) work() {
+	qs := w.s
+	w.looping = true
+	for {
+		f, ok := w.next(qs.fed)
+		if !ok {
+			break
+		}
+		w.admission.take(w.q.breaker, f)
+		if qs.handlerCtx.Err() != nil {
+			w.admission.release()
+			break // past the drain deadline: left for the channel close to requeue
+		}
+		if !w.handle(f.d) {
+			return // abandoned in its handler
+		}
+		w.admission.release() // if it never reached the handler
+	}
+	w.close()
+	qs.workers.Done()
+}
+
+// handle processes d and settles it; false when its handler call was
+// abandoned (see process).
+func (w *worker) handle(d amqp.Delivery) bool {
+	o, ok := w.process(d)
+	if ok {
+		w.settle(o)
+	}
+	return ok
+}
+
+// next returns the next delivery to process; false when there is none to
+// take (the consumer was cancelled and its deliveries handed over, or the
+// drain deadline passed). Before it waits for a delivery it writes the
+// settled prefix of the acks waiting in the session's ack window (and what
+// waits behind a gap once that could exhaust the prefetch: see ackWindow); after
+// failed publishes it first waits out their pause, with every ack written.
+func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
+	hctx := w.s.handlerCtx
+	if until := w.pauseUntil.Load(); until > 0 {
+		if d := time.Until(time.Unix(0, until)); d > 0 {
+			w.s.acks.flush(true)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-hctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	select {
+	case d, ok := <-deliveries:
+		return d, ok
+	default:
+	}
+	if w.s.acks.holds() {
+		// The next delivery is usually on its way: a short wait for it
+		// lets its ack join the ones waiting, rather than one write each.
+		if w.idle == nil {
+			w.idle = time.NewTimer(ackIdle)
+		} else {
+			w.idle.Reset(ackIdle)
+		}
+		select {
+		case d, ok := <-deliveries:
+			w.idle.Stop()
+			return d, ok
+		case <-w.idle.C:
+		case <-hctx.Done():
+			w.idle.Stop()
+			return fedDelivery{}, false
+		}
+	}
+	w.s.acks.beforeWait()
+	select {
+	case d, ok := <-deliveries:
+		// Past the drain deadline a delivery is left for the channel close
+		// to requeue.
+		return d, ok
+	case <-hctx.Done():
+		return fedDelivery{}, false
+	}
+}
+
+// close finishes what the worker started: the settlements awaiting
+// confirms (the pipeline fails them at the drain deadline, see
+// watchConfirms), then the acks waiting in the window; then it ends its
+// settler, watchdog and publisher.
+func (w *worker) close() {
+	w.settling.Wait()
+	close(w.confirmed)
+	<-w.settlerDone
+	w.s.acks.flush(true)
+	if w.watch != nil {
+		w.watch.stop()
+	}
+	if sp, ok := w.out.(*sessionPublisher); ok {
+		sp.close()
+	}
+}
+
+// process takes one delivery from receipt to its outcome, in order: the
+// bridge's signature and attempt count, the crash-loop guard, the schema
+// gate, the handler (invoke.go), then the ack or the verdict's copy
+// (settlement), for settle to carry out. It reports false when the handler
+// call was abandoned: the calling goroutine is then no longer the
+// worker's (see runHandler) and must touch nothing of it.
+func (w *worker) process(d amqp.Delivery) (outcome, bool) {
+	qr := w.q
+	c := w.deps
+	now := c.cfg.Now()
+	w.received = now
+	headers := map[string]any(d.Headers)
+	a := sessionDelivery{s: w.s, d: &d}
+
+	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
+	// The attributes are set only on a span that records: building them
+	// for the no-op tracer was a third of a message's allocations.
+	ctx, span := c.tracer.Start(ctx, qr.processSpan, consumerSpan...)
+	recording := span.IsRecording()
+	if recording {
+		span.SetAttributes(
+			telemetry.AttrSystemRabbitMQ,
+			telemetry.AttrOperationProcess,
+			attribute.String(telemetry.AttrDestination, qr.cfg.Name),
+			attribute.String(telemetry.AttrRoutingKey, d.RoutingKey),
+			attribute.String(telemetry.AttrMessageID, d.MessageId),
+			attribute.String(telemetry.AttrConversationID, d.CorrelationId),
+			attribute.Int(telemetry.AttrBodySize, len(d.Body)),
+		)
+	}
+	// The span goes with the outcome: settle ends it.
+
+	// The bridge's own retry headers count only under its signature; what
+	// else was forged or malformed is noted and carried to the quarantine.
+	isRetry := w.isRetry
+	sig, sigNotes := qr.verify(&d)
+	attempts := triage.CountAttempts(triage.AttemptInput{
+		Headers:      headers,
+		Signature:    sig,
+		IsRetryQueue: isRetry,
+		Now:          now,
+	})
+	if recording {
+		span.SetAttributes(attribute.Int("dlxbridge.attempt", attempts.Failed+1))
+	}
+	w.settled = Settled{Queue: qr.cfg.Name, MessageID: d.MessageId, Attempt: attempts.Failed + 1}
+
+	// 1. Crash-loop guard: a message this queue delivered too often never
+	// reaches the handler again; one whose count may be another queue's is
+	// re-admitted first.
+	pre := triage.DeliveryInput{WorkQueue: qr.cfg.Name, Headers: headers, Redelivered: d.Redelivered,
+		CarriedCounts: w.s.carriedCounts, Signed: sig.Valid, IsRetryQueue: isRetry, Failed: attempts.Failed}
+	v := triage.Precheck(qr.policy, pre)
+	attempts.Notes = mergeNotes(attempts.Notes, sigNotes, v.Notes)
+	if v.Action != triage.ActionDeliver { // quarantine or re-admit
+		if v.Action == triage.ActionQuarantine {
+			if why, n := qr.publishFailures.take(d.MessageId); n > 0 {
+				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
+			}
+		}
+		if o, ok := w.settlement(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); ok {
+			return o, true
+		}
+		// A re-admission that cannot be sent (one frame, max message
+		// size) was not: the message is handled here, with the count it
+		// arrived with (the broker's delivery limit stays the backstop).
+		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame or the broker's max message size; handled with the delivery count it arrived with")
+	}
+
+	// 2. Schema gate, before any handler, in the queue's mode (see admit).
+	msg, err := qr.admit(&d)
+	if err != nil {
+		o, _ := w.settlement(ctx, span, a, &d, qr.decide(err, attempts, 0, "", ""))
+		return o, true
+	}
+	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
+	if recording {
+		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
+	}
+
+	// 3. The handler, on this goroutine, called again at once on the same
+	// delivery while triage answers ActionRetryNow
+	// (queues[].retry.immediate_retries) and the runtime can (see
+	// retryNowBlocked). If a call is abandoned (or the handler calls
+	// runtime.Goexit), the goroutine that takes over settles the delivery
+	// and ends the span.
+	timeout := qr.cfg.Consumer.HandlerTimeout
+	for immediate := 0; ; immediate++ {
+		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now, timeout)
+		if !ok {
+			return outcome{}, false
+		}
+		o, again := w.handled(ctx, span, a, &d, &msg, &attempts, immediate, herr, false)
+		if !again {
+			return o, true
+		}
+		// Checked by retryNowBlocked a moment ago: at least
+		// leastImmediateCall, unless the clock jumped since.
+		timeout = max(w.immediateTimeout(), w.q.leastImmediateCall())
+	}
+}
+
+// handled decides a delivery's outcome after its handler returned herr, or
+// was abandoned (a timeout, settled by the goroutine that took over).
+// Unless it was abandoned, a failure triage would retry in process has no
+// outcome yet: handled counts the attempt in attempts, prepares msg for the
+// next call and reports again, and the caller calls the handler once more.
+func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (o outcome, again bool) {
+	qr := w.q
+	attempt := attempts.Failed + 1
+	breakerAllows := w.breakerOutcome(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
+		return outcome{kind: kindLeave, a: a, d: d, span: span, settled: w.settled}, false
+	}
+	if herr == nil {
+		w.settled.Attempt = attempt
+		return outcome{kind: kindAck, a: a, d: d, span: span, settled: w.settled}, false
+	}
+	f := qr.decide(herr, *attempts, immediate, msg.Type, msg.Version)
+	if f.verdict.Action == triage.ActionRetryNow {
+		lastNext := f.verdict.Attempt+1 >= qr.policy.MaxAttempts
+		if why := w.retryNowBlocked(herr, abandoned, breakerAllows, lastNext); why != "" {
+			// Decided again as if the immediate retries were spent: a
+			// delayed retry or, past a budget, the quarantine.
+			f = qr.decide(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
+			f.verdict.Reason += "; not retried in process: " + why
+		} else {
+			// The next attempt counts this one as failed, and the budgets
+			// run from the first failure, here if this was it.
+			attempts.Failed = f.verdict.Attempt
+			if attempts.FirstFailure.IsZero() {
+				attempts.FirstFailure = f.at
+			}
+			w.retryNow(span, span.IsRecording(), d, msg, f)
+			return outcome{}, true
+		}
+	}
+	o, _ = w.settlement(ctx, span, a, d, f)
+	return o, false
+}
+
+// consumerSpan starts a process span (one slice for every message).
+var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+
+// decide classifies a failed attempt with triage.Classify, the one path for
+// every class (the gate's *schemas.ValidationError is ClassSchema), and
+// decides what follows; immediate is how many immediate retries the
+// delivery had. typ and version default to the ones the gate's error names.
+func (qr *queueRuntime) decide(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
+	if errors.As(err, &f.validation) && typ == "" {
+		f.msgType, f.version = f.validation.Type, f.validation.Version
+	}
+	class, hint := triage.Classify(err)
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, ImmediateRetries: immediate, Now: f.at}, randFunc(qr.deps.cfg.Rand))
+	return f
+}
+
+// settlement is the outcome of a retry, re-admission or quarantine
+// verdict: its copy, built (build.go) to be published with confirm +
+// mandatory before the original is acked. A copy that cannot be published
+// at all (see unsendable: over one frame, or a body over the broker's max
+// message size) is not sent: a retry is parked in the quarantine instead,
+// and what even the quarantine cannot take is dead-lettered. It reports
+// false for a re-admission that cannot be sent, w.settled untouched: the
+// caller delivers the message instead, since rejecting it would quarantine
+// a message whose handler never ran.
+func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) (outcome, bool) {
+	qr := w.q
+	v := f.verdict
+	span.SetAttributes(
+		attribute.String("dlxbridge.class", string(v.Class)),
+		attribute.String("dlxbridge.action", string(v.Action)),
+	)
+	if f.err != nil {
+		span.RecordError(f.err)
+	}
+	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	if st := panicStack(f.err); st != "" {
+		log = log.With("stack", st)
+	}
+	out, err := w.prepare(ctx, span, d, f)
+	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
+		return outcome{}, false
+	}
+	w.settled.noteFailure(f)
+	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
+		// A retry may not drop the producer's headers (see fitRank):
+		// park it instead, where they may give way (and redaction may
+		// shrink the body).
+		f.verdict.Action = triage.ActionQuarantine
+		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
+		v = f.verdict
+		w.settled.noteFailure(f)
+		out, err = w.prepare(ctx, span, d, f)
+	}
+	o := outcome{kind: kindQuarantine, a: a, d: d, span: span, settled: w.settled,
+		failed: &failedOutcome{f: f, out: out, err: err, log: log}}
+	switch v.Action {
+	case triage.ActionRetry:
+		o.kind = kindRetry
+	case triage.ActionReadmit:
+		o.kind = kindReadmit
+	}
+	if why, no := unsendable(err); no {
+		// Not even the bare envelope fits (a frame_max far below the
+		// default), or the body is over the broker's max message size:
+		// nothing can be sent. The broker dead-letters the message as
+		// received into the quarantine, with x-death as its record.
+		o.kind, o.failed.why = kindDeadLetter, why
+	}
+	return o, true
+}
+
+// breakerOutcome records the handler's result: herr's outcome, or
+// abandoned when the session is ending (a handler cancelled by shutdown
+// looks transient). Each handler call of a delivery is recorded, immediate
+// retries included: each one is a call to the dependency. It reports
+// whether the breaker lets a failed delivery be retried in process: with no
+// breaker, yes; else only a delivery it admitted as closed (not a probe:
+// its one outcome is the probe's answer) while it is still closed after
+// this outcome. An open breaker asks for the queue to wait; retrying in
+// process would call the dependency it paused for.
+func (w *worker) breakerOutcome(herr error) (again bool) {
+	a := &w.admission
+	if !a.open && !a.again {
+		return a.qb == nil
+	}
+	a.open, a.again = false, false
+	o := triage.OutcomeOf(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		o = triage.Outcome{Abandoned: true}
+	}
+	a.qb.record(a.ticket, o)
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
+	return a.again
+}
