@@ -315,6 +315,9 @@ const (
 	QuarantineSuffix      = ".quarantine"
 	MaxLanes              = 16
 	DefaultSigningKeyEnv  = "DLXBRIDGE_SIGNING_KEY"
+	// MaxTTL is the longest queue TTL a retry lane may have: the broker's
+	// timers hold 2^32-1 ms.
+	MaxTTL = (1<<32 - 1) * time.Millisecond
 )
 
 // DefaultTiers are the retry delays used when a queue names none.

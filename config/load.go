@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -81,12 +82,15 @@ func Parse(data []byte) (*Config, error) {
 	var errs Errors
 	copyScalarAliases(&root)
 	checkKeys(&root, reflect.TypeOf(Config{}), "", &errs, map[aliased]bool{})
-	if len(errs) > 0 {
-		return nil, errs
-	}
+	// Decode even after key problems: a type error elsewhere in the file
+	// belongs in the same report, one line each, rather than in the next
+	// run's.
 	var cfg Config
 	if err := root.Decode(&cfg); err != nil {
-		return nil, Errors{{Msg: decodeMessage(&root, err)}}
+		errs = append(errs, decodeErrors(&root, err, errs)...)
+	}
+	if len(errs) > 0 {
+		return nil, errs
 	}
 	if err := cfg.Complete(); err != nil {
 		return nil, err
@@ -140,11 +144,79 @@ func firstNonYAML(data []byte) int {
 	return len(data)
 }
 
-func decodeMessage(root *yaml.Node, err error) string {
+// decodeErrors turns a decode error into one FieldError per problem, each
+// placed at the path of the field on its line where there is one. A
+// duration that does not parse was reported by checkKeys already, by path;
+// yaml.v3 repeats it as a type error, left out here, as is any type error
+// at a path checkKeys reported (a list where a mapping belongs). After
+// key problems, yaml.v3's other errors are about the same mistakes.
+func decodeErrors(root *yaml.Node, err error, reported Errors) Errors {
 	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		return "wrong type: " + strings.Join(te.Errors, "; ")
+	if !errors.As(err, &te) {
+		if len(reported) > 0 {
+			return nil
+		}
+		return Errors{{Msg: decodeMessage(root, err)}}
 	}
+	known := map[string]bool{}
+	for _, e := range reported {
+		known[e.Path] = true
+	}
+	paths := map[int]string{}
+	linePaths(root, "", paths, map[*yaml.Node]bool{})
+	var es Errors
+	for _, e := range te.Errors {
+		if typeErrorRE.MatchString(e) && strings.HasSuffix(e, "into time.Duration") {
+			continue
+		}
+		fe := FieldError{Msg: "wrong type: " + e}
+		if m := typeErrorLineRE.FindStringSubmatch(e); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			fe.Path = paths[line]
+		}
+		if fe.Path != "" && known[fe.Path] {
+			continue
+		}
+		es = append(es, fe)
+	}
+	return es
+}
+
+var (
+	// typeErrorRE matches yaml.v3's message for a scalar of the wrong type.
+	typeErrorRE     = regexp.MustCompile("cannot unmarshal !!(str|int|float|bool) `")
+	typeErrorLineRE = regexp.MustCompile(`^line (\d+):`)
+)
+
+// linePaths maps each line holding a scalar value to the value's path, the
+// first one on the line (yaml.v3 places a type error by line only).
+// Aliases are not followed: a value has its path where it is written.
+func linePaths(n *yaml.Node, path string, out map[int]string, seen map[*yaml.Node]bool) {
+	if n == nil || seen[n] {
+		return
+	}
+	seen[n] = true
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			linePaths(c, path, out, seen)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			linePaths(n.Content[i+1], join(path, n.Content[i].Value), out, seen)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			linePaths(c, fmt.Sprintf("%s[%d]", path, i), out, seen)
+		}
+	case yaml.ScalarNode:
+		if _, ok := out[n.Line]; !ok && path != "" {
+			out[n.Line] = path
+		}
+	}
+}
+
+func decodeMessage(root *yaml.Node, err error) string {
 	msg := err.Error()
 	if line := firstAlias(root); line > 0 && !yamlLine.MatchString(msg) && strings.Contains(msg, "alias") {
 		// "document contains excessive aliasing": place it at the first

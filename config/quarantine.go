@@ -33,16 +33,23 @@ func (q Quarantine) MaxRedrivesValue() int {
 
 // MaxAge is Retention as a stream's x-max-age: whole seconds, rounded up,
 // at least one.
-func (q Quarantine) MaxAge() string {
-	s := int64((q.Retention + time.Second - 1) / time.Second)
-	return formatSeconds(max(s, 1))
-}
+func (q Quarantine) MaxAge() string { return formatSeconds(q.retentionSeconds()) }
 
 // EventsMaxAge keeps events twice as long as records: an event that expired
-// before its record would make a resolved record look open again.
-func (q Quarantine) EventsMaxAge() string {
-	s := int64((2*q.Retention + time.Second - 1) / time.Second)
-	return formatSeconds(max(s, 1))
+// before its record would make a resolved record look open again. It
+// doubles whole seconds, not the Duration: twice the longest retention a
+// Duration holds is still a few billion seconds, while twice the Duration
+// would wrap and give the audit trail a max-age of one second.
+func (q Quarantine) EventsMaxAge() string { return formatSeconds(2 * q.retentionSeconds()) }
+
+// retentionSeconds is Retention in whole seconds, rounded up without adding
+// to the Duration (which would wrap at its maximum), at least one.
+func (q Quarantine) retentionSeconds() int64 {
+	s := int64(q.Retention / time.Second)
+	if q.Retention%time.Second > 0 {
+		s++
+	}
+	return max(s, 1)
 }
 
 func formatSeconds(s int64) string { return strconv.FormatInt(s, 10) + "s" }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,10 +27,18 @@ type Run struct {
 	ForwardHosts []string `yaml:"forward_hosts"`
 
 	// OperatorTokenEnv names the environment variable holding the token
-	// that lets the quarantine page (/quarantine) replay and purge. The
-	// token itself never goes in this file. Defaults to "" (the page is
-	// read-only).
+	// that lets the quarantine page (/quarantine) replay and purge: at
+	// least 16 bytes, not counting spaces around it. The token itself
+	// never goes in this file. Defaults to "" (the page is read-only).
 	OperatorTokenEnv string `yaml:"operator_token_env"`
+
+	// AllowedHosts are Host header values, besides the address the page
+	// is reached on (and localhost on a loopback address), that the
+	// quarantine page answers: "host:port", or "host" for any port. A page
+	// answering any name could be read through an operator's browser by a
+	// site whose name resolves to the sidecar (DNS rebinding). Defaults to
+	// none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Forward is where `dlxbridge run` POSTs one queue's validated messages.
@@ -71,6 +80,19 @@ func (c *Config) validateRun(add func(path, format string, args ...any)) {
 	for i, h := range c.Run.ForwardHosts {
 		if h == "" || strings.ContainsAny(h, "/:@ ") && net.ParseIP(h) == nil {
 			add(fmt.Sprintf("run.forward_hosts[%d]", i), "%q is not a host name or IP address", h)
+		}
+	}
+	for i, h := range c.Run.AllowedHosts {
+		host := h
+		if hh, port, err := net.SplitHostPort(h); err == nil {
+			if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+				host = ""
+			} else {
+				host = hh
+			}
+		}
+		if host == "" || strings.ContainsAny(host, "/@ []") && net.ParseIP(host) == nil || strings.Contains(host, ":") && net.ParseIP(host) == nil {
+			add(fmt.Sprintf("run.allowed_hosts[%d]", i), "%q is not a host or host:port (write an IPv6 address with a port as [::1]:9180)", h)
 		}
 	}
 	for i := range c.Queues {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -228,8 +229,18 @@ func (c *Config) Validate() error {
 			}
 		}
 		for j, d := range q.Retry.Tiers {
+			tp := fmt.Sprintf("%s.tiers[%d]", rp, j)
 			if d > 0 && d%time.Millisecond != 0 {
-				add(fmt.Sprintf("%s.tiers[%d]", rp, j), "must be a whole number of milliseconds (queue TTLs are in ms)")
+				add(tp, "must be a whole number of milliseconds (queue TTLs are in ms)")
+				derivable = false
+			}
+			if d <= 0 || q.Retry.Lanes < 1 {
+				continue
+			}
+			// The last lane's TTL is the longest; past 2^32-1 ms both
+			// brokers declare the queue but the timer cannot hold it.
+			if _, hi := triage.LaneBounds(d, q.Retry.JitterValue(), q.Retry.Lanes, q.Retry.Lanes-1); hi > MaxTTL {
+				add(tp, "%s with jitter %g makes a queue TTL of %s, over the broker's limit of %s (2^32-1 ms)", d, q.Retry.JitterValue(), hi.Round(time.Millisecond), MaxTTL)
 				derivable = false
 			}
 		}
@@ -319,4 +330,23 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	return errs
+}
+
+// Warnings lists what a valid config does that is likely not meant, one
+// FieldError per finding: a retry tier longer than the time budget is never
+// waited (every retry that would wait it is quarantined instead). Such a
+// config worked before this was checked, so it is reported, not refused.
+func (c *Config) Warnings() Errors {
+	var ws Errors
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		me := q.Retry.MaxElapsedValue()
+		for j, d := range q.Retry.Tiers {
+			if me > 0 && d > me {
+				ws = append(ws, FieldError{Path: fmt.Sprintf("queues[%d].retry.tiers[%d]", i, j),
+					Msg: fmt.Sprintf("%s is longer than retry.max_elapsed (%s): a retry that waits it always returns past the time budget and is quarantined instead; shorten the tier or raise max_elapsed (0 disables the budget)", d, me)})
+			}
+		}
+	}
+	return ws
 }

@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"mime"
@@ -163,6 +164,33 @@ func (g *Gate) Check(in Input) (*Message, error) {
 		return nil, verr
 	}
 	return m, nil
+}
+
+// CheckContext is Check bounded by ctx: when ctx ends first it returns
+// ctx's error (not a *ValidationError: the message was not found invalid)
+// at once. The check itself cannot be interrupted in the middle of a
+// pattern match; it finishes in the background, its cost bounded by
+// MaxPatternInsts times the body's size. A caller that exits on the error
+// (a command on SIGTERM) stops it with the process.
+func (g *Gate) CheckContext(ctx context.Context, in Input) (*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		m   *Message
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		m, err := g.Check(in)
+		done <- result{m, err}
+	}()
+	select {
+	case r := <-done:
+		return r.m, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func (g *Gate) check(in Input) (*Message, *ValidationError) {

@@ -1,9 +1,84 @@
 package schemas
 
 import (
+	"fmt"
 	"regexp"
 	"regexp/syntax"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
 )
+
+// MaxPatternInsts bounds the size of a pattern's compiled program. Go's
+// regexp runs in time proportional to the string's length times the
+// program's size, and a counted repetition grows the program by its count:
+// fifty alternatives of [a-z]{0,1000} make a program of about 100,000
+// instructions, seconds of CPU for each short string a producer sends. A
+// pattern for codes and identifiers ([a-z0-9]{1,255}, an e-mail address's
+// parts) stays far below it.
+const MaxPatternInsts = 2000
+
+// patternInsts is the size of re's compiled program, as the regexp
+// package compiles it.
+func patternInsts(expr string) (int, error) {
+	ast, err := syntax.Parse(expr, syntax.Perl)
+	if err != nil {
+		return 0, err
+	}
+	prog, err := syntax.Compile(ast.Simplify())
+	if err != nil {
+		return 0, err
+	}
+	return len(prog.Inst), nil
+}
+
+// costlyPattern finds a pattern or patternProperties key, in s or any
+// schema it reaches, whose program is over MaxPatternInsts.
+func costlyPattern(s *jsonschema.Schema) error {
+	seen := map[*jsonschema.Schema]bool{}
+	var walk func(s *jsonschema.Schema) error
+	check := func(re *regexp.Regexp, where, at string) error {
+		n, err := patternInsts(re.String())
+		if err != nil {
+			return nil // the regexp compiled, so this does too
+		}
+		if n > MaxPatternInsts {
+			return fmt.Errorf("%s %q at %s compiles to %d regexp instructions, over the limit of %d: matching costs its size times the string's length; use fewer or smaller counted repetitions ({n,m}) and alternatives", where, shortPattern(re.String()), at, n, MaxPatternInsts)
+		}
+		return nil
+	}
+	walk = func(x *jsonschema.Schema) error {
+		if x == nil || seen[x] {
+			return nil
+		}
+		seen[x] = true
+		if x.Pattern != nil {
+			if err := check(x.Pattern, "pattern", x.Location); err != nil {
+				return err
+			}
+		}
+		for re := range x.PatternProperties {
+			if err := check(re, "patternProperties key", x.Location); err != nil {
+				return err
+			}
+		}
+		inPlace, child := subschemas(x)
+		for _, sub := range append(inPlace, child...) {
+			if err := walk(sub); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(s)
+}
+
+// shortPattern cuts a long pattern for an error message.
+func shortPattern(p string) string {
+	if len(p) <= 80 {
+		return p
+	}
+	return p[:77] + "..."
+}
 
 // asciiPattern matches, without the regexp machine, the patterns schemas
 // use most for codes and identifiers: anchored at both ends, a sequence of

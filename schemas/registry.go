@@ -251,6 +251,11 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 			failed[f.source] = true
 			continue
 		}
+		if err := costlyPattern(s); err != nil {
+			broken = append(broken, FileError{f.source, err})
+			failed[f.source] = true
+			continue
+		}
 		r.schemas[k] = s
 		kind := KindMessage
 		if Definitions(f.data) {

@@ -221,7 +221,11 @@ func RetryQueueName(q string, d time.Duration, lane int) string {
 func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
 	lo, hi = triage.LaneBounds(d, jitter, lanes, i)
 	lo = lo.Truncate(time.Millisecond)
-	hi = time.Duration(math.Ceil(float64(hi)/float64(time.Millisecond))) * time.Millisecond
+	if r := hi % time.Millisecond; r > 0 && hi <= math.MaxInt64-time.Millisecond {
+		// Rounding up to the next millisecond; at the Duration's top the
+		// bound stays as it is instead of wrapping.
+		hi += time.Millisecond - r
+	}
 	return lo, hi
 }
 

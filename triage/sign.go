@@ -1,6 +1,7 @@
 package triage
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -61,6 +62,11 @@ type Signer struct {
 func NewSigner(key []byte) (*Signer, error) {
 	if len(key) < MinKeyBytes {
 		return nil, fmt.Errorf("triage: signing key is %d bytes, want at least %d", len(key), MinKeyBytes)
+	}
+	// Spaces or line breaks pad a short or empty key (an unfilled
+	// template, a here-document) to the length without adding a secret.
+	if n := len(bytes.TrimSpace(key)); n < MinKeyBytes {
+		return nil, fmt.Errorf("triage: signing key is %d bytes besides the spaces and line breaks around it, want at least %d", n, MinKeyBytes)
 	}
 	return &Signer{key: append([]byte(nil), key...)}, nil
 }

@@ -311,3 +311,17 @@ func TestSignRedriveHasItsOwnDomain(t *testing.T) {
 		t.Fatal("nil signer")
 	}
 }
+
+// A key of spaces or line breaks, or a short one padded with them, is no
+// secret however long it is.
+func TestNewSignerRefusesWhitespaceKeys(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{strings.Repeat(" ", 16), "\t\n\r \t\n\r \t\n\r \t\n\r ", "short\n\n\n\n\n\n\n\n\n\n\n\n"} {
+		if _, err := NewSigner([]byte(k)); err == nil {
+			t.Errorf("NewSigner(%q) accepted", k)
+		}
+	}
+	if _, err := NewSigner([]byte("0123456789abcdef\n")); err != nil {
+		t.Errorf("a 16-byte key with a trailing newline: %v", err)
+	}
+}

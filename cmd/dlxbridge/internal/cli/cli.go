@@ -155,6 +155,9 @@ func loadConfig(env *Env, path string) (*config.Config, bool) {
 		}
 		return nil, false
 	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(env.Stderr, "dlxbridge: warning: %s: %s\n", path, w.Error())
+	}
 	// As RABBITMQ_URL stands in for --url, RABBITMQ_MANAGEMENT_URL stands
 	// in for broker.management_url: one config file then serves brokers
 	// whose management API differs (a 3.x and a 4.x node, say).

@@ -16,7 +16,8 @@ import (
 // runPage is `dlxbridge run`'s quarantine page: read-only, unless
 // run.operator_token_env names a variable holding the operator token. A
 // variable named but empty or unset is a config error (ok false), not a
-// silently read-only page.
+// silently read-only page; so is a token shorter than
+// sidecar.MinTokenBytes, which a few guesses would find.
 func runPage(env *Env, url string, cfg *config.Config, reg *schemas.Registry, logger *slog.Logger) (*sidecar.Page, bool) {
 	p := &sidecar.Page{Config: cfg, Registry: reg, Logger: logger,
 		Dial: func() (*amqp.Connection, error) {
@@ -28,6 +29,11 @@ func runPage(env *Env, url string, cfg *config.Config, reg *schemas.Registry, lo
 			fmt.Fprintf(env.Stderr, "dlxbridge run: run.operator_token_env names %s, which is unset or empty\n", name)
 			return nil, false
 		}
+		if len(p.Token) < sidecar.MinTokenBytes {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: the operator token in %s is %d bytes, want at least %d (e.g. from: openssl rand -hex 16)\n", name, len(p.Token), sidecar.MinTokenBytes)
+			return nil, false
+		}
 	}
+	p.AllowedHosts = cfg.Run.AllowedHosts
 	return p, true
 }

@@ -30,7 +30,7 @@ func runSchemas(ctx context.Context, env *Env, args []string) int {
 	case "lint":
 		return schemasLint(env, rest)
 	case "validate":
-		return schemasValidate(env, rest)
+		return schemasValidate(ctx, env, rest)
 	default:
 		return schemasList(env, rest)
 	}
@@ -108,7 +108,7 @@ func schemasLint(env *Env, args []string) int {
 
 // schemasValidate validates one body (a file or stdin) against a type's
 // schema, printing each violation as "pointer keyword: message".
-func schemasValidate(env *Env, args []string) int {
+func schemasValidate(ctx context.Context, env *Env, args []string) int {
 	fs := newFlagSet(env, "schemas validate", "schemas validate --type TYPE [--version N] [--dir DIR] FILE|-")
 	var rf registryFlags
 	rf.register(fs)
@@ -156,11 +156,15 @@ func schemasValidate(env *Env, args []string) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: %v\n", err)
 		return ExitUsage
 	}
-	_, err = gate.Check(schemas.Input{
+	_, err = gate.CheckContext(ctx, schemas.Input{
 		Type:    *typ,
 		Headers: map[string]any{schemas.DefaultVersionHeader: v},
 		Body:    body,
 	})
+	if ctx.Err() != nil && err == ctx.Err() {
+		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: stopped before the check finished (%v)\n", err)
+		return ExitFail
+	}
 	if err == nil {
 		fmt.Fprintf(env.Stdout, "valid: %s v%s\n", *typ, v)
 		return ExitOK

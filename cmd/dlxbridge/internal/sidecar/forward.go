@@ -126,10 +126,12 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 	if err != nil {
 		return 0, triage.Permanent(fmt.Errorf("forward to %s: %w", f.target, errors.Unwrap(err)))
 	}
-	// Producers set these: a control character (CR, LF, NUL) cannot go
-	// into an HTTP header, and the transport would refuse the request on
-	// every attempt. No retry can fix it, so it is permanent, and says why.
-	for k, v := range map[string]string{HeaderMessageID: m.MessageID, HeaderIdempotencyKey: m.IdempotencyKey, HeaderCorrelationID: m.CorrelationID} {
+	// Producers set these (the type and version too, under gate off or
+	// report, where no schema lookup checks them): a control character (CR,
+	// LF, NUL) cannot go into an HTTP header, and the transport would
+	// refuse the request on every attempt. No retry can fix it, so it is
+	// permanent, and says why.
+	for k, v := range map[string]string{HeaderMessageID: m.MessageID, HeaderIdempotencyKey: m.IdempotencyKey, HeaderCorrelationID: m.CorrelationID, HeaderMessageType: m.Type, HeaderSchemaVersion: m.Version} {
 		if !validHeaderValue(v) {
 			return 0, triage.Permanent(fmt.Errorf("forward to %s: the message's %s holds a control character, which an HTTP header cannot carry", f.target, k))
 		}

@@ -377,18 +377,11 @@ func TestForwardRefusesControlCharactersInHeadersPermanently(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
 	defer srv.Close()
 	f := forwarder(t, srv.URL, 1)
-	for name, set := range map[string]func(m *consumer.Message){
+	refusedPermanently(t, f, map[string]func(m *consumer.Message){
 		"idempotency key with CRLF": func(m *consumer.Message) { m.IdempotencyKey = "k\r\nX-Injected: 1" },
 		"message id with NUL":       func(m *consumer.Message) { m.MessageID = "m\x00" },
 		"correlation id with LF":    func(m *consumer.Message) { m.CorrelationID = "c\n" },
-	} {
-		m := message()
-		set(m)
-		err := f.Handle(context.Background(), m)
-		if c, _ := triage.Classify(err); c != triage.ClassPermanent || !strings.Contains(err.Error(), "control character") {
-			t.Errorf("%s: %v classified %q, want permanent naming the control character", name, err, c)
-		}
-	}
+	})
 	m := message()
 	m.IdempotencyKey = "k\tü" // a tab and non-ASCII bytes are valid field values
 	if err := f.Handle(context.Background(), m); err != nil {
@@ -396,5 +389,37 @@ func TestForwardRefusesControlCharactersInHeadersPermanently(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Errorf("endpoint called %d times, want 1 (the valid message only)", n)
+	}
+}
+
+// Under gate off or report the type and version are a producer's too (no
+// schema lookup vouches for them): a control character in either is
+// refused at once, not retried until the budget runs out.
+func TestForwardRefusesControlCharactersInTypeAndVersion(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1) }))
+	defer srv.Close()
+	f := forwarder(t, srv.URL, 1)
+	refusedPermanently(t, f, map[string]func(m *consumer.Message){
+		"version with CRLF": func(m *consumer.Message) { m.Version = "1\r\nX-Injected: 1" },
+		"type with LF":      func(m *consumer.Message) { m.Type = "orders\n" },
+	})
+	if n := calls.Load(); n != 0 {
+		t.Errorf("endpoint called %d times, want 0", n)
+	}
+}
+
+// refusedPermanently forwards a message changed by each of set and wants
+// a permanent failure that names the control character.
+func refusedPermanently(t *testing.T, f *Forwarder, set map[string]func(m *consumer.Message)) {
+	t.Helper()
+	for name, change := range set {
+		m := message()
+		change(m)
+		err := f.Handle(context.Background(), m)
+		if c, _ := triage.Classify(err); c != triage.ClassPermanent || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("%s: %v classified %q, want permanent naming the control character", name, err, c)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/base64"
 	"errors"
@@ -75,20 +74,30 @@ type Page struct {
 	// cookie, so another site cannot make a browser send it). Defaults to
 	// "": read-only, and the POST endpoints answer 403.
 	Token string
+	// AllowedHosts are Host values, besides the address the page is
+	// reached on, that it answers: host:port, or a host for any port
+	// (run.allowed_hosts). Defaults to none.
+	AllowedHosts []string
 	// LockWait is how long a replay or purge waits for another one of the
 	// same quarantine. Defaults to 10s.
 	LockWait time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// now is the clock of confirmations and the failure limiter; tests
+	// set it. Defaults to time.Now.
+	now func() time.Time
+
+	fails    failLimiter
+	confirms confirmations
 }
 
 // Mount adds the page's routes to mux.
 func (p *Page) Mount(mux *http.ServeMux) {
-	mux.HandleFunc("GET /quarantine", p.stats)
-	mux.HandleFunc("GET /quarantine/group", p.group)
-	mux.HandleFunc("GET /quarantine/record/{id}", p.record)
-	mux.HandleFunc("POST /quarantine/replay", p.act)
-	mux.HandleFunc("POST /quarantine/purge", p.act)
+	mux.HandleFunc("GET /quarantine", p.guarded(p.stats))
+	mux.HandleFunc("GET /quarantine/group", p.guarded(p.group))
+	mux.HandleFunc("GET /quarantine/record/{id}", p.guarded(p.record))
+	mux.HandleFunc("POST /quarantine/replay", p.guarded(p.act))
+	mux.HandleFunc("POST /quarantine/purge", p.guarded(p.act))
 }
 
 // Handler returns the page's routes on a mux of their own.
@@ -96,6 +105,13 @@ func (p *Page) Handler() http.Handler {
 	mux := http.NewServeMux()
 	p.Mount(mux)
 	return mux
+}
+
+func (p *Page) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
 }
 
 func (p *Page) log() *slog.Logger {
@@ -141,21 +157,23 @@ type headerRow struct{ Key, Value string }
 
 // actionView is a dry run waiting for its confirmation, or an outcome.
 type actionView struct {
-	Kind        string // "replay" or "purge"
-	DryRun      bool
-	Sel         selection
-	IDs         string // the dry run's ids, comma-separated, for the confirm
-	Plan        []quarantine.Planned
-	Purge       []string
-	Selected    int
-	Sent        []string
-	Invalid     []string
-	OverBudget  []string
-	Stopped     bool
-	Run         string
-	Token       string // echoed only to whoever just sent it, for the confirm
-	Sendable    int
-	ConfirmNote string
+	Kind       string // "replay" or "purge"
+	DryRun     bool
+	Sel        selection
+	IDs        string // the dry run's ids, comma-separated, for the confirm
+	Plan       []quarantine.Planned
+	Purge      []string
+	Selected   int
+	Sent       []string
+	Invalid    []string
+	OverBudget []string
+	Stopped    bool
+	Run        string
+	// Confirmation is the dry run's single-use confirmation id: the
+	// confirm form carries it instead of the token.
+	Confirmation string
+	Sendable     int
+	ConfirmNote  string
 }
 
 // selection is one group and the operator's choices, as the forms carry it.
@@ -290,8 +308,8 @@ func (p *Page) record(w http.ResponseWriter, r *http.Request) {
 	p.render(w, http.StatusOK, &view{Title: "Record " + rec.ID, Snapshot: snap, Record: rv})
 }
 
-// authorized compares the request's token with the configured one in
-// constant time. No token configured: nobody is.
+// authorized compares the request's token with the configured one (their
+// digests, in constant time). No token configured: nobody is.
 func (p *Page) authorized(r *http.Request) bool {
 	if p.Token == "" {
 		return false
@@ -300,8 +318,12 @@ func (p *Page) authorized(r *http.Request) bool {
 	if got == "" {
 		got = r.PostFormValue("token")
 	}
-	return subtle.ConstantTimeCompare([]byte(got), []byte(p.Token)) == 1
+	return tokenMatches(got, p.Token)
 }
+
+// ErrConfirmation is the answer to a confirmation that is unknown, used,
+// expired or for the other action.
+var ErrConfirmation = errors.New("forbidden: this confirmation is unknown, already used, expired or for another action: run the dry run again")
 
 // ErrReadOnly is the answer to a replay or purge without a valid token.
 var ErrReadOnly = errors.New("forbidden: the quarantine page is read-only without the operator token (run.operator_token_env)")
@@ -311,13 +333,36 @@ var ErrReadOnly = errors.New("forbidden: the quarantine page is read-only withou
 // carries the same selection and the dry run's ids, and only those move.
 func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<20)
-	if !p.authorized(r) {
-		p.log().Warn("quarantine page: refused an action", "path", r.URL.Path, "remote", r.RemoteAddr, "token_configured", p.Token != "")
-		p.fail(w, http.StatusForbidden, ErrReadOnly)
+	kind := strings.TrimPrefix(r.URL.Path, "/quarantine/")
+	client, now := clientKey(r.RemoteAddr), p.clock()
+	if ok, wait := p.fails.allow(client, now); !ok && p.Token != "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+		p.fail(w, http.StatusTooManyRequests, fmt.Errorf("too many refused operator tokens from %s: try again in %s", client, (wait+time.Second).Round(time.Second)))
 		return
 	}
-	kind := strings.TrimPrefix(r.URL.Path, "/quarantine/")
+	// A confirmation from the page's dry run stands for the token, and
+	// brings the dry run's selection and records with it.
+	var confirmed *pending
+	if id := r.PostFormValue("confirmation"); id != "" && p.Token != "" {
+		if pd, ok := p.confirms.take(id, kind, now); ok {
+			confirmed = pd
+		}
+	}
+	if confirmed == nil && !p.authorized(r) {
+		if logNow, unlogged := p.fails.failed(client, now); logNow {
+			p.log().Warn("quarantine page: refused an action", "path", r.URL.Path, "remote", r.RemoteAddr, "token_configured", p.Token != "", "refusals_unlogged", unlogged)
+		}
+		err := ErrReadOnly
+		if r.PostFormValue("confirmation") != "" {
+			err = ErrConfirmation
+		}
+		p.fail(w, http.StatusForbidden, err)
+		return
+	}
 	sel, err := parseSelection(r)
+	if confirmed != nil {
+		sel, err = confirmed.sel, nil
+	}
 	if err != nil {
 		p.fail(w, http.StatusBadRequest, err)
 		return
@@ -326,13 +371,15 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 		p.fail(w, http.StatusBadRequest, fmt.Errorf("%w (the reason field)", quarantine.ErrNoReason))
 		return
 	}
-	confirm := r.PostFormValue("confirm") != ""
+	confirm := r.PostFormValue("confirm") != "" || confirmed != nil
 	filter := quarantine.Filter{Queue: sel.Queue, Class: sel.Class, Fingerprint: sel.Fingerprint}
 	if kind == "purge" {
 		filter.States = []quarantine.State{quarantine.StateOpen, quarantine.StateExpired}
 	}
-	av := &actionView{Kind: kind, DryRun: !confirm, Sel: sel, Token: r.PostFormValue("token")}
-	if confirm {
+	av := &actionView{Kind: kind, DryRun: !confirm, Sel: sel}
+	if confirmed != nil {
+		filter.IDs = confirmed.ids
+	} else if confirm {
 		for _, id := range strings.Split(r.PostFormValue("ids"), ",") {
 			if id = strings.TrimSpace(id); id != "" {
 				filter.IDs = append(filter.IDs, id)
@@ -406,6 +453,9 @@ func (p *Page) act(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		av.IDs, av.Sendable = strings.Join(ids, ","), len(ids)
+	}
+	if !confirm && av.Sendable > 0 {
+		av.Confirmation = p.confirms.issue(kind, sel, strings.Split(av.IDs, ","), now)
 	}
 	if confirm {
 		p.log().Info("quarantine page: "+kind, "by", by, "filter", filter.String(), "run", av.Run,

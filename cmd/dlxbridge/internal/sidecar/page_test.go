@@ -183,6 +183,13 @@ func post(t *testing.T, u string, form url.Values) (int, string) {
 // the status and the body.
 func roundTrip(t *testing.T, method, u string, form url.Values) (int, string) {
 	t.Helper()
+	return withHost(t, method, u, "", form)
+}
+
+// withHost is roundTrip with the Host header set to host ("" for the
+// URL's).
+func withHost(t *testing.T, method, u, host string, form url.Values) (int, string) {
+	t.Helper()
 	var body io.Reader
 	if form != nil {
 		body = strings.NewReader(form.Encode())
@@ -190,6 +197,9 @@ func roundTrip(t *testing.T, method, u string, form url.Values) (int, string) {
 	req, err := http.NewRequest(method, u, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
 	}
 	if form != nil {
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
