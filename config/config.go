@@ -19,6 +19,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Config is the whole file.
@@ -309,7 +310,7 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultMaxElapsed     = 15 * time.Minute
 	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultVersionHeader  = schemas.DefaultVersionHeader
+	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = schemas.DefaultTypePointer
 	DefaultVersionPtr     = schemas.DefaultVersionPointer
 	QuarantineSuffix      = ".quarantine"

@@ -218,7 +218,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	body = append(body, headers...)
 	body = append(body, payload...)
 	return amqp.Publishing{
-		Headers:      amqp.Table{HeaderRecordID: id, HeaderRecordIntake: intake},
+		Headers:      amqp.Table{wire.HeaderRecordID: id, wire.HeaderRecordIntake: intake},
 		ContentType:  "application/vnd.dlxbridge.record",
 		DeliveryMode: amqp.Persistent,
 		MessageId:    id,

@@ -53,7 +53,7 @@ func (id Identity) WithDefaults() Identity {
 		id.From = FromProperties
 	}
 	if id.VersionHeader == "" {
-		id.VersionHeader = DefaultVersionHeader
+		id.VersionHeader = wire.DefaultVersionHeader
 	}
 	if id.TypePointer == "" {
 		id.TypePointer = DefaultTypePointer

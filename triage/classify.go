@@ -166,7 +166,7 @@ func ClassifyDeadLetter(h History, headers map[string]any) (Class, bool) {
 	if len(h.Deaths) > 0 {
 		reasons = append(reasons, h.Deaths[0].Reason)
 	}
-	for _, name := range []string{HeaderLastDeathReason, HeaderFirstDeathReason} {
+	for _, name := range []string{wire.HeaderLastDeathReason, wire.HeaderFirstDeathReason} {
 		if s, ok := wire.String(headers[name]); ok {
 			reasons = append(reasons, s)
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // validationError stands in for the schema gate's error type, which marks
@@ -114,17 +116,17 @@ func TestClassifyDeadLetter(t *testing.T) {
 		ok      bool
 	}{
 		{"crash loop after retries: newest entry wins over the first death", table{
-			"x-death":              []any{death(workQueue, "delivery_limit"), death(laneQueue(time.Second, 0), "expired")},
-			HeaderFirstDeathReason: "expired",
+			"x-death":                   []any{death(workQueue, "delivery_limit"), death(laneQueue(time.Second, 0), "expired")},
+			wire.HeaderFirstDeathReason: "expired",
 		}, ClassCrashLoop, true},
 		{"queue TTL", table{"x-death": []any{death(workQueue, "expired")}}, ClassExpired, true},
 		{"max length", table{"x-death": []any{death(workQueue, "maxlen")}}, ClassMaxLen, true},
 		{"rejected", table{"x-death": []any{death(workQueue, "rejected")}}, ClassRejected, true},
-		{"no x-death: last-death header (3.13+)", table{HeaderLastDeathReason: "maxlen", HeaderFirstDeathReason: "expired"}, ClassMaxLen, true},
-		{"no x-death: first-death header", table{HeaderFirstDeathReason: []byte("delivery_limit")}, ClassCrashLoop, true},
-		{"unknown reason falls through", table{"x-death": []any{death(workQueue, "weird")}, HeaderFirstDeathReason: "expired"}, ClassExpired, true},
+		{"no x-death: last-death header (3.13+)", table{wire.HeaderLastDeathReason: "maxlen", wire.HeaderFirstDeathReason: "expired"}, ClassMaxLen, true},
+		{"no x-death: first-death header", table{wire.HeaderFirstDeathReason: []byte("delivery_limit")}, ClassCrashLoop, true},
+		{"unknown reason falls through", table{"x-death": []any{death(workQueue, "weird")}, wire.HeaderFirstDeathReason: "expired"}, ClassExpired, true},
 		{"nothing", nil, "", false},
-		{"garbage", table{"x-death": "x", HeaderFirstDeathReason: 7}, "", false},
+		{"garbage", table{"x-death": "x", wire.HeaderFirstDeathReason: 7}, "", false},
 	}
 	for _, tt := range tests {
 		class, ok := ClassifyDeadLetter(HistoryOf(tt.headers), tt.headers)

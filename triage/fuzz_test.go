@@ -101,8 +101,8 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v,
-				wire.HeaderRedriveCount: v, HeaderRedriveSignature: v}
+			headers := map[string]any{wire.HeaderXDeath: v, wire.HeaderAttempts: v, wire.HeaderFirstFailureAt: v, wire.HeaderDeliveryCount: v, wire.HeaderSignature: v, wire.HeaderReadmitted: v,
+				wire.HeaderRedriveCount: v, wire.HeaderRedriveSignature: v}
 			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
 			// Unsigned (or forged) values never count; signed ones are
 			// still bounded.

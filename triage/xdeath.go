@@ -108,7 +108,7 @@ func ParseXDeath(v any) History {
 
 // HistoryOf parses the x-death header of headers.
 func HistoryOf(headers map[string]any) History {
-	return ParseXDeath(headers[HeaderXDeath])
+	return ParseXDeath(headers[wire.HeaderXDeath])
 }
 
 func parseDeath(i int, raw any, n *notes) (Death, bool) {

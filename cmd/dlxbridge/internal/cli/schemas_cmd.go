@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // runSchemas: dlxbridge schemas lint|validate|list.
@@ -158,7 +159,7 @@ func schemasValidate(env *Env, args []string) int {
 	}
 	_, err = gate.Check(schemas.Input{
 		Type:    *typ,
-		Headers: map[string]any{schemas.DefaultVersionHeader: v},
+		Headers: map[string]any{wire.DefaultVersionHeader: v},
 		Body:    body,
 	})
 	if err == nil {
