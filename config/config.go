@@ -19,7 +19,6 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
-	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Config is the whole file.
@@ -310,7 +309,6 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultMaxElapsed     = 15 * time.Minute
 	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = schemas.DefaultTypePointer
 	DefaultVersionPtr     = schemas.DefaultVersionPointer
 	QuarantineSuffix      = ".quarantine"

@@ -21,11 +21,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// wire.HeaderIdempotencyKey carries the key handlers use to drop duplicates
-// (at-least-once delivery means duplicates happen). It defaults to the
-// message id.
-const HeaderIdempotencyKey = wire.HeaderIdempotencyKey
-
 // ContentType is the content type of every message sent.
 const ContentType = "application/json"
 

@@ -40,12 +40,6 @@ import (
 // property is kept without the broker checking it against the keeper's
 // login.
 
-// Record header names on the stream message.
-const (
-	HeaderRecordID     = wire.HeaderRecordID
-	HeaderRecordIntake = wire.HeaderRecordIntake
-)
-
 // recordMagic starts every record body of layout 1 (JSON meta),
 // recordMagic2 of layout 2 (binary meta, see recordbin.go) and recordMagic3
 // of layout 3 (layout 2 and whether the envelope was verified), which the

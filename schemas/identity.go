@@ -26,7 +26,6 @@ const (
 
 // Identity defaults.
 const (
-	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = "/type"
 	DefaultVersionPointer = "/schemaVersion"
 )

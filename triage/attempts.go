@@ -6,16 +6,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// Header names the bridge owns, from package wire (the wire contract).
-const (
-	// wire.HeaderAttempts is the number of failed attempts so far, an int64 set
-	// on every retry publish.
-	HeaderAttempts = wire.HeaderAttempts
-	// wire.HeaderFirstFailureAt is when the first attempt failed: an RFC 3339
-	// (nano) UTC string; int64 unix milliseconds are also accepted.
-	HeaderFirstFailure = wire.HeaderFirstFailureAt
-)
-
 // MaxAttemptsCeiling caps any attempt count read from a message. A larger
 // value is forged; it is clamped to the ceiling (with a note), and since
 // Policy.MaxAttempts may not exceed the ceiling, a clamped message is

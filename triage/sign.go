@@ -15,12 +15,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// wire.HeaderSignature is the bridge's signature over its own retry state (the
-// headers a Signer is given), bound to one work queue and one message:
-// "v1:" and the base64url HMAC-SHA256. Without a valid signature those
-// headers are the publisher's, and nothing trusts them.
-const HeaderSignature = wire.HeaderSignature
-
 // SignedHeaders are the bridge's retry state: the headers a retry, a
 // re-admission or a replay carries back into a work queue, and that decide
 // something there. The runtime trusts them only under a valid
@@ -37,12 +31,6 @@ func SignedHeaders() []string {
 		wire.HeaderReadmitted,
 	}
 }
-
-// wire.HeaderReadmitted marks a message the bridge re-admitted into its work queue
-// (ActionReadmit). Its value is XDeathDigest of the message's x-death at that
-// moment; signed, it tells Precheck that the broker's delivery count on this
-// copy is the work queue's own.
-const HeaderReadmitted = wire.HeaderReadmitted
 
 // MinKeyBytes is the shortest signing key NewSigner accepts.
 const MinKeyBytes = 16
@@ -104,10 +92,6 @@ const (
 	domainRedrive  = "dlxbridge redrive v1"
 )
 
-// wire.HeaderRedriveSignature is a replay's signature over the redrive count it
-// set (see SignRedrive).
-const HeaderRedriveSignature = wire.HeaderRedriveSignature
-
 // redriveFields are what a redrive signature covers beside its subject. It
 // is not in SignedHeaders: the retry signature encodes absent fields too,
 // so adding one would void every retry in flight across an upgrade.
@@ -137,10 +121,6 @@ func (s *Signer) SignRedrive(messageID string, body []byte, h map[string]any) st
 func (s *Signer) VerifyRedrive(messageID string, body []byte, h map[string]any) Verification {
 	return s.verify(domainRedrive, &redriveSig, redriveSubject(messageID, body), h, redriveFields)
 }
-
-// wire.HeaderEnvelopeSignature is the bridge's signature over the quarantine
-// envelope it wrote (see SignEnvelope).
-const HeaderEnvelopeSignature = wire.HeaderEnvelopeSignature
 
 // SignEnvelope returns the wire.HeaderEnvelopeSignature value over the headers
 // named in fields, as Sign does, under a domain of its own: a quarantine

@@ -7,16 +7,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// Broker header names read by triage, from package wire. They belong to the
-// broker (x-), the bridge only reads them.
-const (
-	HeaderXDeath           = wire.HeaderXDeath
-	HeaderFirstDeathQueue  = wire.HeaderFirstDeathQueue
-	HeaderFirstDeathReason = wire.HeaderFirstDeathReason
-	HeaderLastDeathReason  = wire.HeaderLastDeathReason // 3.13+ only
-	HeaderDeliveryCount    = wire.HeaderDeliveryCount   // quorum queues; absent on the first delivery
-)
-
 // Dead-letter reasons the broker writes into x-death.
 const (
 	ReasonRejected      = "rejected"

@@ -23,11 +23,16 @@ const (
 	// HeaderFirstFailureAt is when the first attempt failed: an RFC 3339
 	// (nano) UTC string; int64 unix milliseconds are also read.
 	HeaderFirstFailureAt = "dlxbridge-first-failure-at"
-	// HeaderSignature is the bridge's signature over its retry state (see
-	// triage.Signer).
+	// HeaderSignature is the bridge's signature over its retry state (the
+	// headers triage.SignedHeaders names), bound to one work queue and one
+	// message: "v1:" and the base64url HMAC-SHA256 (see triage.Signer).
+	// Without a valid one those headers are the publisher's, and nothing
+	// trusts them.
 	HeaderSignature = "dlxbridge-signature"
 	// HeaderReadmitted marks a message the bridge re-admitted into its work
 	// queue; its value is triage.XDeathDigest of the message's x-death.
+	// Signed, it tells triage.Precheck that the broker's delivery count on
+	// this copy is the work queue's own.
 	HeaderReadmitted = "dlxbridge-readmitted"
 	// HeaderLastError is a retried message's last error text (truncated).
 	HeaderLastError = "dlxbridge-last-error"
@@ -125,7 +130,8 @@ const (
 
 // Headers a producer sets.
 const (
-	// HeaderIdempotencyKey names a message's idempotency key; the message id
+	// HeaderIdempotencyKey names a message's idempotency key, which handlers
+	// use to drop duplicates (delivery is at least once); the message id
 	// stands in when it is absent.
 	HeaderIdempotencyKey = "idempotency-key"
 	// DefaultVersionHeader is the header that holds a message's schema
