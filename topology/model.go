@@ -215,10 +215,10 @@ func RetryQueueName(q string, d time.Duration, lane int) string {
 	return config.RetryQueueName(q, d, lane)
 }
 
-// LaneBounds is lane i's delay range, triage.LaneBounds widened to whole
+// LaneTTLBounds is lane i's delay range, triage.LaneBounds widened to whole
 // milliseconds (TTL resolution), so every delay triage draws for the lane
 // fits its queue's TTL.
-func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
+func LaneTTLBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
 	lo, hi = triage.LaneBounds(d, jitter, lanes, i)
 	lo = lo.Truncate(time.Millisecond)
 	hi = time.Duration(math.Ceil(float64(hi)/float64(time.Millisecond))) * time.Millisecond
@@ -275,7 +275,7 @@ func Build(cfg *config.Config, v BrokerVersion) (*Topology, error) {
 					t.Bindings = append(t.Bindings, BindingSpec{Exchange: qc.Exchange.Name, Queue: n.Name, Key: key})
 				}
 			case config.RoleRetryLane:
-				lo, hi := LaneBounds(n.Delay, jitter, qc.Retry.Lanes, n.Lane)
+				lo, hi := LaneTTLBounds(n.Delay, jitter, qc.Retry.Lanes, n.Lane)
 				args := map[string]any{
 					ArgQueueType:          QueueTypeQuorum,
 					ArgMessageTTL:         hi.Milliseconds(),

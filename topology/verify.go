@@ -13,7 +13,7 @@ import (
 // and argument equivalence (an equivalent redeclare on a throwaway channel,
 // where the broker's 406 names the first differing argument), and lists in
 // NotChecked what AMQP cannot see.
-func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
+func (in *Broker) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
 	r := &VerifyReport{BrokerVersion: t.Broker.String(), Management: in.Mgmt != nil, ManagementError: in.MgmtError, Problems: []Problem{}}
 	var err error
 	if in.Mgmt != nil {
@@ -27,7 +27,7 @@ func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, er
 	return r, nil
 }
 
-func (in *Inspector) verifyAMQP(ctx context.Context, t *Topology, r *VerifyReport) error {
+func (in *Broker) verifyAMQP(ctx context.Context, t *Topology, r *VerifyReport) error {
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -81,7 +81,7 @@ func issueFor(kind Kind, arg string) Issue {
 	}
 }
 
-func (in *Inspector) verifyManagement(ctx context.Context, t *Topology, r *VerifyReport) error {
+func (in *Broker) verifyManagement(ctx context.Context, t *Topology, r *VerifyReport) error {
 	m := in.Mgmt
 	for _, x := range t.Exchanges {
 		r.Objects++
@@ -163,7 +163,7 @@ func queueProblems(want QueueSpec, have *MgmtQueue) []Problem {
 // (dead and retry exchanges): an extra binding there sends dead letters or
 // retries somewhere the config does not say. Work exchanges are shared with
 // other consumers, so their other bindings are not drift.
-func (in *Inspector) verifyBindings(ctx context.Context, t *Topology, r *VerifyReport, present map[string]bool) error {
+func (in *Broker) verifyBindings(ctx context.Context, t *Topology, r *VerifyReport, present map[string]bool) error {
 	want := map[BindingSpec]bool{}
 	for _, b := range t.Bindings {
 		want[b] = true
