@@ -201,20 +201,6 @@ func (t *Topology) Totals() Totals {
 	return tot
 }
 
-// Name helpers. Names are derived in one place, config.Queue.Names, which
-// config validation checks for collisions; these are its builders.
-
-// DeadExchangeName is where the broker dead-letters work queue q's messages.
-func DeadExchangeName(q string) string { return config.DeadExchangeName(q) }
-
-// RetryExchangeName is where the bridge publishes q's delayed retries.
-func RetryExchangeName(q string) string { return config.RetryExchangeName(q) }
-
-// RetryQueueName names lane of a tier with delay d of work queue q.
-func RetryQueueName(q string, d time.Duration, lane int) string {
-	return config.RetryQueueName(q, d, lane)
-}
-
 // LaneTTLBounds is lane i's delay range, triage.LaneBounds widened to whole
 // milliseconds (TTL resolution), so every delay triage draws for the lane
 // fits its queue's TTL.

@@ -14,9 +14,11 @@ import (
 // refuses and declares nothing; it never deletes anything to fix it.
 var ErrConflict = errors.New("topology conflicts with the broker")
 
-// Broker plans, applies and verifies a topology on one broker. Conn is
-// required; Mgmt is optional and, when set, lets Plan see bindings and
-// Verify see actual arguments, policies and bindings.
+// Broker is one RabbitMQ node as the topology sees it. Plan and Verify only
+// read it; Apply declares what is missing and Delete removes a topology, so
+// a Broker changes the broker (unlike quarantine.Inspector, which reads).
+// Conn is required; Mgmt is optional and, when set, lets Plan see bindings
+// and Verify see actual arguments, policies and bindings.
 type Broker struct {
 	Conn *amqp.Connection
 	Mgmt *Management
@@ -28,7 +30,7 @@ type Broker struct {
 
 // UseManagement checks that m answers and, if it does, sets Mgmt. If it
 // does not (the plugin is not enabled, a wrong port, refused credentials),
-// the inspector goes on with AMQP alone, its reports say why, and the error
+// the Broker goes on with AMQP alone, its reports say why, and the error
 // is returned for the caller to warn with.
 func (in *Broker) UseManagement(ctx context.Context, m *Management) error {
 	if err := m.Ping(ctx); err != nil {
