@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -36,7 +37,7 @@ func retryHeaders(h amqp.Table) amqp.Table {
 }
 
 func idempotencyKey(d *amqp.Delivery) string {
-	if k := wire.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
+	if k := wireval.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
 		return k
 	}
 	return d.MessageId
@@ -238,13 +239,13 @@ func origin(d *amqp.Delivery, queue string, signed bool) (exchange, key, from st
 	if !signed {
 		return exchange, key, from
 	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalExchange]); ok {
+	if v, ok := wireval.String(d.Headers[wire.HeaderOriginalExchange]); ok {
 		exchange = v
 	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
+	if v, ok := wireval.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
 		key = v
 	}
-	if v := wire.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
+	if v := wireval.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
 		from = v
 	}
 	return exchange, key, from
@@ -425,7 +426,7 @@ func ownRedrives(in *buildInput, h amqp.Table, notes []string) []string {
 		// would ever have a prior replay and max_redrives would never stop
 		// a message that fails again after every replay. Only an integer:
 		// the count is an essential header, which fitting never drops.
-		if _, res := wire.Int(d.Headers[wire.HeaderRedriveCount]); res == wire.IntOK || res == wire.IntOverflow {
+		if _, res := wireval.Int(d.Headers[wire.HeaderRedriveCount]); res == wireval.IntOK || res == wireval.IntOverflow {
 			return notes
 		}
 		v.Problem = "not an integer"
@@ -443,7 +444,7 @@ func priorNotes(d *amqp.Delivery, signed bool) []string {
 	if !signed {
 		return nil
 	}
-	notes, _ := wire.StringList(d.Headers[wire.HeaderNotes])
+	notes, _ := wireval.StringList(d.Headers[wire.HeaderNotes])
 	return notes
 }
 

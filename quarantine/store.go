@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -202,7 +203,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	meta := appendMeta(nil, &recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Envelope: &env,
-		Redrives: redriven, Version: wire.Str(kept.Headers, versionHeader),
+		Redrives: redriven, Version: wireval.Str(kept.Headers, versionHeader),
 	})
 	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
 	body = append(body, recordMagic3...)

@@ -3,6 +3,7 @@ package triage
 import (
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -119,12 +120,12 @@ func CountAttempts(in AttemptInput) Attempts {
 
 // headerAttempts validates the bridge's attempt header.
 func headerAttempts(v any, n *notes) int {
-	c, res := wire.Int(v)
+	c, res := wireval.Int(v)
 	switch {
-	case res == wire.IntAbsent:
+	case res == wireval.IntAbsent:
 		return 0
-	case res == wire.IntWrongType:
-		n.add("%s of type %s ignored: not an integer", wire.HeaderAttempts, wire.TypeName(v))
+	case res == wireval.IntWrongType:
+		n.add("%s of type %s ignored: not an integer", wire.HeaderAttempts, wireval.TypeName(v))
 		return 0
 	case c < 0:
 		n.add("%s=%d ignored: negative", wire.HeaderAttempts, c)
@@ -138,10 +139,10 @@ func headerAttempts(v any, n *notes) int {
 
 // saneTime reads a first-failure time and rejects absurd ones with a note.
 func saneTime(v any, unit time.Duration, what string, now time.Time, n *notes) time.Time {
-	t, ok := wire.Time(v, unit)
+	t, ok := wireval.Time(v, unit)
 	switch {
 	case !ok:
-		n.add("%s of type %s ignored: not a time", what, wire.TypeName(v))
+		n.add("%s of type %s ignored: not a time", what, wireval.TypeName(v))
 		return time.Time{}
 	case t.Before(minSaneTime):
 		n.add("%s %s ignored: before 2000", what, t.Format(time.RFC3339))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -167,7 +168,7 @@ func ClassifyDeadLetter(h History, headers map[string]any) (Class, bool) {
 		reasons = append(reasons, h.Deaths[0].Reason)
 	}
 	for _, name := range []string{wire.HeaderLastDeathReason, wire.HeaderFirstDeathReason} {
-		if s, ok := wire.String(headers[name]); ok {
+		if s, ok := wireval.String(headers[name]); ok {
 			reasons = append(reasons, s)
 		}
 	}

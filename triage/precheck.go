@@ -3,6 +3,7 @@ package triage
 import (
 	"fmt"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -83,10 +84,10 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	var count int64
 	raw, present := in.Headers[wire.HeaderDeliveryCount]
 	if present {
-		c, res := wire.Int(raw)
+		c, res := wireval.Int(raw)
 		switch {
-		case res == wire.IntWrongType:
-			n.add("%s of type %s ignored: not an integer", wire.HeaderDeliveryCount, wire.TypeName(raw))
+		case res == wireval.IntWrongType:
+			n.add("%s of type %s ignored: not an integer", wire.HeaderDeliveryCount, wireval.TypeName(raw))
 			present = false
 		case c < 0:
 			n.add("%s=%d ignored: negative", wire.HeaderDeliveryCount, c)
@@ -133,6 +134,6 @@ func readmitted(in DeliveryInput, h History) bool {
 	if !in.Signed || len(h.Deaths) == 0 {
 		return false
 	}
-	s, ok := wire.String(in.Headers[wire.HeaderReadmitted])
+	s, ok := wireval.String(in.Headers[wire.HeaderReadmitted])
 	return ok && s != "" && s == XDeathDigest(in.Headers)
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -196,7 +197,7 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 	if !present {
 		return Verification{Problem: sh.missing}
 	}
-	str, ok := wire.String(raw)
+	str, ok := wireval.String(raw)
 	// A valid value is 46 bytes: a longer one is not decoded.
 	if !ok || !strings.HasPrefix(str, sigPrefix) || len(str) != len(placeholder) {
 		return Verification{Problem: sh.malformed}
@@ -279,16 +280,16 @@ func (e *encoding) putBytes(tag byte, b []byte) {
 // putValue: strings and byte arrays as strings, integers of any type as
 // their decimal value, anything else as its type name (and then false).
 func (e *encoding) putValue(v any) bool {
-	if s, ok := wire.String(v); ok {
+	if s, ok := wireval.String(v); ok {
 		e.put('s', s)
 		return true
 	}
-	if n, res := wire.Int(v); res == wire.IntOK {
+	if n, res := wireval.Int(v); res == wireval.IntOK {
 		var digits [20]byte
 		e.putBytes('i', strconv.AppendInt(digits[:0], n, 10))
 		return true
 	}
-	e.put('?', wire.TypeName(v))
+	e.put('?', wireval.TypeName(v))
 	return false
 }
 

@@ -1,4 +1,4 @@
-package wire
+package wireval
 
 import (
 	"encoding/json"

@@ -1,0 +1,18 @@
+package wire
+
+import "testing"
+
+func TestHeaderClasses(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{HeaderXDeath, HeaderDeliveryCount, HeaderFirstDeathQueue, HeaderLastDeathReason} {
+		if !IsBrokerHeader(k) {
+			t.Errorf("IsBrokerHeader(%q) = false", k)
+		}
+	}
+	if IsDeathHeader(HeaderDeliveryCount) || IsBrokerHeader(HeaderAttempts) || IsBrokerHeader("x-custom") {
+		t.Error("broker header classes too wide")
+	}
+	if !IsTraceHeader(HeaderBaggage) || IsTraceHeader(HeaderTraceID) {
+		t.Error("IsTraceHeader")
+	}
+}
