@@ -1,8 +1,9 @@
 // Package wire is dlxbridge's wire contract: the name of every header the
 // bridge reads or writes (its own dlxbridge-* headers, the producer's
 // idempotency key and schema version, the broker's x-death family, W3C trace
-// context) and the hardened readers for header values, which come from
-// producers and brokers the bridge does not control.
+// context). The values of those headers come from producers and brokers the
+// bridge does not control; the module reads them with hardened readers of
+// its own.
 //
 // It imports only the standard library, so every other package, including
 // the pure triage, can use it. No header name is spelled anywhere else in

@@ -1,3 +1,6 @@
+// Package wireval reads header values hardened against their senders: the
+// values of the headers package wire names, which come from producers and
+// brokers the bridge does not control.
 package wireval
 
 import (
