@@ -86,11 +86,11 @@ func (qb *queueBreaker) openEnds() <-chan time.Time {
 	if qb == nil {
 		return nil
 	}
-	st := qb.b.Status()
-	if st.State != triage.BreakerOpen {
+	state, until, _ := qb.b.Status()
+	if state != triage.BreakerOpen {
 		return nil
 	}
-	return time.After(max(st.Until.Sub(qb.deps.cfg.Now()), 0))
+	return time.After(max(until.Sub(qb.deps.cfg.Now()), 0))
 }
 
 // record reports the outcome of a delivery admitted with t.
@@ -170,8 +170,9 @@ func (c *Consumer) Breakers() []BreakerStatus {
 		if qr.breaker == nil {
 			continue
 		}
-		st := qr.breaker.b.Status()
-		out = append(out, BreakerStatus{Queue: name, State: st.State, Until: st.Until, Opens: st.Opens})
+		st := BreakerStatus{Queue: name}
+		st.State, st.Until, st.Opens = qr.breaker.b.Status()
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b BreakerStatus) int {
 		switch {
@@ -228,7 +229,7 @@ func (w *worker) breakerOutcome(herr error) (again bool) {
 		o = triage.Outcome{Abandoned: true}
 	}
 	a.qb.record(a.ticket, o)
-	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.State() == triage.BreakerClosed
 	return a.again
 }
 
@@ -383,9 +384,9 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 	prefetch := qs.q.cfg.Consumer.Prefetch
 	if qb != nil {
 		for {
-			st := qb.b.Status()
-			wait := st.Until.Sub(qs.deps.cfg.Now())
-			if st.State != triage.BreakerOpen {
+			state, until, _ := qb.b.Status()
+			wait := until.Sub(qs.deps.cfg.Now())
+			if state != triage.BreakerOpen {
 				break
 			}
 			if wait <= 0 {
