@@ -4,7 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -218,5 +224,42 @@ func TestNormalizeMessageRemembersWithinABound(t *testing.T) {
 	long := strings.Repeat("x", 3*maxNormalizeInput)
 	if got, want := NormalizeMessage(long), normalize(long[:maxNormalizeInput]); got != want {
 		t.Errorf("a long text: %q, want %q", got, want)
+	}
+}
+
+// Classes lists every Class constant the package declares, so that a class
+// added later reaches what labels by the list (the quarantine metrics).
+func TestClassesListsEveryClassConstant(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var declared []Class
+	for _, f := range pkgs["triage"].Files {
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, s := range gd.Specs {
+				vs := s.(*ast.ValueSpec)
+				if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Class" {
+					continue
+				}
+				for i := range vs.Names {
+					lit := vs.Values[i].(*ast.BasicLit)
+					v, _ := strconv.Unquote(lit.Value)
+					declared = append(declared, Class(v))
+				}
+			}
+		}
+	}
+	got := Classes()
+	slices.Sort(got)
+	slices.Sort(declared)
+	if len(declared) == 0 || !slices.Equal(got, declared) {
+		t.Errorf("Classes() = %v, the package declares %v", got, declared)
 	}
 }
