@@ -309,7 +309,6 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultMaxElapsed     = 15 * time.Minute
 	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultVersionHeader  = schemas.DefaultVersionHeader
 	DefaultTypePointer    = schemas.DefaultTypePointer
 	DefaultVersionPtr     = schemas.DefaultVersionPointer
 	QuarantineSuffix      = ".quarantine"

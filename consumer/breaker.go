@@ -81,11 +81,11 @@ func (qb *queueBreaker) openEnds() <-chan time.Time {
 	if qb == nil {
 		return nil
 	}
-	st := qb.b.Status()
-	if st.State != triage.BreakerOpen {
+	state, until, _ := qb.b.Status()
+	if state != triage.BreakerOpen {
 		return nil
 	}
-	return time.After(max(st.Until.Sub(qb.deps.cfg.Now()), 0))
+	return time.After(max(until.Sub(qb.deps.cfg.Now()), 0))
 }
 
 // record reports the outcome of a delivery admitted with t.
@@ -165,8 +165,9 @@ func (c *Consumer) Breakers() []BreakerStatus {
 		if qr.breaker == nil {
 			continue
 		}
-		st := qr.breaker.b.Status()
-		out = append(out, BreakerStatus{Queue: name, State: st.State, Until: st.Until, Opens: st.Opens})
+		st := BreakerStatus{Queue: name}
+		st.State, st.Until, st.Opens = qr.breaker.b.Status()
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b BreakerStatus) int {
 		switch {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/internal/telemetry"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -21,7 +22,7 @@ import (
 )
 
 func idempotencyKey(d *amqp.Delivery) string {
-	if k := wire.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
+	if k := wireval.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
 		return k
 	}
 	return d.MessageId
@@ -264,13 +265,13 @@ func origin(d *amqp.Delivery, queue string, signed bool) (exchange, key, from st
 	if !signed {
 		return exchange, key, from
 	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalExchange]); ok {
+	if v, ok := wireval.String(d.Headers[wire.HeaderOriginalExchange]); ok {
 		exchange = v
 	}
-	if v, ok := wire.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
+	if v, ok := wireval.String(d.Headers[wire.HeaderOriginalRoutingKey]); ok {
 		key = v
 	}
-	if v := wire.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
+	if v := wireval.Str(d.Headers, wire.HeaderOriginalQueue); v != "" {
 		from = v
 	}
 	return exchange, key, from
@@ -350,7 +351,7 @@ func priorNotes(d *amqp.Delivery, signed bool) []string {
 	if !signed {
 		return nil
 	}
-	notes, _ := wire.StringList(d.Headers[wire.HeaderNotes])
+	notes, _ := wireval.StringList(d.Headers[wire.HeaderNotes])
 	return notes
 }
 

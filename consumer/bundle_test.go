@@ -320,7 +320,7 @@ func applyTopology(t testing.TB, conn *amqp.Connection, topo *topology.Topology)
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		t.Fatalf("apply topology: %v", err)
 	}
 }

@@ -52,8 +52,10 @@ type Config struct {
 	ConnectionName string
 	// Logger receives the runtime's logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the runtime's Prometheus collectors. Defaults to
-	// nil: metrics are kept but not registered anywhere.
+	// Registerer receives the runtime's Prometheus collectors, the
+	// quarantine's among them (quarantine.NewMetrics, refreshed as
+	// QuarantineMetrics says). Defaults to nil: metrics are kept but not
+	// registered anywhere, and the runtime does not read the quarantine.
 	Registerer prometheus.Registerer
 	// TracerProvider makes the runtime's spans. Defaults to the global
 	// provider (otel.GetTracerProvider()).
@@ -103,13 +105,15 @@ type Config struct {
 	// (count, or hand off to a buffered channel without blocking). A panic
 	// in it is recovered and logged. Defaults to nil.
 	OnSettled func(Settled)
-	// QuarantineMetrics, if set (make it with quarantine.NewMetrics on
-	// Registerer), is refreshed from the quarantine streams of File's
+	// QuarantineMetrics is refreshed from the quarantine streams of File's
 	// queues every QuarantineRefresh while the runtime is connected, over
 	// its consuming connection; each refresh also writes an expired event
 	// for the records newly past their retention, so that they stay counted
-	// after the broker deletes them. Defaults to nil: the runtime does not
-	// read the quarantine.
+	// after the broker deletes them. Set it only to share one
+	// quarantine.Metrics with another reader of the quarantine (a page
+	// that observes it too); New then registers none of its own. Defaults
+	// to quarantine.NewMetrics(Registerer) when Registerer is set, else
+	// nil: the runtime does not read the quarantine.
 	QuarantineMetrics *quarantine.Metrics
 	// QuarantineRefresh is how often QuarantineMetrics is refreshed (each
 	// refresh reads every record; the oldest record's age grows at each
@@ -235,6 +239,11 @@ func New(cfg *Config) (*Consumer, error) {
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	if cfg.QuarantineMetrics == nil && cfg.Registerer != nil {
+		if cfg.QuarantineMetrics, err = quarantine.NewMetrics(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("register quarantine metrics: %w", err)
+		}
 	}
 	host, _ := os.Hostname()
 	signer, random, err := newSigner(cfg)

@@ -106,7 +106,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		"x-delivery-count":         int64(3),
 		"x-acquired-count":         int64(4),
 		"traceparent":              "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		triage.HeaderAttempts:      int64(2),
+		wire.HeaderAttempts:        int64(2),
 		"x-custom-app-header":      "kept",
 		wire.HeaderIdempotencyKey:  "k",
 		"dlxbridge-original-queue": "orders",
@@ -117,7 +117,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 			t.Errorf("%s survived", gone)
 		}
 	}
-	for _, kept := range []string{"traceparent", triage.HeaderAttempts, "x-custom-app-header", wire.HeaderIdempotencyKey, "dlxbridge-original-queue"} {
+	for _, kept := range []string{"traceparent", wire.HeaderAttempts, "x-custom-app-header", wire.HeaderIdempotencyKey, "dlxbridge-original-queue"} {
 		if _, ok := out[kept]; !ok {
 			t.Errorf("%s was dropped", kept)
 		}

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -54,7 +55,7 @@ func setupImmediate(t *testing.T, immediate, maxAttempts int) *testBundle {
 // headerAttempts is the bridge's attempt header a handler call saw, 0 if
 // none.
 func headerAttempts(m *Message) int64 {
-	n, _ := wire.Int(m.Headers[wire.HeaderAttempts])
+	n, _ := wireval.Int(m.Headers[wire.HeaderAttempts])
 	return n
 }
 

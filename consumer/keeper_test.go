@@ -199,6 +199,23 @@ func TestRuntimeRefreshesQuarantineMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.cfg.QuarantineMetrics, b.cfg.QuarantineRefresh = qm, 200*time.Millisecond
+	quarantineShowsOpenRecord(t, b)
+}
+
+// Registerer alone is enough: the runtime makes the quarantine metrics on
+// it and refreshes them.
+func TestRegistererAlsoGetsQuarantineMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.cfg.hooks.keeper = true
+	b.cfg.QuarantineRefresh = 200 * time.Millisecond
+	quarantineShowsOpenRecord(t, b)
+}
+
+// quarantineShowsOpenRecord quarantines a message and waits for it as an
+// open record, with an age, in the quarantine metrics on b.reg.
+func quarantineShowsOpenRecord(t *testing.T, b *testBundle) {
+	t.Helper()
 	b.start(func(c *Consumer) {
 		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 			return triage.Permanent(errors.New("refused"))

@@ -160,9 +160,9 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 	prefetch := qs.q.cfg.Consumer.Prefetch
 	if qb != nil {
 		for {
-			st := qb.b.Status()
-			wait := st.Until.Sub(qs.deps.cfg.Now())
-			if st.State != triage.BreakerOpen {
+			state, until, _ := qb.b.Status()
+			wait := until.Sub(qs.deps.cfg.Now())
+			if state != triage.BreakerOpen {
 				break
 			}
 			if wait <= 0 {

@@ -245,7 +245,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	// A session that starts while the queue's breaker is open consumes
 	// once it allows (see feed).
 	var deliveries <-chan amqp.Delivery
-	if qr.breaker == nil || qr.breaker.b.Status().State == triage.BreakerClosed {
+	if qr.breaker == nil || qr.breaker.b.State() == triage.BreakerClosed {
 		if deliveries, err = qs.sub.start(ctx, qr.cfg.Consumer.Prefetch); err != nil {
 			cancel()
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -38,7 +39,7 @@ func TestRetryTrimmedByFittingIsTrustedOnItsNextDelivery(t *testing.T) {
 		if n := frame.HeaderFrameSize(&got.p); n > frameMax {
 			t.Errorf("%s: frame %d bytes after signing, frame_max %d", f.verdict.Action, n, frameMax)
 		}
-		notes, _ := wire.StringList(got.p.Headers[wire.HeaderNotes])
+		notes, _ := wireval.StringList(got.p.Headers[wire.HeaderNotes])
 		if !strings.Contains(strings.Join(notes, " "), wire.HeaderTracestate) {
 			t.Errorf("%s: notes %q do not record the trim", f.verdict.Action, notes)
 		}

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -116,9 +117,9 @@ func unverifiedOrigin(h amqp.Table, problem string) string {
 		if !present {
 			continue
 		}
-		s, ok := wire.String(raw)
+		s, ok := wireval.String(raw)
 		if !ok {
-			s = "(" + wire.TypeName(raw) + ")"
+			s = "(" + wireval.TypeName(raw) + ")"
 		}
 		// The header's name too: an operator greps for it.
 		claim = append(claim, fmt.Sprintf("%s %q (%s)", f.name, frame.Truncate(s, maxClaimBytes), f.key))

@@ -60,13 +60,13 @@ func TestForgedHeadersNeitherSkipTheHandlerNorSpendTheBudget(t *testing.T) {
 			note: "delivery_limit} (count 3) ignored",
 		},
 		"attempts-999999": {
-			headers: func(string, []byte) amqp.Table { return amqp.Table{triage.HeaderAttempts: int64(999_999)} },
+			headers: func(string, []byte) amqp.Table { return amqp.Table{wire.HeaderAttempts: int64(999_999)} },
 			note:    "dlxbridge-attempts=999999 ignored: no dlxbridge-signature",
 		},
 		"attempts-signed-with-another-key": {
 			headers: func(id string, body []byte) amqp.Table {
-				h := amqp.Table{triage.HeaderAttempts: int64(4)}
-				h[triage.HeaderSignature] = otherKey.Sign(triage.Subject{Queue: b.queue.Name, MessageID: id, Body: body}, h, signedHeaders)
+				h := amqp.Table{wire.HeaderAttempts: int64(4)}
+				h[wire.HeaderSignature] = otherKey.Sign(triage.Subject{Queue: b.queue.Name, MessageID: id, Body: body}, h, signedHeaders)
 				return h
 			},
 			note: "dlxbridge-attempts=4 ignored: dlxbridge-signature does not match",
@@ -79,7 +79,7 @@ func TestForgedHeadersNeitherSkipTheHandlerNorSpendTheBudget(t *testing.T) {
 		},
 		"first-failure-2001": {
 			headers: func(string, []byte) amqp.Table {
-				return amqp.Table{triage.HeaderFirstFailure: "2001-01-01T00:00:00Z"}
+				return amqp.Table{wire.HeaderFirstFailureAt: "2001-01-01T00:00:00Z"}
 			},
 			note: `dlxbridge-first-failure-at="2001-01-01T00:00:00Z" ignored`,
 		},
@@ -139,7 +139,7 @@ func TestForgedHeadersNeitherSkipTheHandlerNorSpendTheBudget(t *testing.T) {
 		if !strings.Contains(strings.Join(env.Notes, "\n"), f.note) {
 			t.Errorf("%s: notes %q lack %q", d.MessageId, env.Notes, f.note)
 		}
-		if _, kept := d.Headers[triage.HeaderSignature]; kept {
+		if _, kept := d.Headers[wire.HeaderSignature]; kept {
 			t.Errorf("%s: the quarantined copy carries a signature", d.MessageId)
 		}
 	}
@@ -178,10 +178,10 @@ func TestCopiedRetryHeadersDoNotCarryOver(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	if h[triage.HeaderSignature] == nil || h[triage.HeaderAttempts] != int64(1) {
+	if h[wire.HeaderSignature] == nil || h[wire.HeaderAttempts] != int64(1) {
 		t.Fatalf("the retry carried no signed attempt count: %v", h)
 	}
-	h[triage.HeaderAttempts] = int64(2) // and raise it
+	h[wire.HeaderAttempts] = int64(2) // and raise it
 	b.publishJSON(map[string]any{"id": "v"}, amqp.Publishing{MessageId: "thief", Headers: h})
 	b.waitOutcome(OutcomeRetried, 10*time.Second)
 	b.waitOutcome(OutcomeRetried, 10*time.Second)

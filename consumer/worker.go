@@ -414,6 +414,6 @@ func (w *worker) breakerOutcome(herr error) (again bool) {
 		o = triage.Outcome{Abandoned: true}
 	}
 	a.qb.record(a.ticket, o)
-	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.Status().State == triage.BreakerClosed
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.State() == triage.BreakerClosed
 	return a.again
 }

@@ -21,11 +21,6 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// HeaderIdempotencyKey carries the key handlers use to drop duplicates
-// (at-least-once delivery means duplicates happen). It defaults to the
-// message id.
-const HeaderIdempotencyKey = wire.HeaderIdempotencyKey
-
 // ContentType is the content type of every message sent.
 const ContentType = "application/json"
 
@@ -115,7 +110,7 @@ func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 		id.From = schemas.FromProperties
 	}
 	if id.VersionHeader == "" {
-		id.VersionHeader = schemas.DefaultVersionHeader
+		id.VersionHeader = wire.DefaultVersionHeader
 	}
 	gate, err := schemas.NewGate(schemas.GateConfig{Registry: cfg.Registry, Identity: id, MaxBodyBytes: cfg.MaxBodyBytes})
 	if err != nil {
@@ -177,7 +172,7 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 		key = id
 	}
 	headers[p.id.VersionHeader] = valid.Version
-	headers[HeaderIdempotencyKey] = key
+	headers[wire.HeaderIdempotencyKey] = key
 	telemetry.Inject(ctx, headers)
 	if err := headers.Validate(); err != nil {
 		return amqp.Publishing{}, fmt.Errorf("publisher: headers: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/publisher"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 const orderV1 = `{
@@ -139,14 +140,14 @@ func TestPublishValid(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := b.get(t)
-	if d.Type != "orders.created" || d.Headers[schemas.DefaultVersionHeader] != "1" {
-		t.Errorf("type %q, version header %v", d.Type, d.Headers[schemas.DefaultVersionHeader])
+	if d.Type != "orders.created" || d.Headers[wire.DefaultVersionHeader] != "1" {
+		t.Errorf("type %q, version header %v", d.Type, d.Headers[wire.DefaultVersionHeader])
 	}
 	if !uuidRE.MatchString(d.MessageId) {
 		t.Errorf("message id %q is not a v4 UUID", d.MessageId)
 	}
-	if d.Headers[publisher.HeaderIdempotencyKey] != d.MessageId {
-		t.Errorf("idempotency key %v, want the message id %s", d.Headers[publisher.HeaderIdempotencyKey], d.MessageId)
+	if d.Headers[wire.HeaderIdempotencyKey] != d.MessageId {
+		t.Errorf("idempotency key %v, want the message id %s", d.Headers[wire.HeaderIdempotencyKey], d.MessageId)
 	}
 	if d.DeliveryMode != amqp.Persistent || d.ContentType != "application/json" || d.AppId != "publisher-test" || d.CorrelationId != "corr-1" {
 		t.Errorf("properties: mode %d, content type %q, app id %q, correlation %q", d.DeliveryMode, d.ContentType, d.AppId, d.CorrelationId)
@@ -174,7 +175,7 @@ func TestPublishEnvelope(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := b.get(t)
-	if d.Type != "orders.created" || d.Headers[schemas.DefaultVersionHeader] != "1" || d.Headers[publisher.HeaderIdempotencyKey] != "k-1" {
+	if d.Type != "orders.created" || d.Headers[wire.DefaultVersionHeader] != "1" || d.Headers[wire.HeaderIdempotencyKey] != "k-1" {
 		t.Errorf("type %q, headers %v", d.Type, d.Headers)
 	}
 	err := b.pub.Publish(ctx, b.ex, "order.created", publisher.Message{Type: "orders.cancelled", Body: []byte(body)})

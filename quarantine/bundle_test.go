@@ -66,7 +66,7 @@ func setupStoreOn(t *testing.T, env *brokertest.Env, mutate func(env *brokertest
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(context.Background(), topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(context.Background(), topo); err != nil {
 		t.Fatal(err)
 	}
 	pub, err := env.Dial("producer").Channel()

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -163,38 +164,38 @@ func encodeViolations(vs []Violation) string {
 func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 	h := map[string]any(d.Headers)
 	env.MessageID = d.MessageId
-	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
+	env.Traceparent = wireval.Str(h, wire.HeaderTraceparent)
 	if _, has := h[wire.HeaderEnvelope]; has {
-		env.Source = wire.Str(h, wire.HeaderSource)
+		env.Source = wireval.Str(h, wire.HeaderSource)
 		if env.Source == SourceBroker || env.Source == SourceUnverified {
 			// Sources a reader derives, never written into an envelope: a
 			// claim of one is read as the bridge's envelope it pretends to
 			// be, so that unverified it is marked as a claim.
 			env.Source = SourceBridge
 		}
-		env.Class = triage.Class(wire.Str(h, wire.HeaderClass))
-		env.Reason = wire.Str(h, wire.HeaderReason)
-		env.Error = wire.Str(h, wire.HeaderError)
-		env.Fingerprint = wire.Str(h, wire.HeaderFingerprint)
-		env.Attempts = int(wire.IntOrDecimal(h[wire.HeaderAttempts]))
+		env.Class = triage.Class(wireval.Str(h, wire.HeaderClass))
+		env.Reason = wireval.Str(h, wire.HeaderReason)
+		env.Error = wireval.Str(h, wire.HeaderError)
+		env.Fingerprint = wireval.Str(h, wire.HeaderFingerprint)
+		env.Attempts = int(wireval.IntOrDecimal(h[wire.HeaderAttempts]))
 		env.FirstFailureAt = headerTime(h, wire.HeaderFirstFailureAt)
 		env.LastFailureAt = headerTime(h, wire.HeaderLastFailureAt)
 		env.QuarantinedAt = headerTime(h, wire.HeaderQuarantinedAt)
-		env.OriginalExchange = wire.Str(h, wire.HeaderOriginalExchange)
-		env.OriginalRouting = wire.Str(h, wire.HeaderOriginalRoutingKey)
-		env.OriginalQueue = wire.Str(h, wire.HeaderOriginalQueue)
-		env.IdempotencyKey = wire.Str(h, wire.HeaderIdempotencyKeyCopy)
-		env.MessageType = wire.Str(h, wire.HeaderMessageType)
-		env.SchemaVersion = wire.Str(h, wire.HeaderSchemaVersion)
-		_ = json.Unmarshal([]byte(wire.Str(h, wire.HeaderValidationErrors)), &env.Validation)
-		env.TraceID = wire.Str(h, wire.HeaderTraceID)
-		env.WorkerHost = wire.Str(h, wire.HeaderWorkerHost)
-		env.WorkerVersion = wire.Str(h, wire.HeaderWorkerVersion)
-		env.Redacted, _ = wire.StringList(h[wire.HeaderRedacted])
-		env.RedactionFailed = wire.Str(h, wire.HeaderRedactionFailed)
-		env.Notes, _ = wire.StringList(h[wire.HeaderNotes])
-		env.Dropped, _ = wire.StringList(h[wire.HeaderDropped])
-		env.Stack = wire.Str(h, wire.HeaderStack)
+		env.OriginalExchange = wireval.Str(h, wire.HeaderOriginalExchange)
+		env.OriginalRouting = wireval.Str(h, wire.HeaderOriginalRoutingKey)
+		env.OriginalQueue = wireval.Str(h, wire.HeaderOriginalQueue)
+		env.IdempotencyKey = wireval.Str(h, wire.HeaderIdempotencyKeyCopy)
+		env.MessageType = wireval.Str(h, wire.HeaderMessageType)
+		env.SchemaVersion = wireval.Str(h, wire.HeaderSchemaVersion)
+		_ = json.Unmarshal([]byte(wireval.Str(h, wire.HeaderValidationErrors)), &env.Validation)
+		env.TraceID = wireval.Str(h, wire.HeaderTraceID)
+		env.WorkerHost = wireval.Str(h, wire.HeaderWorkerHost)
+		env.WorkerVersion = wireval.Str(h, wire.HeaderWorkerVersion)
+		env.Redacted, _ = wireval.StringList(h[wire.HeaderRedacted])
+		env.RedactionFailed = wireval.Str(h, wire.HeaderRedactionFailed)
+		env.Notes, _ = wireval.StringList(h[wire.HeaderNotes])
+		env.Dropped, _ = wireval.StringList(h[wire.HeaderDropped])
+		env.Stack = wireval.Str(h, wire.HeaderStack)
 		return env, true
 	}
 	return readDeadLetter(d, h)
@@ -204,7 +205,7 @@ func Read(d *amqp.Delivery) (env Envelope, ok bool) {
 // dead-lettered on its own. ok is false without a dead-letter reason.
 func readDeadLetter(d *amqp.Delivery, h map[string]any) (env Envelope, ok bool) {
 	env.MessageID = d.MessageId
-	env.Traceparent = wire.Str(h, wire.HeaderTraceparent)
+	env.Traceparent = wireval.Str(h, wire.HeaderTraceparent)
 	hist := triage.ParseXDeath(h[wire.HeaderXDeath])
 	class, found := triage.ClassifyDeadLetter(hist, h)
 	if !found {
@@ -260,7 +261,7 @@ var envelopeFieldsV1 = envelopeFields[: len(envelopeFields)-1 : len(envelopeFiel
 // format version (itself the first signed field, so it cannot be changed
 // to pick another list without voiding the signature).
 func envelopeFieldsFor(h map[string]any) []string {
-	if n, res := wire.Int(h[wire.HeaderEnvelope]); res == wire.IntOK && n == 1 {
+	if n, res := wireval.Int(h[wire.HeaderEnvelope]); res == wireval.IntOK && n == 1 {
 		return envelopeFieldsV1
 	}
 	return envelopeFields
@@ -369,18 +370,18 @@ func unverifiedEnvelope(h map[string]any, problem string) string {
 // claimText is a claimed header value as a note quotes it: a string or an
 // integer as such, cut to maxClaimBytes; any other type as its name.
 func claimText(raw any) string {
-	s, ok := wire.String(raw)
-	if n, res := wire.Int(raw); !ok && res == wire.IntOK {
+	s, ok := wireval.String(raw)
+	if n, res := wireval.Int(raw); !ok && res == wireval.IntOK {
 		s, ok = fmt.Sprint(n), true
 	}
 	if !ok {
-		return "(" + wire.TypeName(raw) + ")"
+		return "(" + wireval.TypeName(raw) + ")"
 	}
 	return frame.Truncate(s, maxClaimBytes)
 }
 
 // headerTime reads an envelope time: a time.Time or an RFC 3339 string.
 func headerTime(h map[string]any, k string) time.Time {
-	t, _ := wire.Time(h[k], 0)
+	t, _ := wireval.Time(h[k], 0)
 	return t
 }

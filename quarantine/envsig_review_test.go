@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -100,8 +101,8 @@ func encodable(h amqp.Table, fields []string) bool {
 		if !present {
 			continue
 		}
-		_, isString := wire.String(v)
-		if _, res := wire.Int(v); !isString && res != wire.IntOK {
+		_, isString := wireval.String(v)
+		if _, res := wireval.Int(v); !isString && res != wireval.IntOK {
 			return false
 		}
 	}
@@ -205,7 +206,7 @@ func TestRecordKeepsInvalidUTF8(t *testing.T) {
 	if v := verifyEnvelope(key, &amqp.Delivery{Headers: h, Exchange: r.Exchange, MessageId: r.Properties.MessageID, Body: r.Body}); !v.Valid {
 		t.Errorf("verified at the intake, not from the record: %s (routing key stored as %q)", v.Problem, h[wire.HeaderOriginalRoutingKey])
 	}
-	if s, _ := wire.String(h["x-producer"]); s != "bin\xc3\x28" {
+	if s, _ := wireval.String(h["x-producer"]); s != "bin\xc3\x28" {
 		t.Errorf("producer header stored as %#v", h["x-producer"])
 	}
 }

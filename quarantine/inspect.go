@@ -15,9 +15,9 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/payload"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
-	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // State is where a record stands.
@@ -369,7 +369,7 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 		h := r.Headers()
 		r.Envelope, _ = Read(&amqp.Delivery{Headers: h, MessageId: meta.Props.MessageID})
 		r.Redrives = redrives(h)
-		r.version = wire.Str(h, versionHeader)
+		r.version = wireval.Str(h, versionHeader)
 	}
 	// The envelope is headers, and a message the broker dead-lettered
 	// itself carries the producer's headers as sent, a forged envelope

@@ -81,19 +81,25 @@ func (m *Metrics) Observe(s *Snapshot) {
 	}
 }
 
-// classLabel is the class label of a record's class: the classes the
-// runtime and the broker's dead-letter reasons give, and "" (none, an
-// unverified envelope without x-death); any other class, which only a
-// claimed envelope (a keeper without the key keeps the claim) can carry,
-// is "other", so that a producer cannot mint a series per message.
+// classLabel is the class label of a record's class: a class triage gives
+// (triage.Classes), or "" (none, an unverified envelope without x-death);
+// any other class, which only a claimed envelope (a keeper without the key
+// keeps the claim) can carry, is "other", so that a producer cannot mint a
+// series per message.
 func classLabel(class string) string {
-	switch triage.Class(class) {
-	case "", triage.ClassTransient, triage.ClassPermanent, triage.ClassSchema, triage.ClassTimeout, triage.ClassPanic,
-		triage.ClassCrashLoop, triage.ClassExpired, triage.ClassMaxLen, triage.ClassRejected:
+	if class == "" || knownClasses[triage.Class(class)] {
 		return class
 	}
 	return "other"
 }
+
+var knownClasses = func() map[triage.Class]bool {
+	m := map[triage.Class]bool{}
+	for _, c := range triage.Classes() {
+		m[c] = true
+	}
+	return m
+}()
 
 func (m *Metrics) replayed(queue, class string) {
 	if m != nil {

@@ -85,3 +85,30 @@ func TestMetricsClassLabelIsBounded(t *testing.T) {
 		t.Errorf("records{orders,other,open} = %v, want 50", got)
 	}
 }
+
+// The class label reads triage's class list: every class triage gives,
+// including one added later, is counted under its own label, not "other".
+func TestMetricsLabelEveryTriageClass(t *testing.T) {
+	t.Parallel()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*Record
+	for _, c := range triage.Classes() {
+		recs = append(recs, &Record{Queue: "orders", State: StateOpen, Envelope: Envelope{Class: c}})
+		m.replayed("orders", string(c))
+	}
+	m.Observe(&Snapshot{Records: recs})
+	for _, c := range triage.Classes() {
+		if got := testutil.ToFloat64(m.records.WithLabelValues("orders", string(c), "open")); got != 1 {
+			t.Errorf("records{orders,%s,open} = %v, want 1", c, got)
+		}
+		if got := testutil.ToFloat64(m.replays.WithLabelValues("orders", string(c))); got != 1 {
+			t.Errorf("replays{orders,%s} = %v, want 1", c, got)
+		}
+	}
+	if got := testutil.ToFloat64(m.records.WithLabelValues("orders", "other", "open")); got != 0 {
+		t.Errorf("records{orders,other,open} = %v, want 0", got)
+	}
+}

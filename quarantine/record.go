@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -100,7 +101,7 @@ func Publishing(f *Failure) (p amqp.Publishing, changed []string, err error) {
 	if f.Err != nil {
 		env.Error = f.Err.Error()
 	}
-	if k := wire.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
+	if k := wireval.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
 		env.IdempotencyKey = k
 	}
 	if env.FirstFailureAt.IsZero() {
@@ -168,7 +169,7 @@ func (f *Failure) ownRedrives(h amqp.Table, notes []string) []string {
 		// have a prior replay and max_redrives would never stop a message
 		// that fails again after every replay. Only an integer: the count
 		// is an essential header, which fitting never drops.
-		if _, res := wire.Int(d.Headers[wire.HeaderRedriveCount]); res == wire.IntOK || res == wire.IntOverflow {
+		if _, res := wireval.Int(d.Headers[wire.HeaderRedriveCount]); res == wireval.IntOK || res == wireval.IntOverflow {
 			return notes
 		}
 		v.Problem = "not an integer"

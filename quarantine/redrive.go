@@ -6,6 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -30,8 +31,8 @@ import (
 // redrives reads the redrive count a message carries: 0 when absent,
 // malformed or negative, and at most math.MaxInt32.
 func redrives(h map[string]any) int {
-	n, res := wire.Int(h[wire.HeaderRedriveCount])
-	if res != wire.IntOK && res != wire.IntOverflow || n < 0 {
+	n, res := wireval.Int(h[wire.HeaderRedriveCount])
+	if res != wireval.IntOK && res != wireval.IntOverflow || n < 0 {
 		return 0
 	}
 	return int(min(n, math.MaxInt32))

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -39,12 +40,6 @@ import (
 // quarantined message's headers may already fill one), and the user-id
 // property is kept without the broker checking it against the keeper's
 // login.
-
-// Record header names on the stream message.
-const (
-	HeaderRecordID     = wire.HeaderRecordID
-	HeaderRecordIntake = wire.HeaderRecordIntake
-)
 
 // recordMagic starts every record body of layout 1 (JSON meta),
 // recordMagic2 of layout 2 (binary meta, see recordbin.go) and recordMagic3
@@ -209,7 +204,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	meta := appendMeta(nil, &recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Envelope: &env,
-		Redrives: redriven, Version: wire.Str(kept.Headers, versionHeader),
+		Redrives: redriven, Version: wireval.Str(kept.Headers, versionHeader),
 	})
 	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
 	body = append(body, recordMagic3...)
@@ -219,7 +214,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	body = append(body, headers...)
 	body = append(body, payload...)
 	return amqp.Publishing{
-		Headers:      amqp.Table{HeaderRecordID: id, HeaderRecordIntake: intake},
+		Headers:      amqp.Table{wire.HeaderRecordID: id, wire.HeaderRecordIntake: intake},
 		ContentType:  "application/vnd.dlxbridge.record",
 		DeliveryMode: amqp.Persistent,
 		MessageId:    id,

@@ -26,7 +26,6 @@ const (
 
 // Identity defaults.
 const (
-	DefaultVersionHeader  = wire.DefaultVersionHeader
 	DefaultTypePointer    = "/type"
 	DefaultVersionPointer = "/schemaVersion"
 )
@@ -53,7 +52,7 @@ func (id Identity) WithDefaults() Identity {
 		id.From = FromProperties
 	}
 	if id.VersionHeader == "" {
-		id.VersionHeader = DefaultVersionHeader
+		id.VersionHeader = wire.DefaultVersionHeader
 	}
 	if id.TypePointer == "" {
 		id.TypePointer = DefaultTypePointer

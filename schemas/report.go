@@ -1,6 +1,10 @@
 package schemas
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/dlxbridge/dlxbridge/wire"
+)
 
 // SchemaFailure reports true: a message that fails the gate can never become
 // valid by retrying it. triage.Classify recognises the method (without
@@ -42,13 +46,13 @@ func (g *Gate) CheckReport(in Input) (*Message, error) {
 
 // ReadProperties returns the type and version a message names in its
 // properties: the AMQP type property and the versionHeader header
-// (normalized as NormalizeVersion does; "" selects DefaultVersionHeader).
+// (normalized as NormalizeVersion does; "" selects wire.DefaultVersionHeader).
 // Either is "" when absent or unreadable, and both are capped like a
 // ValidationError's. It reads no body and never fails: it is for callers
 // that run no gate.
 func ReadProperties(in Input, versionHeader string) (typ, version string) {
 	if versionHeader == "" {
-		versionHeader = DefaultVersionHeader
+		versionHeader = wire.DefaultVersionHeader
 	}
 	version, _ = versionString(in.Headers[versionHeader])
 	return capLen(strings.TrimSpace(in.Type)), capLen(version)

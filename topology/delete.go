@@ -189,7 +189,7 @@ func (r *DeleteReport) add(s DeleteStep) {
 // the dead-letter exchange of a kept queue. Each delete runs on its own
 // channel, since a refused one closes it. Deleting what is absent is not
 // an error.
-func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
+func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (*DeleteReport, error) {
 	// A dry run refuses like the delete it previews: "would delete" from
 	// a command that would refuse is not what would happen.
 	if in.Mgmt == nil && !opts.WithoutManagement {
@@ -311,7 +311,7 @@ func (in *Inspector) Delete(ctx context.Context, t *Topology, opts DeleteOptions
 
 // checkQueue says whether q is kept (and why), absent, or to be deleted
 // (DeleteWould).
-func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
+func (in *Broker) checkQueue(ctx context.Context, t *Topology, q QueueSpec, opts DeleteOptions) (DeleteStep, error) {
 	s := DeleteStep{Kind: KindQueue, Object: queueObject(q.Name)}
 	var st amqp.Queue
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error {
@@ -387,7 +387,7 @@ func (in *Inspector) checkQueue(ctx context.Context, t *Topology, q QueueSpec, o
 // deleteExchange checks x and deletes it unless opts.DryRun or keep (why
 // the topology needs it) is set; on an error, step says which of the two
 // failed.
-func (in *Inspector) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, keep string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
+func (in *Broker) deleteExchange(ctx context.Context, t *Topology, x ExchangeSpec, keep string, keptQueue map[string]bool, opts DeleteOptions) (_ DeleteStep, step string, _ error) {
 	s := DeleteStep{Kind: KindExchange, Object: exchangeObject(x.Name)}
 	err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
 	if pr, _, err := classify(s.Object, err); err != nil {

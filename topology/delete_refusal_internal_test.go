@@ -12,7 +12,7 @@ import (
 // error wraps the cause.
 func TestDeleteRefusalWrapsCause(t *testing.T) {
 	cause := fmt.Errorf("management API at x is of cluster %q: %w", "b", ErrOtherBroker)
-	in := &Inspector{mgmtErr: cause}
+	in := &Broker{mgmtErr: cause}
 	_, err := in.Delete(context.Background(), &Topology{}, DeleteOptions{})
 	if !errors.Is(err, ErrDeleteNeedsManagement) {
 		t.Fatalf("err = %v, want ErrDeleteNeedsManagement", err)

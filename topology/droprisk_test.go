@@ -30,7 +30,7 @@ func TestVerifyFailsOnAQuarantineThatCanDrop(t *testing.T) {
 	if !topo.Broker.HasDefaultDeliveryLimit() {
 		t.Skipf("broker %s reports no effective delivery limit", topo.Broker)
 	}
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	if in.Mgmt, err = topology.NewManagement(env.ManagementURL, env.URL); err != nil {
 		t.Fatal(err)
 	}

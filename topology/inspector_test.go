@@ -21,7 +21,7 @@ func TestApplyIsIdempotentAndRefusesConflicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	first, err := in.Apply(ctx, topo)
 	if err != nil {
 		t.Fatalf("first apply: %v", err)

@@ -30,7 +30,7 @@ func setup(t *testing.T, deliveryLimit int) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	if _, err := in.Apply(context.Background(), topo); err != nil {
 		t.Fatalf("apply: %v", err)
 	}

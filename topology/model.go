@@ -201,24 +201,10 @@ func (t *Topology) Totals() Totals {
 	return tot
 }
 
-// Name helpers. Names are derived in one place, config.Queue.Names, which
-// config validation checks for collisions; these are its builders.
-
-// DeadExchangeName is where the broker dead-letters work queue q's messages.
-func DeadExchangeName(q string) string { return config.DeadExchangeName(q) }
-
-// RetryExchangeName is where the bridge publishes q's delayed retries.
-func RetryExchangeName(q string) string { return config.RetryExchangeName(q) }
-
-// RetryQueueName names lane of a tier with delay d of work queue q.
-func RetryQueueName(q string, d time.Duration, lane int) string {
-	return config.RetryQueueName(q, d, lane)
-}
-
-// LaneBounds is lane i's delay range, triage.LaneBounds widened to whole
+// LaneTTLBounds is lane i's delay range, triage.LaneBounds widened to whole
 // milliseconds (TTL resolution), so every delay triage draws for the lane
 // fits its queue's TTL.
-func LaneBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
+func LaneTTLBounds(d time.Duration, jitter float64, lanes, i int) (lo, hi time.Duration) {
 	lo, hi = triage.LaneBounds(d, jitter, lanes, i)
 	lo = lo.Truncate(time.Millisecond)
 	if r := hi % time.Millisecond; r > 0 && hi <= math.MaxInt64-time.Millisecond {
@@ -279,7 +265,7 @@ func Build(cfg *config.Config, v BrokerVersion) (*Topology, error) {
 					t.Bindings = append(t.Bindings, BindingSpec{Exchange: qc.Exchange.Name, Queue: n.Name, Key: key})
 				}
 			case config.RoleRetryLane:
-				lo, hi := LaneBounds(n.Delay, jitter, qc.Retry.Lanes, n.Lane)
+				lo, hi := LaneTTLBounds(n.Delay, jitter, qc.Retry.Lanes, n.Lane)
 				args := map[string]any{
 					ArgQueueType:          QueueTypeQuorum,
 					ArgMessageTTL:         hi.Milliseconds(),

@@ -14,10 +14,12 @@ import (
 // refuses and declares nothing; it never deletes anything to fix it.
 var ErrConflict = errors.New("topology conflicts with the broker")
 
-// Inspector plans, applies and verifies a topology on one broker. Conn is
-// required; Mgmt is optional and, when set, lets Plan see bindings and
-// Verify see actual arguments, policies and bindings.
-type Inspector struct {
+// Broker is one RabbitMQ node as the topology sees it. Plan and Verify only
+// read it; Apply declares what is missing and Delete removes a topology, so
+// a Broker changes the broker (unlike quarantine.Inspector, which reads).
+// Conn is required; Mgmt is optional and, when set, lets Plan see bindings
+// and Verify see actual arguments, policies and bindings.
+type Broker struct {
 	Conn *amqp.Connection
 	Mgmt *Management
 	// MgmtError says why a configured management API is not used (set by
@@ -28,9 +30,9 @@ type Inspector struct {
 
 // UseManagement checks that m answers and, if it does, sets Mgmt. If it
 // does not (the plugin is not enabled, a wrong port, refused credentials),
-// the inspector goes on with AMQP alone, its reports say why, and the error
+// the Broker goes on with AMQP alone, its reports say why, and the error
 // is returned for the caller to warn with.
-func (in *Inspector) UseManagement(ctx context.Context, m *Management) error {
+func (in *Broker) UseManagement(ctx context.Context, m *Management) error {
 	if err := m.Ping(ctx); err != nil {
 		in.Mgmt, in.MgmtError, in.mgmtErr = nil, err.Error(), err
 		return err
@@ -44,7 +46,7 @@ func (in *Inspector) UseManagement(ctx context.Context, m *Management) error {
 }
 
 // withoutMgmt says why a check that needs the management API did not run.
-func (in *Inspector) withoutMgmt() string {
+func (in *Broker) withoutMgmt() string {
 	if in.MgmtError != "" {
 		return "the management API did not answer"
 	}
@@ -53,7 +55,7 @@ func (in *Inspector) withoutMgmt() string {
 
 // Version reads the broker's version from the connection's server
 // properties.
-func (in *Inspector) Version() (BrokerVersion, error) {
+func (in *Broker) Version() (BrokerVersion, error) {
 	return VersionFromProperties(in.Conn.Properties)
 }
 
@@ -71,7 +73,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 // would do. It declares nothing: existence is checked passively first, and
 // the equivalence probe (an active redeclare) only runs on objects that
 // exist, where an equivalent declare is a no-op.
-func (in *Inspector) Plan(ctx context.Context, t *Topology) (*Plan, error) {
+func (in *Broker) Plan(ctx context.Context, t *Topology) (*Plan, error) {
 	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError, Totals: t.Totals()}
 	missing := map[string]bool{} // "exchange name" / "queue name" that will be created
 	for _, x := range t.Exchanges {
@@ -172,7 +174,7 @@ func (p *Plan) firstConflict() string {
 // unchanged. If any object conflicts it declares nothing and returns the
 // plan with an error wrapping ErrConflict: it never deletes a queue or
 // exchange to make it fit.
-func (in *Inspector) Apply(ctx context.Context, t *Topology) (*Plan, error) {
+func (in *Broker) Apply(ctx context.Context, t *Topology) (*Plan, error) {
 	p, err := in.Plan(ctx, t)
 	if err != nil {
 		return nil, err

@@ -26,7 +26,7 @@ func TestUseManagementRefusesAnotherBroker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		in := &topology.Inspector{Conn: conn}
+		in := &topology.Broker{Conn: conn}
 		err = in.UseManagement(context.Background(), m)
 		if tc.sameOne && (err != nil || in.Mgmt == nil) {
 			t.Errorf("the broker's own management API: %v", err)

@@ -51,12 +51,12 @@ func TestLaneBoundsAtTheTop(t *testing.T) {
 	t.Parallel()
 	top := time.Duration(math.MaxInt64)
 	for lane := 0; lane < 4; lane++ {
-		lo, hi := LaneBounds(top-time.Nanosecond, 1, 4, lane)
+		lo, hi := LaneTTLBounds(top-time.Nanosecond, 1, 4, lane)
 		if lo <= 0 || hi < lo {
 			t.Errorf("lane %d: [%d, %d]", lane, lo, hi)
 		}
 	}
-	if lo, hi := LaneBounds(1500*time.Microsecond, 0, 1, 0); lo != time.Millisecond || hi != 2*time.Millisecond {
+	if lo, hi := LaneTTLBounds(1500*time.Microsecond, 0, 1, 0); lo != time.Millisecond || hi != 2*time.Millisecond {
 		t.Errorf("1.5ms: [%s, %s], want [1ms, 2ms]", lo, hi)
 	}
 }

@@ -27,7 +27,7 @@ func TestApplyDeclaresQuarantineStreamsAndVerifyChecksThem(t *testing.T) {
 	if w.Records != cfg.Queues[0].Quarantine.Queue+".records" || w.Events != cfg.Queues[0].Quarantine.Queue+".events" {
 		t.Fatalf("stream names %q %q", w.Records, w.Events)
 	}
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	if env.ManagementURL != "" {
 		if in.Mgmt, err = topology.NewManagement(env.ManagementURL, env.URL); err != nil {
 			t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/dlxbridge/dlxbridge/wire"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 )
 
 // Verify compares the broker with t and reports every difference. It
@@ -15,7 +15,7 @@ import (
 // and argument equivalence (an equivalent redeclare on a throwaway channel,
 // where the broker's 406 names the first differing argument), and lists in
 // NotChecked what AMQP cannot see.
-func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
+func (in *Broker) Verify(ctx context.Context, t *Topology) (*VerifyReport, error) {
 	r := &VerifyReport{BrokerVersion: t.Broker.String(), Management: in.Mgmt != nil, ManagementError: in.MgmtError, Problems: []Problem{}}
 	var err error
 	if in.Mgmt != nil {
@@ -29,7 +29,7 @@ func (in *Inspector) Verify(ctx context.Context, t *Topology) (*VerifyReport, er
 	return r, nil
 }
 
-func (in *Inspector) verifyAMQP(ctx context.Context, t *Topology, r *VerifyReport) error {
+func (in *Broker) verifyAMQP(ctx context.Context, t *Topology, r *VerifyReport) error {
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -83,7 +83,7 @@ func issueFor(kind Kind, arg string) Issue {
 	}
 }
 
-func (in *Inspector) verifyManagement(ctx context.Context, t *Topology, r *VerifyReport) error {
+func (in *Broker) verifyManagement(ctx context.Context, t *Topology, r *VerifyReport) error {
 	m := in.Mgmt
 	for _, x := range t.Exchanges {
 		r.Objects++
@@ -187,7 +187,7 @@ func dropRisks(want QueueSpec, have *MgmtQueue) []Problem {
 	}
 	var ps []Problem
 	dlx, _ := effective(ArgDeadLetterExchange, "dead-letter-exchange").(string)
-	if n, res := wire.Int(have.DeliveryLimit); res == wire.IntOK && n >= 0 && n < SafeDeliveryLimit && dlx == "" {
+	if n, res := wireval.Int(have.DeliveryLimit); res == wireval.IntOK && n >= 0 && n < SafeDeliveryLimit && dlx == "" {
 		ps = append(ps, Problem{Kind: KindQueue, Object: obj, Issue: IssueCanDrop, Arg: "delivery_limit",
 			Want: fmt.Sprintf("unlimited or at least %d", SafeDeliveryLimit),
 			Have: fmt.Sprintf("%d, no dead-letter exchange: a message requeued %d times is dropped", n, n)})
@@ -204,7 +204,7 @@ func dropRisks(want QueueSpec, have *MgmtQueue) []Problem {
 // (dead and retry exchanges): an extra binding there sends dead letters or
 // retries somewhere the config does not say. Work exchanges are shared with
 // other consumers, so their other bindings are not drift.
-func (in *Inspector) verifyBindings(ctx context.Context, t *Topology, r *VerifyReport, present map[string]bool) error {
+func (in *Broker) verifyBindings(ctx context.Context, t *Topology, r *VerifyReport, present map[string]bool) error {
 	want := map[BindingSpec]bool{}
 	for _, b := range t.Bindings {
 		want[b] = true

@@ -3,17 +3,8 @@ package triage
 import (
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
-)
-
-// Header names the bridge owns, from package wire (the wire contract).
-const (
-	// HeaderAttempts is the number of failed attempts so far, an int64 set
-	// on every retry publish.
-	HeaderAttempts = wire.HeaderAttempts
-	// HeaderFirstFailure is when the first attempt failed: an RFC 3339
-	// (nano) UTC string; int64 unix milliseconds are also accepted.
-	HeaderFirstFailure = wire.HeaderFirstFailureAt
 )
 
 // MaxAttemptsCeiling caps any attempt count read from a message. A larger
@@ -31,7 +22,7 @@ type AttemptInput struct {
 	// Headers are the delivery's headers (map[string]any(amqp.Table)).
 	Headers map[string]any
 	// Signature is Signer.Verify's verdict on the bridge's own headers.
-	// Only a valid signature makes HeaderAttempts and HeaderFirstFailure
+	// Only a valid signature makes wire.HeaderAttempts and wire.HeaderFirstFailureAt
 	// count; otherwise they were set (or altered) by someone else and are
 	// ignored with a note.
 	Signature Verification
@@ -51,7 +42,7 @@ type Attempts struct {
 	Failed int
 	// FirstFailure is when the first attempt failed; zero if unknown.
 	FirstFailure time.Time
-	// FromHeader is what the signed HeaderAttempts said, after validation
+	// FromHeader is what the signed wire.HeaderAttempts said, after validation
 	// and clamping (0 when absent, unsigned or rejected).
 	FromHeader int
 	// Signed reports that the bridge's own headers carried a valid
@@ -65,10 +56,10 @@ type Attempts struct {
 // CountAttempts counts the failed attempts of a delivery. The bridge
 // retries by ack + republish to a TTL lane queue that dead-letters (reason
 // expired) back to the work queue, and stamps the n-th retry with
-// HeaderAttempts = n and HeaderFirstFailure, signed with HeaderSignature
+// wire.HeaderAttempts = n and wire.HeaderFirstFailureAt, signed with wire.HeaderSignature
 // (Signer). Only those signed values count:
 //
-//	Failed = HeaderAttempts if the signature is valid, else 0
+//	Failed = wire.HeaderAttempts if the signature is valid, else 0
 //
 // A producer can set any header, x-death included, and the broker keeps a
 // client's x-death (3.10–3.12, 3.13.3+: it even increments a forged count),
@@ -81,7 +72,7 @@ type Attempts struct {
 // The signed header must still be a non-negative integer (any integer type,
 // or an integral float); a negative or non-integer value is ignored with a
 // note, and a value over MaxAttemptsCeiling is clamped to it with a note.
-// FirstFailure is the signed HeaderFirstFailure, used only if it lies in
+// FirstFailure is the signed wire.HeaderFirstFailureAt, used only if it lies in
 // [2000-01-01, Now+MaxClockSkew].
 func CountAttempts(in AttemptInput) Attempts {
 	var n notes
@@ -96,22 +87,22 @@ func CountAttempts(in AttemptInput) Attempts {
 			continue
 		}
 		if !a.Signed || d.Count != 1 {
-			n.add("x-death {%s, expired} count %d not counted: only the bridge's signed %s counts attempts", short(d.Queue), d.Count, HeaderAttempts)
+			n.add("x-death {%s, expired} count %d not counted: only the bridge's signed %s counts attempts", short(d.Queue), d.Count, wire.HeaderAttempts)
 		}
 	}
 
-	rawAttempts, hasAttempts := in.Headers[HeaderAttempts]
-	rawFirst, hasFirst := in.Headers[HeaderFirstFailure]
+	rawAttempts, hasAttempts := in.Headers[wire.HeaderAttempts]
+	rawFirst, hasFirst := in.Headers[wire.HeaderFirstFailureAt]
 	if !a.Signed {
 		why := in.Signature.Problem
 		if why == "" {
-			why = "no valid " + HeaderSignature
+			why = "no valid " + wire.HeaderSignature
 		}
 		if hasAttempts {
-			n.add("%s=%s ignored: %s", HeaderAttempts, shortValue(rawAttempts), why)
+			n.add("%s=%s ignored: %s", wire.HeaderAttempts, shortValue(rawAttempts), why)
 		}
 		if hasFirst {
-			n.add("%s=%s ignored: %s", HeaderFirstFailure, shortValue(rawFirst), why)
+			n.add("%s=%s ignored: %s", wire.HeaderFirstFailureAt, shortValue(rawFirst), why)
 		}
 		a.Notes = n.result()
 		return a
@@ -121,7 +112,7 @@ func CountAttempts(in AttemptInput) Attempts {
 	}
 	a.Failed = a.FromHeader
 	if hasFirst {
-		a.FirstFailure = saneTime(rawFirst, time.Millisecond, HeaderFirstFailure, in.Now, &n)
+		a.FirstFailure = saneTime(rawFirst, time.Millisecond, wire.HeaderFirstFailureAt, in.Now, &n)
 	}
 	a.Notes = n.result()
 	return a
@@ -129,18 +120,18 @@ func CountAttempts(in AttemptInput) Attempts {
 
 // headerAttempts validates the bridge's attempt header.
 func headerAttempts(v any, n *notes) int {
-	c, res := wire.Int(v)
+	c, res := wireval.Int(v)
 	switch {
-	case res == wire.IntAbsent:
+	case res == wireval.IntAbsent:
 		return 0
-	case res == wire.IntWrongType:
-		n.add("%s of type %s ignored: not an integer", HeaderAttempts, wire.TypeName(v))
+	case res == wireval.IntWrongType:
+		n.add("%s of type %s ignored: not an integer", wire.HeaderAttempts, wireval.TypeName(v))
 		return 0
 	case c < 0:
-		n.add("%s=%d ignored: negative", HeaderAttempts, c)
+		n.add("%s=%d ignored: negative", wire.HeaderAttempts, c)
 		return 0
 	case c > MaxAttemptsCeiling:
-		n.add("%s=%d clamped to %d (MaxAttemptsCeiling): the message will not be retried", HeaderAttempts, c, MaxAttemptsCeiling)
+		n.add("%s=%d clamped to %d (MaxAttemptsCeiling): the message will not be retried", wire.HeaderAttempts, c, MaxAttemptsCeiling)
 		return MaxAttemptsCeiling
 	}
 	return int(c)
@@ -148,10 +139,10 @@ func headerAttempts(v any, n *notes) int {
 
 // saneTime reads a first-failure time and rejects absurd ones with a note.
 func saneTime(v any, unit time.Duration, what string, now time.Time, n *notes) time.Time {
-	t, ok := wire.Time(v, unit)
+	t, ok := wireval.Time(v, unit)
 	switch {
 	case !ok:
-		n.add("%s of type %s ignored: not a time", what, wire.TypeName(v))
+		n.add("%s of type %s ignored: not a time", what, wireval.TypeName(v))
 		return time.Time{}
 	case t.Before(minSaneTime):
 		n.add("%s %s ignored: before 2000", what, t.Format(time.RFC3339))

@@ -5,6 +5,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 func laneEntry(q string, count any, at time.Time) table {
@@ -29,58 +31,58 @@ func TestCountAttempts(t *testing.T) {
 		{name: "first delivery with unrelated headers", headers: table{"content-type": "x"}},
 		{
 			name:    "after 3 retries: the signed header counts",
-			headers: signed(testSigner, table{HeaderAttempts: int64(3), HeaderFirstFailure: t0.Format(time.RFC3339Nano), "x-death": []any{laneEntry(l5, int64(1), t0.Add(8*time.Second))}}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(3), wire.HeaderFirstFailureAt: t0.Format(time.RFC3339Nano), "x-death": []any{laneEntry(l5, int64(1), t0.Add(8*time.Second))}}),
 			failed:  3, fromHeader: 3, first: t0,
 		},
 		{
 			name:    "3.10 kept x-death counting: noted, not counted",
-			headers: signed(testSigner, table{HeaderAttempts: int64(3), "x-death": []any{laneEntry(l5, int64(2), t0.Add(2*time.Second)), laneEntry(l1, int64(1), t0.Add(time.Second))}}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(3), "x-death": []any{laneEntry(l5, int64(2), t0.Add(2*time.Second)), laneEntry(l1, int64(1), t0.Add(time.Second))}}),
 			failed:  3, fromHeader: 3,
 			notes: []string{"x-death {orders.retry.5s.l2, expired} count 2 not counted"},
 		},
 		{
 			name:    "header in any integer type",
-			headers: signed(testSigner, table{HeaderAttempts: int32(2)}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int32(2)}),
 			failed:  2, fromHeader: 2,
 		},
 		{
 			name:    "header as json.Number",
-			headers: signed(testSigner, table{HeaderAttempts: json.Number("4")}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: json.Number("4")}),
 			failed:  4, fromHeader: 4,
 		},
 		{
 			name:    "first-failure as unix millis",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: t0.UnixMilli()}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: t0.UnixMilli()}),
 			failed:  1, fromHeader: 1, first: t0,
 		},
 		{
 			// The wire contract's first failure is an RFC 3339 string; a
 			// signature cannot vouch for an AMQP timestamp (see Sign).
 			name:    "first-failure as time.Time is not vouched for",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: t0}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: t0}),
 			notes: []string{"dlxbridge-attempts=1 ignored: dlxbridge-signature cannot vouch for a signed header that is neither a string nor an integer",
 				"dlxbridge-first-failure-at=2026-03-01T12:00:00Z ignored: dlxbridge-signature cannot vouch for a signed header that is neither a string nor an integer"},
 		},
 		{
 			name:    "first-failure in the future ignored",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(time.Hour).Format(time.RFC3339Nano)}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: now.Add(time.Hour).Format(time.RFC3339Nano)}),
 			failed:  1, fromHeader: 1,
 			notes: []string{"dlxbridge-first-failure-at 2026-03-01T13:10:00Z ignored: in the future"},
 		},
 		{
 			name:    "first-failure within clock skew kept",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: now.Add(30 * time.Second).Format(time.RFC3339Nano)}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: now.Add(30 * time.Second).Format(time.RFC3339Nano)}),
 			failed:  1, fromHeader: 1, first: now.Add(30 * time.Second),
 		},
 		{
 			name:    "first-failure before 2000 ignored",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: "1970-01-01T00:00:01Z"}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: "1970-01-01T00:00:01Z"}),
 			failed:  1, fromHeader: 1,
 			notes: []string{"ignored: before 2000"},
 		},
 		{
 			name:    "first-failure garbage ignored",
-			headers: signed(testSigner, table{HeaderAttempts: int64(1), HeaderFirstFailure: "yesterday"}),
+			headers: signed(testSigner, table{wire.HeaderAttempts: int64(1), wire.HeaderFirstFailureAt: "yesterday"}),
 			failed:  1, fromHeader: 1,
 			notes: []string{"dlxbridge-first-failure-at of type string ignored: not a time"},
 		},
@@ -132,7 +134,7 @@ func TestCountAttemptsForgeriesAreIgnored(t *testing.T) {
 		for k, v := range h {
 			out[k] = v
 		}
-		out[HeaderSignature] = testSigner.Sign(sub, out, signedFields)
+		out[wire.HeaderSignature] = testSigner.Sign(sub, out, signedFields)
 		return out
 	}
 
@@ -141,26 +143,26 @@ func TestCountAttemptsForgeriesAreIgnored(t *testing.T) {
 		h    table
 		note string
 	}{
-		{name: "dlxbridge-attempts 999999", h: table{HeaderAttempts: int64(999_999)}, note: "dlxbridge-attempts=999999 ignored: no dlxbridge-signature"},
-		{name: "dlxbridge-attempts 999999 signed with another key", h: signed(other, table{HeaderAttempts: int64(999_999)}), note: "dlxbridge-attempts=999999 ignored: dlxbridge-signature does not match"},
-		{name: "signature moved from another queue", h: moved(Subject{Queue: "billing", MessageID: testSubject.MessageID, Body: testSubject.Body}, table{HeaderAttempts: int64(4)}), note: "does not match"},
-		{name: "signature moved from another message", h: moved(Subject{Queue: workQueue, MessageID: "m-2", Body: testSubject.Body}, table{HeaderAttempts: int64(4)}), note: "does not match"},
-		{name: "signature moved to another body", h: moved(Subject{Queue: workQueue, MessageID: testSubject.MessageID, Body: []byte(`{}`)}, table{HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "dlxbridge-attempts 999999", h: table{wire.HeaderAttempts: int64(999_999)}, note: "dlxbridge-attempts=999999 ignored: no dlxbridge-signature"},
+		{name: "dlxbridge-attempts 999999 signed with another key", h: signed(other, table{wire.HeaderAttempts: int64(999_999)}), note: "dlxbridge-attempts=999999 ignored: dlxbridge-signature does not match"},
+		{name: "signature moved from another queue", h: moved(Subject{Queue: "billing", MessageID: testSubject.MessageID, Body: testSubject.Body}, table{wire.HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "signature moved from another message", h: moved(Subject{Queue: workQueue, MessageID: "m-2", Body: testSubject.Body}, table{wire.HeaderAttempts: int64(4)}), note: "does not match"},
+		{name: "signature moved to another body", h: moved(Subject{Queue: workQueue, MessageID: testSubject.MessageID, Body: []byte(`{}`)}, table{wire.HeaderAttempts: int64(4)}), note: "does not match"},
 		{name: "signed value raised afterwards", h: func() table {
-			h := signed(testSigner, table{HeaderAttempts: int64(1)})
-			h[HeaderAttempts] = int64(4)
+			h := signed(testSigner, table{wire.HeaderAttempts: int64(1)})
+			h[wire.HeaderAttempts] = int64(4)
 			return h
 		}(), note: "dlxbridge-attempts=4 ignored: dlxbridge-signature does not match"},
-		{name: "signature garbage", h: table{HeaderAttempts: int64(4), HeaderSignature: "v1:!!"}, note: "dlxbridge-signature is malformed"},
-		{name: "signature of another type", h: table{HeaderAttempts: int64(4), HeaderSignature: int64(7)}, note: "malformed"},
+		{name: "signature garbage", h: table{wire.HeaderAttempts: int64(4), wire.HeaderSignature: "v1:!!"}, note: "dlxbridge-signature is malformed"},
+		{name: "signature of another type", h: table{wire.HeaderAttempts: int64(4), wire.HeaderSignature: int64(7)}, note: "malformed"},
 		{name: "x-death for a real lane with count 10^9", h: table{"x-death": []any{laneEntry(lane, int64(1_000_000_000), t0)}}, note: "x-death {orders.retry.5s.l0, expired} count 1000000000 not counted"},
 		{name: "x-death for a real lane, huge count, with a signed header", h: signed(testSigner, table{"x-death": []any{laneEntry(lane, int64(1_000_000_000), t0)}}), note: "count 1000000000 not counted"},
-		{name: "dlxbridge-first-failure-at 2001-01-01", h: table{HeaderFirstFailure: "2001-01-01T00:00:00Z"}, note: `dlxbridge-first-failure-at="2001-01-01T00:00:00Z" ignored: no dlxbridge-signature`},
+		{name: "dlxbridge-first-failure-at 2001-01-01", h: table{wire.HeaderFirstFailureAt: "2001-01-01T00:00:00Z"}, note: `dlxbridge-first-failure-at="2001-01-01T00:00:00Z" ignored: no dlxbridge-signature`},
 		{name: "x-death lane time 2001-01-01", h: table{"x-death": []any{laneEntry(lane, int64(1), time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC))}}, note: "not counted"},
-		{name: "negative header", h: table{HeaderAttempts: int64(-3)}, note: "dlxbridge-attempts=-3 ignored"},
-		{name: "huge unsigned header", h: table{HeaderAttempts: uint64(math.MaxUint64)}, note: "dlxbridge-attempts=9223372036854775807 ignored"},
-		{name: "string header", h: table{HeaderAttempts: "1"}, note: `dlxbridge-attempts="1" ignored`},
-		{name: "table header", h: table{HeaderAttempts: table{"n": int64(1)}}, note: "dlxbridge-attempts=(triage.table) ignored"},
+		{name: "negative header", h: table{wire.HeaderAttempts: int64(-3)}, note: "dlxbridge-attempts=-3 ignored"},
+		{name: "huge unsigned header", h: table{wire.HeaderAttempts: uint64(math.MaxUint64)}, note: "dlxbridge-attempts=9223372036854775807 ignored"},
+		{name: "string header", h: table{wire.HeaderAttempts: "1"}, note: `dlxbridge-attempts="1" ignored`},
+		{name: "table header", h: table{wire.HeaderAttempts: table{"n": int64(1)}}, note: "dlxbridge-attempts=(triage.table) ignored"},
 		{name: "x-death a string", h: table{"x-death": "forged"}, note: "want an array of tables"},
 	}
 	for _, tt := range tests {
@@ -196,12 +198,12 @@ func TestCountAttemptsSignedValuesAreStillValidated(t *testing.T) {
 		// unsigned: the value cannot be signed, so the header does not count.
 		unsigned bool
 	}{
-		{name: "huge", h: signed(testSigner, table{HeaderAttempts: int64(math.MaxInt64)}), failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling)"},
-		{name: "negative", h: signed(testSigner, table{HeaderAttempts: int64(-3)}), failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
+		{name: "huge", h: signed(testSigner, table{wire.HeaderAttempts: int64(math.MaxInt64)}), failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling)"},
+		{name: "negative", h: signed(testSigner, table{wire.HeaderAttempts: int64(-3)}), failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
 		// Neither a string nor an integer: no signature vouches for it.
-		{name: "fractional", h: signed(testSigner, table{HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
-		{name: "NaN", h: signed(testSigner, table{HeaderAttempts: math.NaN()}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
-		{name: "nil", h: signed(testSigner, table{HeaderAttempts: nil}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
+		{name: "fractional", h: signed(testSigner, table{wire.HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
+		{name: "NaN", h: signed(testSigner, table{wire.HeaderAttempts: math.NaN()}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
+		{name: "nil", h: signed(testSigner, table{wire.HeaderAttempts: nil}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},
 	}
 	for _, tt := range tests {
 		a := CountAttempts(AttemptInput{Headers: tt.h, Signature: verify(tt.h), Now: t0})
@@ -221,7 +223,7 @@ func TestCountAttemptsSignedValuesAreStillValidated(t *testing.T) {
 func TestCountAttemptsUnverifiedTrustsNothing(t *testing.T) {
 	t.Parallel()
 
-	h := signed(testSigner, table{HeaderAttempts: int64(2)})
+	h := signed(testSigner, table{wire.HeaderAttempts: int64(2)})
 	a := CountAttempts(AttemptInput{Headers: h})
 	if a.Failed != 0 || a.Signed || !containsNote(a.Notes, "dlxbridge-attempts=2 ignored: no valid dlxbridge-signature") {
 		t.Errorf("%+v", a)

@@ -302,17 +302,6 @@ func (t Transition) String() string {
 	return s
 }
 
-// BreakerStatus is a snapshot for gauges and readiness reports.
-type BreakerStatus struct {
-	State BreakerState
-	// Until is the end of the open period (BreakerOpen).
-	Until time.Time
-	// Opens counts the open periods since the breaker last closed.
-	Opens int
-	// ProbesInFlight and ProbesSucceeded (BreakerHalfOpen).
-	ProbesInFlight, ProbesSucceeded int
-}
-
 // Breaker pauses a work queue while the dependency its handlers call is
 // down, so that messages wait in the queue untouched instead of spending
 // their attempt and time budgets on an outage. It is a pure state machine:
@@ -558,14 +547,26 @@ func (b *Breaker) move(now time.Time, to BreakerState, cause BreakerCause, openF
 	return t
 }
 
-// Status is a snapshot of the breaker. It does not move the breaker:
-// an open breaker past its deadline stays open until the next Admit or
-// Tick.
-func (b *Breaker) Status() BreakerStatus {
+// Status is a snapshot of the breaker: its state, the end of the open
+// period (BreakerOpen) and the open periods since it last closed. It does
+// not move the breaker: an open breaker past its deadline stays open until
+// the next Admit or Tick.
+func (b *Breaker) Status() (state BreakerState, until time.Time, opens int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return BreakerStatus{
-		State: b.state, Until: b.until, Opens: b.opens,
-		ProbesInFlight: b.probesOut, ProbesSucceeded: b.probesOK,
-	}
+	return b.state, b.until, b.opens
+}
+
+// State is Status's state alone.
+func (b *Breaker) State() BreakerState {
+	st, _, _ := b.Status()
+	return st
+}
+
+// Probes are the probes in flight and those that succeeded
+// (BreakerHalfOpen).
+func (b *Breaker) Probes() (inFlight, succeeded int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.probesOut, b.probesOK
 }

@@ -126,7 +126,7 @@ func FuzzBreaker(f *testing.F) {
 				tell()
 				before := state
 				if op/5%4 == 3 {
-					if st := b.Status(); state == BreakerOpen {
+					if st := status(b); state == BreakerOpen {
 						if st.Until.Before(until) {
 							t.Fatalf("step %d: open until %s, announced until %s", i, st.Until, until)
 						}
@@ -240,7 +240,7 @@ func FuzzBreaker(f *testing.F) {
 				i++
 				now = now.Add(-time.Duration(arg) * time.Second)
 			case 4: // status agrees with the model
-				st := b.Status()
+				st := status(b)
 				if st.State != state {
 					t.Fatalf("step %d: status %s, model %s", i, st.State, state)
 				}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -37,6 +39,18 @@ const (
 	// without requeue.
 	ClassRejected Class = "rejected"
 )
+
+// classes are the classes triage and the broker's dead-letter reasons give,
+// in the order they are declared.
+var classes = []Class{
+	ClassTransient, ClassPermanent, ClassSchema, ClassTimeout, ClassPanic,
+	ClassCrashLoop, ClassExpired, ClassMaxLen, ClassRejected,
+}
+
+// Classes returns every class a failure can have, in declaration order
+// (transient first). Metrics label by it, so a class added here gets a
+// series of its own. The returned slice is a copy.
+func Classes() []Class { return slices.Clone(classes) }
 
 // Retryable reports whether a failure of class c is retried: transient,
 // timeout and panic are; every other class, unknown ones included, is not.
@@ -166,8 +180,8 @@ func ClassifyDeadLetter(h History, headers map[string]any) (Class, bool) {
 	if len(h.Deaths) > 0 {
 		reasons = append(reasons, h.Deaths[0].Reason)
 	}
-	for _, name := range []string{HeaderLastDeathReason, HeaderFirstDeathReason} {
-		if s, ok := wire.String(headers[name]); ok {
+	for _, name := range []string{wire.HeaderLastDeathReason, wire.HeaderFirstDeathReason} {
+		if s, ok := wireval.String(headers[name]); ok {
 			reasons = append(reasons, s)
 		}
 	}

@@ -4,10 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // validationError stands in for the schema gate's error type, which marks
@@ -114,17 +122,17 @@ func TestClassifyDeadLetter(t *testing.T) {
 		ok      bool
 	}{
 		{"crash loop after retries: newest entry wins over the first death", table{
-			"x-death":              []any{death(workQueue, "delivery_limit"), death(laneQueue(time.Second, 0), "expired")},
-			HeaderFirstDeathReason: "expired",
+			"x-death":                   []any{death(workQueue, "delivery_limit"), death(laneQueue(time.Second, 0), "expired")},
+			wire.HeaderFirstDeathReason: "expired",
 		}, ClassCrashLoop, true},
 		{"queue TTL", table{"x-death": []any{death(workQueue, "expired")}}, ClassExpired, true},
 		{"max length", table{"x-death": []any{death(workQueue, "maxlen")}}, ClassMaxLen, true},
 		{"rejected", table{"x-death": []any{death(workQueue, "rejected")}}, ClassRejected, true},
-		{"no x-death: last-death header (3.13+)", table{HeaderLastDeathReason: "maxlen", HeaderFirstDeathReason: "expired"}, ClassMaxLen, true},
-		{"no x-death: first-death header", table{HeaderFirstDeathReason: []byte("delivery_limit")}, ClassCrashLoop, true},
-		{"unknown reason falls through", table{"x-death": []any{death(workQueue, "weird")}, HeaderFirstDeathReason: "expired"}, ClassExpired, true},
+		{"no x-death: last-death header (3.13+)", table{wire.HeaderLastDeathReason: "maxlen", wire.HeaderFirstDeathReason: "expired"}, ClassMaxLen, true},
+		{"no x-death: first-death header", table{wire.HeaderFirstDeathReason: []byte("delivery_limit")}, ClassCrashLoop, true},
+		{"unknown reason falls through", table{"x-death": []any{death(workQueue, "weird")}, wire.HeaderFirstDeathReason: "expired"}, ClassExpired, true},
 		{"nothing", nil, "", false},
-		{"garbage", table{"x-death": "x", HeaderFirstDeathReason: 7}, "", false},
+		{"garbage", table{"x-death": "x", wire.HeaderFirstDeathReason: 7}, "", false},
 	}
 	for _, tt := range tests {
 		class, ok := ClassifyDeadLetter(HistoryOf(tt.headers), tt.headers)
@@ -216,5 +224,42 @@ func TestNormalizeMessageRemembersWithinABound(t *testing.T) {
 	long := strings.Repeat("x", 3*maxNormalizeInput)
 	if got, want := NormalizeMessage(long), normalize(long[:maxNormalizeInput]); got != want {
 		t.Errorf("a long text: %q, want %q", got, want)
+	}
+}
+
+// Classes lists every Class constant the package declares, so that a class
+// added later reaches what labels by the list (the quarantine metrics).
+func TestClassesListsEveryClassConstant(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var declared []Class
+	for _, f := range pkgs["triage"].Files {
+		for _, d := range f.Decls {
+			gd, ok := d.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, s := range gd.Specs {
+				vs := s.(*ast.ValueSpec)
+				if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Class" {
+					continue
+				}
+				for i := range vs.Names {
+					lit := vs.Values[i].(*ast.BasicLit)
+					v, _ := strconv.Unquote(lit.Value)
+					declared = append(declared, Class(v))
+				}
+			}
+		}
+	}
+	got := Classes()
+	slices.Sort(got)
+	slices.Sort(declared)
+	if len(declared) == 0 || !slices.Equal(got, declared) {
+		t.Errorf("Classes() = %v, the package declares %v", got, declared)
 	}
 }

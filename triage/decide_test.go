@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 var defaultPolicy = Policy{
@@ -290,9 +292,9 @@ func TestPrecheckCountsAttemptsMade(t *testing.T) {
 		failed  int
 		want    int
 	}{
-		{"three deliveries of a first hop crashed", table{HeaderDeliveryCount: int64(3)}, 0, 3},
-		{"after two failed retries", table{HeaderDeliveryCount: int64(3)}, 2, 5},
-		{"forged huge count is bounded", table{HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
+		{"three deliveries of a first hop crashed", table{wire.HeaderDeliveryCount: int64(3)}, 0, 3},
+		{"after two failed retries", table{wire.HeaderDeliveryCount: int64(3)}, 2, 5},
+		{"forged huge count is bounded", table{wire.HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
 	}
 	for _, c := range cases {
 		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Redelivered: true, Failed: c.failed})
@@ -320,13 +322,13 @@ func TestPrecheck(t *testing.T) {
 		{name: "first delivery", p: p, headers: nil, action: ActionDeliver},
 		{name: "delivery_limit for another queue", p: p, headers: table{"x-death": dl("billing")}, action: ActionDeliver},
 		{name: "other reasons for the work queue", p: p, headers: table{"x-death": []any{table{"queue": workQueue, "reason": "rejected", "count": int64(9)}}}, action: ActionDeliver},
-		{name: "x-delivery-count under budget", p: p, headers: table{HeaderDeliveryCount: int64(2)}, action: ActionDeliver},
-		{name: "x-delivery-count at budget", p: p, headers: table{HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times by orders (x-delivery-count)"},
-		{name: "x-delivery-count over budget, int32", p: p, headers: table{HeaderDeliveryCount: int32(10)}, action: ActionQuarantine, reason: "delivered 11 times"},
-		{name: "x-delivery-count huge", p: p, headers: table{HeaderDeliveryCount: uint64(math.MaxUint64)}, action: ActionQuarantine, reason: "delivered 9223372036854775807 times"},
-		{name: "x-delivery-count negative", p: p, headers: table{HeaderDeliveryCount: int64(-50)}, action: ActionDeliver, note: "x-delivery-count=-50 ignored: negative"},
-		{name: "x-delivery-count string", p: p, headers: table{HeaderDeliveryCount: "9"}, action: ActionDeliver, note: "x-delivery-count of type string ignored"},
-		{name: "guard disabled", p: Policy{}, headers: table{HeaderDeliveryCount: int64(1000)}, action: ActionDeliver},
+		{name: "x-delivery-count under budget", p: p, headers: table{wire.HeaderDeliveryCount: int64(2)}, action: ActionDeliver},
+		{name: "x-delivery-count at budget", p: p, headers: table{wire.HeaderDeliveryCount: int64(3)}, action: ActionQuarantine, reason: "crash-looping: delivered 4 times by orders (x-delivery-count)"},
+		{name: "x-delivery-count over budget, int32", p: p, headers: table{wire.HeaderDeliveryCount: int32(10)}, action: ActionQuarantine, reason: "delivered 11 times"},
+		{name: "x-delivery-count huge", p: p, headers: table{wire.HeaderDeliveryCount: uint64(math.MaxUint64)}, action: ActionQuarantine, reason: "delivered 9223372036854775807 times"},
+		{name: "x-delivery-count negative", p: p, headers: table{wire.HeaderDeliveryCount: int64(-50)}, action: ActionDeliver, note: "x-delivery-count=-50 ignored: negative"},
+		{name: "x-delivery-count string", p: p, headers: table{wire.HeaderDeliveryCount: "9"}, action: ActionDeliver, note: "x-delivery-count of type string ignored"},
+		{name: "guard disabled", p: Policy{}, headers: table{wire.HeaderDeliveryCount: int64(1000)}, action: ActionDeliver},
 		{name: "x-death garbage", p: p, headers: table{"x-death": 12}, action: ActionDeliver, note: "want an array of tables"},
 	}
 	for _, tt := range tests {
@@ -362,11 +364,11 @@ func TestPrecheckForgeriesDoNotSkipTheHandler(t *testing.T) {
 		redelivered bool
 		note        string
 	}{
-		{name: "x-delivery-count 50 on a first delivery", headers: table{HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored: the first delivery in orders (redelivered=false) carries the publisher's value"},
-		{name: "x-delivery-count 50 as a string", headers: table{HeaderDeliveryCount: "50"}, note: "x-delivery-count of type string ignored"},
+		{name: "x-delivery-count 50 on a first delivery", headers: table{wire.HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored: the first delivery in orders (redelivered=false) carries the publisher's value"},
+		{name: "x-delivery-count 50 as a string", headers: table{wire.HeaderDeliveryCount: "50"}, note: "x-delivery-count of type string ignored"},
 		{name: "x-death {Q, delivery_limit}", headers: table{"x-death": dl}, note: "x-death {orders, delivery_limit} (count 3) ignored"},
-		{name: "x-death {Q, delivery_limit} with x-first-death", headers: table{"x-death": dl, HeaderFirstDeathQueue: workQueue, HeaderFirstDeathReason: ReasonDeliveryLimit}, note: "forged or was replayed"},
-		{name: "x-death {Q, delivery_limit} and x-delivery-count 50", headers: table{"x-death": dl, HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored"},
+		{name: "x-death {Q, delivery_limit} with x-first-death", headers: table{"x-death": dl, wire.HeaderFirstDeathQueue: workQueue, wire.HeaderFirstDeathReason: ReasonDeliveryLimit}, note: "forged or was replayed"},
+		{name: "x-death {Q, delivery_limit} and x-delivery-count 50", headers: table{"x-death": dl, wire.HeaderDeliveryCount: int64(50)}, note: "x-delivery-count=50 ignored"},
 		{name: "x-death {Q, delivery_limit} on a redelivery under budget", headers: table{"x-death": dl}, redelivered: true, note: "ignored"},
 	}
 	for _, tt := range tests {
@@ -392,9 +394,9 @@ func TestPrecheckCountsOnlyThisQueuesDeliveries(t *testing.T) {
 	viaTTL := []any{table{"queue": "upstream.delay", "reason": "expired", "count": int64(1), "time": t0}, upstream[0]}
 	ownLane := []any{laneEntry(laneQueue(time.Second, 0), int64(1), t0)}
 	readmittedCopy := func(hist []any, count int64) table {
-		h := signed(testSigner, table{"x-death": hist, HeaderReadmitted: XDeathDigest(table{"x-death": hist})})
+		h := signed(testSigner, table{"x-death": hist, wire.HeaderReadmitted: XDeathDigest(table{"x-death": hist})})
 		if count > 0 {
-			h[HeaderDeliveryCount] = count
+			h[wire.HeaderDeliveryCount] = count
 		}
 		return h
 	}
@@ -415,26 +417,26 @@ func TestPrecheckCountsOnlyThisQueuesDeliveries(t *testing.T) {
 		// 3.10.8: a dead-lettered message arrives with redelivered=false
 		// and no count; afterwards the count is this queue's.
 		{name: "3.10 upstream dead letter, first delivery", t: 1, headers: table{"x-death": upstream}, want: ActionDeliver},
-		{name: "3.10 upstream dead letter, requeued once", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionQuarantine},
-		{name: "3.10 upstream dead letter, requeued once, budget 2", t: 2, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionDeliver},
+		{name: "3.10 upstream dead letter, requeued once", t: 1, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionQuarantine},
+		{name: "3.10 upstream dead letter, requeued once, budget 2", t: 2, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, want: ActionDeliver},
 		// 4.0.5: redelivered=true and a carried count on the first delivery.
-		{name: "4.x upstream reject, first delivery, budget 1", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
-		{name: "4.x upstream reject, first delivery, default budget", t: 4, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
-		{name: "4.x upstream crash then reject: count 2", t: 1, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(2)}, redelivered: true, carried: true, want: ActionReadmit},
-		{name: "4.x carried through a TTL hop", t: 1, headers: table{"x-death": viaTTL, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream reject, first delivery, budget 1", t: 1, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream reject, first delivery, default budget", t: 4, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x upstream crash then reject: count 2", t: 1, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(2)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x carried through a TTL hop", t: 1, headers: table{"x-death": viaTTL, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
 		{name: "4.x upstream TTL expiry only: nothing carried", t: 1, headers: table{"x-death": []any{table{"queue": "upstream", "reason": "expired", "count": int64(1)}}}, carried: true, want: ActionDeliver},
-		{name: "4.x guard off: no re-admission", t: 0, headers: table{"x-death": upstream, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionDeliver},
+		{name: "4.x guard off: no re-admission", t: 0, headers: table{"x-death": upstream, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionDeliver},
 		// The re-admitted copy counts this queue's deliveries only.
 		{name: "4.x re-admitted copy, first delivery", t: 1, headers: readmittedCopy(upstream, 0), carried: true, want: ActionDeliver},
 		{name: "4.x re-admitted copy, requeued once", t: 1, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionQuarantine},
 		{name: "4.x re-admitted copy, requeued once, budget 2", t: 2, headers: readmittedCopy(upstream, 1), redelivered: true, carried: true, want: ActionDeliver},
 		{name: "4.x re-admitted copy dead-lettered again", t: 1, headers: staleMark(), redelivered: true, carried: true, want: ActionReadmit},
-		{name: "4.x unsigned re-admission mark", t: 1, headers: table{"x-death": upstream, HeaderReadmitted: XDeathDigest(table{"x-death": upstream}), HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
+		{name: "4.x unsigned re-admission mark", t: 1, headers: table{"x-death": upstream, wire.HeaderReadmitted: XDeathDigest(table{"x-death": upstream}), wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionReadmit},
 		// The bridge's own retry lane carries nothing on either version.
 		{name: "4.x back from the retry lane, first delivery", t: 1, headers: table{"x-death": ownLane}, carried: true, want: ActionDeliver},
-		{name: "4.x back from the retry lane, requeued once", t: 1, headers: table{"x-death": ownLane, HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+		{name: "4.x back from the retry lane, requeued once", t: 1, headers: table{"x-death": ownLane, wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
 		// A producer's message: redelivered is exact on both versions.
-		{name: "4.x producer message requeued once", t: 1, headers: table{HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
+		{name: "4.x producer message requeued once", t: 1, headers: table{wire.HeaderDeliveryCount: int64(1)}, redelivered: true, carried: true, want: ActionQuarantine},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -548,7 +550,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 func BenchmarkCountAttempts(b *testing.B) {
-	h := table{HeaderAttempts: int64(3), HeaderFirstFailure: t0.Format(time.RFC3339Nano), "x-death": []any{
+	h := table{wire.HeaderAttempts: int64(3), wire.HeaderFirstFailureAt: t0.Format(time.RFC3339Nano), "x-death": []any{
 		laneEntry(laneQueue(5*time.Second, 1), int64(2), t0), laneEntry(laneQueue(time.Second, 0), int64(1), t0),
 	}}
 	in := AttemptInput{Headers: h, IsRetryQueue: isLane, Now: t0.Add(time.Minute)}

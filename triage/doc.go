@@ -14,9 +14,9 @@
 // {queue, reason}, never by position. A value decides only where the broker
 // or the bridge vouches for it:
 //
-//   - the bridge's retry headers (HeaderAttempts, HeaderFirstFailure, and
+//   - the bridge's retry headers (wire.HeaderAttempts, wire.HeaderFirstFailureAt, and
 //     whatever else the runtime signs) count only with a valid
-//     HeaderSignature: HMAC-SHA256 under the consumers' shared key, bound to
+//     wire.HeaderSignature: HMAC-SHA256 under the consumers' shared key, bound to
 //     the work queue, the message id and a hash of the body (Signer);
 //   - x-delivery-count counts only on a redelivery (redelivered=true), and
 //     where the broker may carry counts across dead-lettering (4.x), only
@@ -31,10 +31,10 @@
 //
 // The bridge retries by ack + republish to a TTL lane queue
 // (Q.retry.<delay>.l<n>) that dead-letters with reason expired back to Q,
-// and stamps every retry publish with HeaderAttempts = n (failed attempts so
-// far) and HeaderFirstFailure, signed. CountAttempts reads them:
+// and stamps every retry publish with wire.HeaderAttempts = n (failed attempts so
+// far) and wire.HeaderFirstFailureAt, signed. CountAttempts reads them:
 //
-//	Failed = signed HeaderAttempts, else 0
+//	Failed = signed wire.HeaderAttempts, else 0
 //
 // The broker's x-death can't be the counter: 3.10–3.12 and 3.13.3+ keep and
 // increment a client's x-death (so a forged count grows), 4.x replaces it

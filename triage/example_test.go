@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // A handler failed on the third delivery of a message: the bridge reads the
@@ -24,15 +25,15 @@ func ExampleDecide() {
 	now := time.Date(2026, 3, 1, 12, 0, 40, 0, time.UTC)
 	signer, _ := triage.NewSigner([]byte("a key shared by every consumer"))
 	msg := triage.Subject{Queue: "orders", MessageID: "m-1", Body: []byte(`{"id":1}`)}
-	signed := []string{triage.HeaderAttempts, triage.HeaderFirstFailure}
+	signed := []string{wire.HeaderAttempts, wire.HeaderFirstFailureAt}
 
 	// What the previous hop published (with its signature) and a 4.x
 	// broker delivered back from the retry lane.
 	headers := map[string]any{
-		triage.HeaderAttempts:     int64(2),
-		triage.HeaderFirstFailure: "2026-03-01T12:00:00Z",
+		wire.HeaderAttempts:       int64(2),
+		wire.HeaderFirstFailureAt: "2026-03-01T12:00:00Z",
 	}
-	headers[triage.HeaderSignature] = signer.Sign(msg, headers, signed)
+	headers[wire.HeaderSignature] = signer.Sign(msg, headers, signed)
 	headers["x-death"] = []any{map[string]any{
 		"queue": "orders.retry.5s.l1", "reason": "expired", "count": int64(1),
 		"time": now.Add(-time.Second),
@@ -63,7 +64,7 @@ func ExampleDecide() {
 // keeps its whole retry budget.
 func ExampleCountAttempts() {
 	a := triage.CountAttempts(triage.AttemptInput{
-		Headers:   map[string]any{triage.HeaderAttempts: int64(999999), "x-death": "forged"},
+		Headers:   map[string]any{wire.HeaderAttempts: int64(999999), "x-death": "forged"},
 		Signature: triage.Verification{Problem: "no dlxbridge-signature"},
 	})
 	fmt.Println(a.Failed)

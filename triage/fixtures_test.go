@@ -5,6 +5,8 @@ import (
 	"maps"
 	"strings"
 	"time"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // table mimics amqp.Table: a named map type, as amqp091-go delivers
@@ -33,7 +35,7 @@ func mustSigner(key string) *Signer {
 
 // signedFields are the headers the fixtures sign (the runtime also signs
 // its origin and notes headers).
-var signedFields = []string{HeaderAttempts, HeaderFirstFailure, HeaderReadmitted}
+var signedFields = []string{wire.HeaderAttempts, wire.HeaderFirstFailureAt, wire.HeaderReadmitted}
 
 // testSubject is the message the fixtures sign for.
 var testSubject = Subject{Queue: workQueue, MessageID: "m-1", Body: []byte(`{"id":1}`)}
@@ -44,7 +46,7 @@ func signed(s *Signer, h table) table {
 	if out == nil {
 		out = table{}
 	}
-	out[HeaderSignature] = s.Sign(testSubject, out, signedFields)
+	out[wire.HeaderSignature] = s.Sign(testSubject, out, signedFields)
 	return out
 }
 
@@ -96,15 +98,15 @@ func (s shape) deadLetter(h table, queue, reason string, now time.Time) table {
 			entries = append(entries, t)
 		}
 		out["x-death"] = entries
-		if _, ok := out[HeaderFirstDeathQueue]; !ok {
-			out[HeaderFirstDeathQueue] = queue
-			out[HeaderFirstDeathReason] = reason
+		if _, ok := out[wire.HeaderFirstDeathQueue]; !ok {
+			out[wire.HeaderFirstDeathQueue] = queue
+			out[wire.HeaderFirstDeathReason] = reason
 		}
 	case shape4x:
 		out["x-death"] = []any{fresh}
-		out[HeaderFirstDeathQueue] = queue
-		out[HeaderFirstDeathReason] = reason
-		out[HeaderLastDeathReason] = reason
+		out[wire.HeaderFirstDeathQueue] = queue
+		out[wire.HeaderFirstDeathReason] = reason
+		out[wire.HeaderLastDeathReason] = reason
 	}
 	return out
 }
@@ -122,14 +124,14 @@ func retryPublish(h table, failedSoFar int, now time.Time, strip bool) table {
 	}
 	if strip {
 		for k := range out {
-			if k == HeaderXDeath || k == HeaderDeliveryCount || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
+			if k == wire.HeaderXDeath || k == wire.HeaderDeliveryCount || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
 				delete(out, k)
 			}
 		}
 	}
-	out[HeaderAttempts] = int64(failedSoFar)
-	if _, ok := out[HeaderFirstFailure]; !ok {
-		out[HeaderFirstFailure] = now.UTC().Format(time.RFC3339Nano)
+	out[wire.HeaderAttempts] = int64(failedSoFar)
+	if _, ok := out[wire.HeaderFirstFailureAt]; !ok {
+		out[wire.HeaderFirstFailureAt] = now.UTC().Format(time.RFC3339Nano)
 	}
 	return signed(testSigner, out)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -101,8 +102,8 @@ func FuzzParseXDeath(f *testing.F) {
 			}
 			h.Earliest()
 
-			headers := map[string]any{HeaderXDeath: v, HeaderAttempts: v, HeaderFirstFailure: v, HeaderDeliveryCount: v, HeaderSignature: v, HeaderReadmitted: v,
-				wire.HeaderRedriveCount: v, HeaderRedriveSignature: v}
+			headers := map[string]any{wire.HeaderXDeath: v, wire.HeaderAttempts: v, wire.HeaderFirstFailureAt: v, wire.HeaderDeliveryCount: v, wire.HeaderSignature: v, wire.HeaderReadmitted: v,
+				wire.HeaderRedriveCount: v, wire.HeaderRedriveSignature: v}
 			isRetry := func(q string) bool { return strings.Contains(q, "retry") }
 			// Unsigned (or forged) values never count; signed ones are
 			// still bounded.
@@ -114,10 +115,10 @@ func FuzzParseXDeath(f *testing.F) {
 			sig := verify(sh)
 			// Only strings and integers are encoded as values: a signature
 			// over anything else would vouch for any value of its type.
-			_, isString := wire.String(v)
-			_, isInt := wire.Int(v)
-			if encodable := isString || isInt == wire.IntOK; sig.Valid != encodable {
-				t.Fatalf("signature over a fuzzed %s: %+v", wire.TypeName(v), sig)
+			_, isString := wireval.String(v)
+			_, isInt := wireval.Int(v)
+			if encodable := isString || isInt == wireval.IntOK; sig.Valid != encodable {
+				t.Fatalf("signature over a fuzzed %s: %+v", wireval.TypeName(v), sig)
 			}
 			a := CountAttempts(AttemptInput{Headers: sh, Signature: sig, IsRetryQueue: isRetry, Now: t0})
 			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != a.FromHeader {

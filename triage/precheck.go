@@ -3,6 +3,7 @@ package triage
 import (
 	"fmt"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -24,7 +25,7 @@ type DeliveryInput struct {
 	// x-delivery-count 1); 3.10 does not; 3.13 is treated like 4.x.
 	CarriedCounts bool
 	// Signed is Signer.Verify's verdict on the bridge's own headers; a
-	// signed HeaderReadmitted that matches the message's x-death says the
+	// signed wire.HeaderReadmitted that matches the message's x-death says the
 	// bridge already re-admitted this copy.
 	Signed bool
 	// IsRetryQueue reports whether queue is one of WorkQueue's retry lanes.
@@ -46,11 +47,11 @@ type DeliveryInput struct {
 //   - Redelivered true, CarriedCounts, and an x-death history that is not
 //     just one expiry from one of WorkQueue's retry lanes (the bridge
 //     publishes those afresh, so they carry nothing), unless a signed
-//     HeaderReadmitted matches that history: the count may be the upstream
+//     wire.HeaderReadmitted matches that history: the count may be the upstream
 //     queue's, and nothing in the headers tells the two apart. If the guard
 //     is on, the verdict is ActionReadmit: the runtime republishes the
 //     message to WorkQueue (x-death kept, x-delivery-count dropped, a signed
-//     HeaderReadmitted added) and acks the original, so the copy's count is
+//     wire.HeaderReadmitted added) and acks the original, so the copy's count is
 //     the queue's own from its first delivery. Its handler has not run on
 //     this delivery.
 //   - Otherwise the count is this queue's requeues so far, and at or over
@@ -81,15 +82,15 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 			short(in.WorkQueue), d.Count, short(in.WorkQueue))
 	}
 	var count int64
-	raw, present := in.Headers[HeaderDeliveryCount]
+	raw, present := in.Headers[wire.HeaderDeliveryCount]
 	if present {
-		c, res := wire.Int(raw)
+		c, res := wireval.Int(raw)
 		switch {
-		case res == wire.IntWrongType:
-			n.add("%s of type %s ignored: not an integer", HeaderDeliveryCount, wire.TypeName(raw))
+		case res == wireval.IntWrongType:
+			n.add("%s of type %s ignored: not an integer", wire.HeaderDeliveryCount, wireval.TypeName(raw))
 			present = false
 		case c < 0:
-			n.add("%s=%d ignored: negative", HeaderDeliveryCount, c)
+			n.add("%s=%d ignored: negative", wire.HeaderDeliveryCount, c)
 			present = false
 		default:
 			count = c
@@ -98,7 +99,7 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 	if !in.Redelivered {
 		if present {
 			n.add("%s=%d ignored: the first delivery in %s (redelivered=false) carries the publisher's value, not the broker's",
-				HeaderDeliveryCount, count, short(in.WorkQueue))
+				wire.HeaderDeliveryCount, count, short(in.WorkQueue))
 		}
 		return Verdict{Action: ActionDeliver}
 	}
@@ -109,12 +110,12 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 		newest := h.Deaths[0]
 		return Verdict{Action: ActionReadmit,
 			Reason: fmt.Sprintf("%s=%d may have been carried from %s (x-death {%s, %s}): the broker carries counts across dead-lettering; re-admitting the message so only %s's deliveries count",
-				HeaderDeliveryCount, count, short(newest.Queue), short(newest.Queue), short(newest.Reason), short(in.WorkQueue))}
+				wire.HeaderDeliveryCount, count, short(newest.Queue), short(newest.Queue), short(newest.Reason), short(in.WorkQueue))}
 	}
 	if count >= int64(p.CrashLoopDeliveries) {
 		attempt := max(in.Failed, 0) + int(min(count, MaxAttemptsCeiling))
 		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop, Attempt: attempt,
-			Reason: fmt.Sprintf("crash-looping: delivered %d times by %s (%s)", addSat(count, 1), short(in.WorkQueue), HeaderDeliveryCount)}
+			Reason: fmt.Sprintf("crash-looping: delivered %d times by %s (%s)", addSat(count, 1), short(in.WorkQueue), wire.HeaderDeliveryCount)}
 	}
 	return Verdict{Action: ActionDeliver}
 }
@@ -127,12 +128,12 @@ func fromOwnLane(h History, isRetry func(string) bool) bool {
 }
 
 // readmitted reports whether the bridge re-admitted this very copy: a signed
-// HeaderReadmitted equal to the digest of the x-death it still carries. If
+// wire.HeaderReadmitted equal to the digest of the x-death it still carries. If
 // the broker dead-lettered the copy again since, its x-death changed.
 func readmitted(in DeliveryInput, h History) bool {
 	if !in.Signed || len(h.Deaths) == 0 {
 		return false
 	}
-	s, ok := wire.String(in.Headers[HeaderReadmitted])
+	s, ok := wireval.String(in.Headers[wire.HeaderReadmitted])
 	return ok && s != "" && s == XDeathDigest(in.Headers)
 }

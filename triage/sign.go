@@ -13,19 +13,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
-
-// HeaderSignature is the bridge's signature over its own retry state (the
-// headers a Signer is given), bound to one work queue and one message:
-// "v1:" and the base64url HMAC-SHA256. Without a valid signature those
-// headers are the publisher's, and nothing trusts them.
-const HeaderSignature = wire.HeaderSignature
 
 // SignedHeaders are the bridge's retry state: the headers a retry, a
 // re-admission or a replay carries back into a work queue, and that decide
 // something there. The runtime trusts them only under a valid
-// HeaderSignature, which binds them to the work queue, the message id and
+// wire.HeaderSignature, which binds them to the work queue, the message id and
 // the body. The returned slice is a copy.
 func SignedHeaders() []string {
 	return []string{
@@ -38,12 +33,6 @@ func SignedHeaders() []string {
 		wire.HeaderReadmitted,
 	}
 }
-
-// HeaderReadmitted marks a message the bridge re-admitted into its work queue
-// (ActionReadmit). Its value is XDeathDigest of the message's x-death at that
-// moment; signed, it tells Precheck that the broker's delivery count on this
-// copy is the work queue's own.
-const HeaderReadmitted = wire.HeaderReadmitted
 
 // MinKeyBytes is the shortest signing key NewSigner accepts.
 const MinKeyBytes = 16
@@ -91,7 +80,7 @@ type Verification struct {
 	Problem string
 }
 
-// Sign returns the HeaderSignature value over the headers named in fields,
+// Sign returns the wire.HeaderSignature value over the headers named in fields,
 // as they are in h (an absent header is signed as absent). Strings and byte
 // arrays sign as strings, integers of any type as their decimal value;
 // other types as their type name, and Verify refuses them: such a
@@ -110,10 +99,6 @@ const (
 	domainRedrive  = "dlxbridge redrive v1"
 )
 
-// HeaderRedriveSignature is a replay's signature over the redrive count it
-// set (see SignRedrive).
-const HeaderRedriveSignature = wire.HeaderRedriveSignature
-
 // redriveFields are what a redrive signature covers beside its subject. It
 // is not in SignedHeaders: the retry signature encodes absent fields too,
 // so adding one would void every retry in flight across an upgrade.
@@ -127,7 +112,7 @@ func redriveSubject(messageID string, body []byte) Subject {
 	return Subject{MessageID: messageID, Body: body}
 }
 
-// SignRedrive returns the HeaderRedriveSignature value over h's
+// SignRedrive returns the wire.HeaderRedriveSignature value over h's
 // dlxbridge-redrive-count (wire.HeaderRedriveCount), for the message with
 // messageID and body, under a domain of its own: a retry or envelope
 // signature never verifies as a redrive signature, nor the other way round.
@@ -138,17 +123,13 @@ func (s *Signer) SignRedrive(messageID string, body []byte, h map[string]any) st
 	return s.sign(domainRedrive, redriveSubject(messageID, body), h, redriveFields)
 }
 
-// VerifyRedrive checks h's HeaderRedriveSignature against its redrive count,
+// VerifyRedrive checks h's wire.HeaderRedriveSignature against its redrive count,
 // as Verify does.
 func (s *Signer) VerifyRedrive(messageID string, body []byte, h map[string]any) Verification {
 	return s.verify(domainRedrive, &redriveSig, redriveSubject(messageID, body), h, redriveFields)
 }
 
-// HeaderEnvelopeSignature is the bridge's signature over the quarantine
-// envelope it wrote (see SignEnvelope).
-const HeaderEnvelopeSignature = wire.HeaderEnvelopeSignature
-
-// SignEnvelope returns the HeaderEnvelopeSignature value over the headers
+// SignEnvelope returns the wire.HeaderEnvelopeSignature value over the headers
 // named in fields, as Sign does, under a domain of its own: a quarantine
 // envelope's signature never verifies as retry state, nor the other way
 // round. The runtime signs each envelope it writes; a reader with the key
@@ -159,7 +140,7 @@ func (s *Signer) SignEnvelope(sub Subject, h map[string]any, fields []string) st
 	return s.sign(domainEnvelope, sub, h, fields)
 }
 
-// VerifyEnvelope checks h's HeaderEnvelopeSignature against the headers
+// VerifyEnvelope checks h's wire.HeaderEnvelopeSignature against the headers
 // named in fields, as Verify does.
 func (s *Signer) VerifyEnvelope(sub Subject, h map[string]any, fields []string) Verification {
 	return s.verify(domainEnvelope, &envelopeSig, sub, h, fields)
@@ -186,7 +167,7 @@ func (s *Signer) Placeholder() string {
 
 var placeholder = sigPrefix + strings.Repeat("-", base64.RawURLEncoding.EncodedLen(sha256.Size))
 
-// Verify checks h's HeaderSignature against the headers named in fields. It
+// Verify checks h's wire.HeaderSignature against the headers named in fields. It
 // compares in constant time and never panics.
 func (s *Signer) Verify(sub Subject, h map[string]any, fields []string) Verification {
 	return s.verify(domainRetry, &retrySig, sub, h, fields)
@@ -202,15 +183,15 @@ type sigHeader struct{ name, missing, malformed, mismatch, unsigned string }
 const unsignedValue = " cannot vouch for a signed header that is neither a string nor an integer"
 
 var (
-	retrySig = sigHeader{HeaderSignature, "no " + HeaderSignature, HeaderSignature + " is malformed",
-		HeaderSignature + " does not match (another key, queue or message, or altered headers)",
-		HeaderSignature + unsignedValue}
-	envelopeSig = sigHeader{HeaderEnvelopeSignature, "no " + HeaderEnvelopeSignature, HeaderEnvelopeSignature + " is malformed",
-		HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)",
-		HeaderEnvelopeSignature + unsignedValue}
-	redriveSig = sigHeader{HeaderRedriveSignature, "no " + HeaderRedriveSignature, HeaderRedriveSignature + " is malformed",
-		HeaderRedriveSignature + " does not match (another key or message, or an altered count)",
-		HeaderRedriveSignature + unsignedValue}
+	retrySig = sigHeader{wire.HeaderSignature, "no " + wire.HeaderSignature, wire.HeaderSignature + " is malformed",
+		wire.HeaderSignature + " does not match (another key, queue or message, or altered headers)",
+		wire.HeaderSignature + unsignedValue}
+	envelopeSig = sigHeader{wire.HeaderEnvelopeSignature, "no " + wire.HeaderEnvelopeSignature, wire.HeaderEnvelopeSignature + " is malformed",
+		wire.HeaderEnvelopeSignature + " does not match (another key, exchange or message, or altered headers)",
+		wire.HeaderEnvelopeSignature + unsignedValue}
+	redriveSig = sigHeader{wire.HeaderRedriveSignature, "no " + wire.HeaderRedriveSignature, wire.HeaderRedriveSignature + " is malformed",
+		wire.HeaderRedriveSignature + " does not match (another key or message, or an altered count)",
+		wire.HeaderRedriveSignature + unsignedValue}
 )
 
 // verify checks the signature in header sh, made in domain.
@@ -222,7 +203,7 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 	if !present {
 		return Verification{Problem: sh.missing}
 	}
-	str, ok := wire.String(raw)
+	str, ok := wireval.String(raw)
 	// A valid value is 46 bytes: a longer one is not decoded.
 	if !ok || !strings.HasPrefix(str, sigPrefix) || len(str) != len(placeholder) {
 		return Verification{Problem: sh.malformed}
@@ -305,16 +286,16 @@ func (e *encoding) putBytes(tag byte, b []byte) {
 // putValue: strings and byte arrays as strings, integers of any type as
 // their decimal value, anything else as its type name (and then false).
 func (e *encoding) putValue(v any) bool {
-	if s, ok := wire.String(v); ok {
+	if s, ok := wireval.String(v); ok {
 		e.put('s', s)
 		return true
 	}
-	if n, res := wire.Int(v); res == wire.IntOK {
+	if n, res := wireval.Int(v); res == wireval.IntOK {
 		var digits [20]byte
 		e.putBytes('i', strconv.AppendInt(digits[:0], n, 10))
 		return true
 	}
-	e.put('?', wire.TypeName(v))
+	e.put('?', wireval.TypeName(v))
 	return false
 }
 

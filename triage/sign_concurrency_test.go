@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Workers sign and verify at once with the pooled buffers and keyed
@@ -18,7 +20,7 @@ func TestSignerConcurrentUseGivesTheSerialResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	signers := []*Signer{testSigner, other}
-	fields := []string{HeaderAttempts, "dlxbridge-notes"}
+	fields := []string{wire.HeaderAttempts, "dlxbridge-notes"}
 	type job struct {
 		s    *Signer
 		sub  Subject
@@ -28,7 +30,7 @@ func TestSignerConcurrentUseGivesTheSerialResults(t *testing.T) {
 	var jobs []job
 	for i := range 64 {
 		s := signers[i%2]
-		h := table{HeaderAttempts: int64(i), "dlxbridge-notes": strings.Repeat("n", (i%8)*1024)}
+		h := table{wire.HeaderAttempts: int64(i), "dlxbridge-notes": strings.Repeat("n", (i%8)*1024)}
 		sub := Subject{Queue: "orders", MessageID: fmt.Sprint("m-", i), Body: []byte(strings.Repeat("b", i))}
 		jobs = append(jobs, job{s, sub, h, s.Sign(sub, h, fields)})
 	}
@@ -43,7 +45,7 @@ func TestSignerConcurrentUseGivesTheSerialResults(t *testing.T) {
 					t.Errorf("job %d: concurrent signature %q, alone %q", (g*7+r)%len(jobs), got, j.want)
 					return
 				}
-				h := table{HeaderSignature: j.want}
+				h := table{wire.HeaderSignature: j.want}
 				for k, v := range j.h {
 					h[k] = v
 				}

@@ -11,18 +11,18 @@ import (
 func TestSignerRoundTrip(t *testing.T) {
 	t.Parallel()
 
-	fields := []string{HeaderAttempts, HeaderFirstFailure, "dlxbridge-original-queue", "dlxbridge-notes"}
+	fields := []string{wire.HeaderAttempts, wire.HeaderFirstFailureAt, "dlxbridge-original-queue", "dlxbridge-notes"}
 	h := table{
-		HeaderAttempts:             int64(3),
-		HeaderFirstFailure:         "2026-03-01T12:00:00Z",
+		wire.HeaderAttempts:        int64(3),
+		wire.HeaderFirstFailureAt:  "2026-03-01T12:00:00Z",
 		"dlxbridge-original-queue": "orders",
 		"x-unrelated":              "not signed, may change",
 	}
-	h[HeaderSignature] = testSigner.Sign(testSubject, h, fields)
+	h[wire.HeaderSignature] = testSigner.Sign(testSubject, h, fields)
 	if v := testSigner.Verify(testSubject, h, fields); !v.Valid || v.Problem != "" {
 		t.Fatalf("fresh signature: %+v", v)
 	}
-	if s := h[HeaderSignature].(string); !strings.HasPrefix(s, "v1:") || len(s) != 3+43 {
+	if s := h[wire.HeaderSignature].(string); !strings.HasPrefix(s, "v1:") || len(s) != 3+43 {
 		t.Fatalf("signature %q", s)
 	}
 	h["x-unrelated"] = "changed"
@@ -36,23 +36,23 @@ func TestSignerRoundTrip(t *testing.T) {
 	for k, v := range h {
 		same[k] = v
 	}
-	same[HeaderAttempts] = int32(3)
+	same[wire.HeaderAttempts] = int32(3)
 	same["dlxbridge-original-queue"] = []byte("orders")
 	if !testSigner.Verify(testSubject, same, fields).Valid {
 		t.Fatal("the same values in other wire types did not verify")
 	}
 
 	changes := map[string]func(table){
-		"attempts raised":         func(h table) { h[HeaderAttempts] = int64(4) },
-		"first failure moved":     func(h table) { h[HeaderFirstFailure] = "2001-01-01T00:00:00Z" },
+		"attempts raised":         func(h table) { h[wire.HeaderAttempts] = int64(4) },
+		"first failure moved":     func(h table) { h[wire.HeaderFirstFailureAt] = "2001-01-01T00:00:00Z" },
 		"origin changed":          func(h table) { h["dlxbridge-original-queue"] = "billing" },
 		"absent field added":      func(h table) { h["dlxbridge-notes"] = "" },
-		"signed field removed":    func(h table) { delete(h, HeaderFirstFailure) },
-		"attempts as a string":    func(h table) { h[HeaderAttempts] = "3" },
-		"attempts as a float":     func(h table) { h[HeaderAttempts] = 3.5 },
-		"signature removed":       func(h table) { delete(h, HeaderSignature) },
-		"signature truncated":     func(h table) { h[HeaderSignature] = h[HeaderSignature].(string)[:20] },
-		"signature of another ve": func(h table) { h[HeaderSignature] = "v2:" + h[HeaderSignature].(string)[3:] },
+		"signed field removed":    func(h table) { delete(h, wire.HeaderFirstFailureAt) },
+		"attempts as a string":    func(h table) { h[wire.HeaderAttempts] = "3" },
+		"attempts as a float":     func(h table) { h[wire.HeaderAttempts] = 3.5 },
+		"signature removed":       func(h table) { delete(h, wire.HeaderSignature) },
+		"signature truncated":     func(h table) { h[wire.HeaderSignature] = h[wire.HeaderSignature].(string)[:20] },
+		"signature of another ve": func(h table) { h[wire.HeaderSignature] = "v2:" + h[wire.HeaderSignature].(string)[3:] },
 	}
 	for name, change := range changes {
 		c := table{}
@@ -90,8 +90,8 @@ func TestSignerEncodingIsUnambiguous(t *testing.T) {
 	fields := []string{"a", "b"}
 	h1 := table{"a": "xy", "b": "z"}
 	h2 := table{"a": "x", "b": "yz"}
-	h1[HeaderSignature] = testSigner.Sign(testSubject, h1, fields)
-	h2[HeaderSignature] = h1[HeaderSignature]
+	h1[wire.HeaderSignature] = testSigner.Sign(testSubject, h1, fields)
+	h2[wire.HeaderSignature] = h1[wire.HeaderSignature]
 	if testSigner.Verify(testSubject, h2, fields).Valid {
 		t.Fatal("values with moved boundaries share a signature")
 	}
@@ -158,13 +158,13 @@ func TestXDeathDigest(t *testing.T) {
 // with it in place) and never passes for one.
 func TestSignerPlaceholder(t *testing.T) {
 	t.Parallel()
-	h := table{HeaderAttempts: int64(1)}
-	fields := []string{HeaderAttempts}
+	h := table{wire.HeaderAttempts: int64(1)}
+	fields := []string{wire.HeaderAttempts}
 	sig := testSigner.Sign(testSubject, h, fields)
 	if p := testSigner.Placeholder(); len(p) != len(sig) {
 		t.Errorf("placeholder %q is %d bytes, a signature %d", p, len(p), len(sig))
 	}
-	h[HeaderSignature] = testSigner.Placeholder()
+	h[wire.HeaderSignature] = testSigner.Placeholder()
 	if v := testSigner.Verify(testSubject, h, fields); v.Valid {
 		t.Error("a placeholder verifies")
 	}
@@ -180,13 +180,13 @@ func TestSignerPlaceholder(t *testing.T) {
 func TestSignerEncodingIsStable(t *testing.T) {
 	t.Parallel()
 	h := table{
-		HeaderAttempts:             int32(2),
-		HeaderFirstFailure:         "2026-03-01T12:00:00Z",
+		wire.HeaderAttempts:        int32(2),
+		wire.HeaderFirstFailureAt:  "2026-03-01T12:00:00Z",
 		"dlxbridge-original-queue": []byte("orders"),
 		"dlxbridge-notes":          `["a","b"]`,
 		"dlxbridge-odd":            1.5,
 	}
-	fields := []string{HeaderAttempts, HeaderFirstFailure, "dlxbridge-original-queue", "dlxbridge-notes", "dlxbridge-odd", "dlxbridge-absent"}
+	fields := []string{wire.HeaderAttempts, wire.HeaderFirstFailureAt, "dlxbridge-original-queue", "dlxbridge-notes", "dlxbridge-odd", "dlxbridge-absent"}
 	const want = "v1:VBCnXDh6KoeZKO04jYVDFyxgu7bXofsJMbI71SIvjhc"
 	if got := testSigner.Sign(testSubject, h, fields); got != want {
 		t.Errorf("signature %q, want %q", got, want)
@@ -197,18 +197,18 @@ func TestSignerEncodingIsStable(t *testing.T) {
 // differ (each has its own domain), and neither verifies as the other.
 func TestSignEnvelopeHasItsOwnDomain(t *testing.T) {
 	t.Parallel()
-	fields := []string{HeaderAttempts, "dlxbridge-class"}
-	h := table{HeaderAttempts: int64(2), "dlxbridge-class": "permanent"}
+	fields := []string{wire.HeaderAttempts, "dlxbridge-class"}
+	h := table{wire.HeaderAttempts: int64(2), "dlxbridge-class": "permanent"}
 	env := testSigner.SignEnvelope(testSubject, h, fields)
 	retry := testSigner.Sign(testSubject, h, fields)
 	if env == retry || len(env) != len(retry) {
 		t.Fatalf("envelope %q, retry %q", env, retry)
 	}
-	h[HeaderEnvelopeSignature], h[HeaderSignature] = env, retry
+	h[wire.HeaderEnvelopeSignature], h[wire.HeaderSignature] = env, retry
 	if v := testSigner.VerifyEnvelope(testSubject, h, fields); !v.Valid {
 		t.Fatalf("envelope: %+v", v)
 	}
-	h[HeaderEnvelopeSignature], h[HeaderSignature] = retry, env
+	h[wire.HeaderEnvelopeSignature], h[wire.HeaderSignature] = retry, env
 	if testSigner.VerifyEnvelope(testSubject, h, fields).Valid || testSigner.Verify(testSubject, h, fields).Valid {
 		t.Fatal("a signature verified in the other domain")
 	}
@@ -224,7 +224,7 @@ func TestSignEnvelopeHasItsOwnDomain(t *testing.T) {
 // value never verifies.
 func TestSignerNeverVerifiesValuesItCannotEncode(t *testing.T) {
 	t.Parallel()
-	fields := []string{HeaderAttempts, "dlxbridge-notes"}
+	fields := []string{wire.HeaderAttempts, "dlxbridge-notes"}
 	for _, tc := range []struct {
 		name          string
 		signed, later any
@@ -235,9 +235,9 @@ func TestSignerNeverVerifiesValuesItCannotEncode(t *testing.T) {
 		{"float", 1.5, 2.5},
 		{"bool", true, false},
 	} {
-		h := table{HeaderAttempts: int64(2), "dlxbridge-notes": tc.signed}
-		h[HeaderSignature] = testSigner.Sign(testSubject, h, fields)
-		h[HeaderEnvelopeSignature] = testSigner.SignEnvelope(testSubject, h, fields)
+		h := table{wire.HeaderAttempts: int64(2), "dlxbridge-notes": tc.signed}
+		h[wire.HeaderSignature] = testSigner.Sign(testSubject, h, fields)
+		h[wire.HeaderEnvelopeSignature] = testSigner.SignEnvelope(testSubject, h, fields)
 		h["dlxbridge-notes"] = tc.later
 		if v := testSigner.Verify(testSubject, h, fields); v.Valid || v.Problem == "" {
 			t.Errorf("%s: retry signature %+v", tc.name, v)
@@ -257,13 +257,13 @@ func TestSignRedriveHasItsOwnDomain(t *testing.T) {
 	const count = wire.HeaderRedriveCount
 	id, body := testSubject.MessageID, testSubject.Body
 	h := table{count: int64(2)}
-	h[HeaderRedriveSignature] = testSigner.SignRedrive(id, body, h)
+	h[wire.HeaderRedriveSignature] = testSigner.SignRedrive(id, body, h)
 	if v := testSigner.VerifyRedrive(id, body, h); !v.Valid {
 		t.Fatalf("fresh redrive signature: %+v", v)
 	}
 	// Not bound to a queue: a replay to another queue, or the broker
 	// dead-lettering the replayed message, keeps it valid.
-	if !testSigner.VerifyRedrive(id, append([]byte(nil), body...), table{count: int32(2), HeaderRedriveSignature: h[HeaderRedriveSignature]}).Valid {
+	if !testSigner.VerifyRedrive(id, append([]byte(nil), body...), table{count: int32(2), wire.HeaderRedriveSignature: h[wire.HeaderRedriveSignature]}).Valid {
 		t.Fatal("the same count in another integer type did not verify")
 	}
 	fields := []string{count}
@@ -272,13 +272,13 @@ func TestSignRedriveHasItsOwnDomain(t *testing.T) {
 		"retry":    testSigner.Sign(sub, h, fields),
 		"envelope": testSigner.SignEnvelope(sub, h, fields),
 	} {
-		c := table{count: int64(2), HeaderRedriveSignature: sig}
+		c := table{count: int64(2), wire.HeaderRedriveSignature: sig}
 		if v := testSigner.VerifyRedrive(id, body, c); v.Valid || !strings.Contains(v.Problem, "does not match") {
 			t.Errorf("a %s signature verified as a redrive signature: %+v", name, v)
 		}
 	}
 	// Nor the other way round.
-	c := table{count: int64(2), HeaderSignature: h[HeaderRedriveSignature], HeaderEnvelopeSignature: h[HeaderRedriveSignature]}
+	c := table{count: int64(2), wire.HeaderSignature: h[wire.HeaderRedriveSignature], wire.HeaderEnvelopeSignature: h[wire.HeaderRedriveSignature]}
 	if testSigner.Verify(sub, c, fields).Valid || testSigner.VerifyEnvelope(sub, c, fields).Valid {
 		t.Fatal("a redrive signature verified in another domain")
 	}
@@ -292,12 +292,12 @@ func TestSignRedriveHasItsOwnDomain(t *testing.T) {
 		"count as a string": {id, body, table{count: "2"}},
 		"another body":      {id, []byte(`{"other":true}`), table{count: int64(2)}},
 		"another id":        {"m-other", body, table{count: int64(2)}},
-		"no signature":      {id, body, table{count: int64(2), HeaderRedriveSignature: nil}},
+		"no signature":      {id, body, table{count: int64(2), wire.HeaderRedriveSignature: nil}},
 	} {
-		if _, ok := tc.h[HeaderRedriveSignature]; !ok {
-			tc.h[HeaderRedriveSignature] = h[HeaderRedriveSignature]
+		if _, ok := tc.h[wire.HeaderRedriveSignature]; !ok {
+			tc.h[wire.HeaderRedriveSignature] = h[wire.HeaderRedriveSignature]
 		} else {
-			delete(tc.h, HeaderRedriveSignature)
+			delete(tc.h, wire.HeaderRedriveSignature)
 		}
 		if v := testSigner.VerifyRedrive(tc.id, tc.body, tc.h); v.Valid || v.Problem == "" {
 			t.Errorf("%s: verified: %+v", name, v)

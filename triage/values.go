@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dlxbridge/dlxbridge/wire"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 )
 
 // Header values are read with package wire's hardened readers; what is left
@@ -16,16 +16,16 @@ var minSaneTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 // shortValue shows a (possibly forged) scalar for notes, bounded: strings
 // truncated, integers and times as such, anything else by its type.
 func shortValue(v any) string {
-	if s, ok := wire.String(v); ok {
+	if s, ok := wireval.String(v); ok {
 		return fmt.Sprintf("%q", short(s))
 	}
-	if n, res := wire.Int(v); res == wire.IntOK || res == wire.IntOverflow {
+	if n, res := wireval.Int(v); res == wireval.IntOK || res == wireval.IntOverflow {
 		return fmt.Sprint(n)
 	}
-	if t, ok := wire.Deref(v).(time.Time); ok {
+	if t, ok := wireval.Deref(v).(time.Time); ok {
 		return t.UTC().Format(time.RFC3339)
 	}
-	return "(" + wire.TypeName(v) + ")"
+	return "(" + wireval.TypeName(v) + ")"
 }
 
 // notes collects bounded diagnostics: a hostile header must not make the

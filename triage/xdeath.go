@@ -4,17 +4,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
-)
-
-// Broker header names read by triage, from package wire. They belong to the
-// broker (x-), the bridge only reads them.
-const (
-	HeaderXDeath           = wire.HeaderXDeath
-	HeaderFirstDeathQueue  = wire.HeaderFirstDeathQueue
-	HeaderFirstDeathReason = wire.HeaderFirstDeathReason
-	HeaderLastDeathReason  = wire.HeaderLastDeathReason // 3.13+ only
-	HeaderDeliveryCount    = wire.HeaderDeliveryCount   // quorum queues; absent on the first delivery
 )
 
 // Dead-letter reasons the broker writes into x-death.
@@ -71,14 +62,14 @@ type History struct {
 // without notes. ParseXDeath never panics.
 func ParseXDeath(v any) History {
 	var n notes
-	v = wire.Deref(v)
+	v = wireval.Deref(v)
 	if v == nil {
 		return History{}
 	}
-	list, ok := wire.List(v)
+	list, ok := wireval.List(v)
 	if !ok {
-		if _, isTable := wire.Table(v); !isTable {
-			n.add("x-death: want an array of tables, got %s; ignored", wire.TypeName(v))
+		if _, isTable := wireval.Table(v); !isTable {
+			n.add("x-death: want an array of tables, got %s; ignored", wireval.TypeName(v))
 			return History{Notes: n.result()}
 		}
 		n.add("x-death: a single table instead of an array; read as one entry")
@@ -108,39 +99,39 @@ func ParseXDeath(v any) History {
 
 // HistoryOf parses the x-death header of headers.
 func HistoryOf(headers map[string]any) History {
-	return ParseXDeath(headers[HeaderXDeath])
+	return ParseXDeath(headers[wire.HeaderXDeath])
 }
 
 func parseDeath(i int, raw any, n *notes) (Death, bool) {
-	t, ok := wire.Table(raw)
+	t, ok := wireval.Table(raw)
 	if !ok {
-		n.add("x-death[%d]: want a table, got %s; skipped", i, wire.TypeName(raw))
+		n.add("x-death[%d]: want a table, got %s; skipped", i, wireval.TypeName(raw))
 		return Death{}, false
 	}
 	var d Death
-	d.Queue, _ = wire.String(t[wire.XDeathQueue])
-	d.Reason, _ = wire.String(t[wire.XDeathReason])
+	d.Queue, _ = wireval.String(t[wire.XDeathQueue])
+	d.Reason, _ = wireval.String(t[wire.XDeathReason])
 	if d.Queue == "" || d.Reason == "" {
 		n.add("x-death[%d]: missing queue or reason; skipped", i)
 		return Death{}, false
 	}
-	d.Exchange, _ = wire.String(t[wire.XDeathExchange])
-	d.OriginalExpiration, _ = wire.String(t[wire.XDeathOriginalExpiration])
-	if keys, ok := wire.List(t[wire.XDeathRoutingKeys]); ok {
+	d.Exchange, _ = wireval.String(t[wire.XDeathExchange])
+	d.OriginalExpiration, _ = wireval.String(t[wire.XDeathOriginalExpiration])
+	if keys, ok := wireval.List(t[wire.XDeathRoutingKeys]); ok {
 		for _, k := range keys {
-			if s, ok := wire.String(k); ok {
+			if s, ok := wireval.String(k); ok {
 				d.RoutingKeys = append(d.RoutingKeys, s)
 			}
 		}
 	}
 
-	count, res := wire.Int(t[wire.XDeathCount])
+	count, res := wireval.Int(t[wire.XDeathCount])
 	switch {
-	case res == wire.IntAbsent:
+	case res == wireval.IntAbsent:
 		n.add("x-death[%d] {%s, %s}: count missing; read as 1", i, short(d.Queue), short(d.Reason))
 		count = 1
-	case res == wire.IntWrongType:
-		n.add("x-death[%d] {%s, %s}: count is %s, not an integer; read as 1", i, short(d.Queue), short(d.Reason), wire.TypeName(t[wire.XDeathCount]))
+	case res == wireval.IntWrongType:
+		n.add("x-death[%d] {%s, %s}: count is %s, not an integer; read as 1", i, short(d.Queue), short(d.Reason), wireval.TypeName(t[wire.XDeathCount]))
 		count = 1
 	case count < 0:
 		n.add("x-death[%d] {%s, %s}: count %d negative; read as 0", i, short(d.Queue), short(d.Reason), count)
@@ -152,10 +143,10 @@ func parseDeath(i int, raw any, n *notes) (Death, bool) {
 	d.Count = count
 
 	if tv, present := t[wire.XDeathTime]; present && tv != nil {
-		if tm, ok := wire.Time(tv, time.Second); ok {
+		if tm, ok := wireval.Time(tv, time.Second); ok {
 			d.Time = tm
 		} else {
-			n.add("x-death[%d] {%s, %s}: time is malformed (%s); ignored", i, short(d.Queue), short(d.Reason), wire.TypeName(tv))
+			n.add("x-death[%d] {%s, %s}: time is malformed (%s); ignored", i, short(d.Queue), short(d.Reason), wireval.TypeName(tv))
 		}
 	}
 	return d, true

@@ -1,8 +1,9 @@
 // Package wire is dlxbridge's wire contract: the name of every header the
 // bridge reads or writes (its own dlxbridge-* headers, the producer's
 // idempotency key and schema version, the broker's x-death family, W3C trace
-// context) and the hardened readers for header values, which come from
-// producers and brokers the bridge does not control.
+// context). The values of those headers come from producers and brokers the
+// bridge does not control; the module reads them with hardened readers of
+// its own.
 //
 // It imports only the standard library, so every other package, including
 // the pure triage, can use it. No header name is spelled anywhere else in
@@ -23,11 +24,16 @@ const (
 	// HeaderFirstFailureAt is when the first attempt failed: an RFC 3339
 	// (nano) UTC string; int64 unix milliseconds are also read.
 	HeaderFirstFailureAt = "dlxbridge-first-failure-at"
-	// HeaderSignature is the bridge's signature over its retry state (see
-	// triage.Signer).
+	// HeaderSignature is the bridge's signature over its retry state (the
+	// headers triage.SignedHeaders names), bound to one work queue and one
+	// message: "v1:" and the base64url HMAC-SHA256 (see triage.Signer).
+	// Without a valid one those headers are the publisher's, and nothing
+	// trusts them.
 	HeaderSignature = "dlxbridge-signature"
 	// HeaderReadmitted marks a message the bridge re-admitted into its work
 	// queue; its value is triage.XDeathDigest of the message's x-death.
+	// Signed, it tells triage.Precheck that the broker's delivery count on
+	// this copy is the work queue's own.
 	HeaderReadmitted = "dlxbridge-readmitted"
 	// HeaderLastError is a retried message's last error text (truncated).
 	HeaderLastError = "dlxbridge-last-error"
@@ -125,7 +131,8 @@ const (
 
 // Headers a producer sets.
 const (
-	// HeaderIdempotencyKey names a message's idempotency key; the message id
+	// HeaderIdempotencyKey names a message's idempotency key, which handlers
+	// use to drop duplicates (delivery is at least once); the message id
 	// stands in when it is absent.
 	HeaderIdempotencyKey = "idempotency-key"
 	// DefaultVersionHeader is the header that holds a message's schema

@@ -90,7 +90,7 @@ func run(ctx context.Context, url, prefix string, inCode bool) error {
 	if err != nil {
 		return err
 	}
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		return err
 	}
 

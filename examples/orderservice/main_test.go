@@ -39,7 +39,7 @@ func TestDemoShowsEveryOutcome(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer

@@ -23,6 +23,19 @@ import (
 // each public package, which holds exactly what other modules see.
 func TestPublicAPIMentionsNoInternalType(t *testing.T) {
 	t.Parallel()
+	for _, tp := range publicExports(t) {
+		w := &walker{seen: map[*types.Named]bool{}}
+		w.pkg(tp)
+		for _, f := range w.found {
+			t.Errorf("%s", f)
+		}
+	}
+}
+
+// publicExports imports every public package from the compiler's export
+// data, in import-path order.
+func publicExports(t *testing.T) []*types.Package {
+	t.Helper()
 	pub := publicPackages(t)
 	args := []string{"-export", "-deps"}
 	for _, p := range pub {
@@ -39,17 +52,15 @@ func TestPublicAPIMentionsNoInternalType(t *testing.T) {
 		}
 		return os.Open(f)
 	})
+	var out []*types.Package
 	for _, p := range pub {
 		tp, err := imp.Import(p.ImportPath)
 		if err != nil {
 			t.Fatalf("import %s: %v", p.ImportPath, err)
 		}
-		w := &walker{seen: map[*types.Named]bool{}}
-		w.pkg(tp)
-		for _, f := range w.found {
-			t.Errorf("%s", f)
-		}
+		out = append(out, tp)
 	}
+	return out
 }
 
 // walker collects every place an exported API of one package mentions an

@@ -8,7 +8,7 @@ import (
 // layers ranks the public packages: a package may import public packages of
 // a lower rank only, so dependencies point one way. Leaves first.
 var layers = map[string]int{
-	"wire":       0, // header names and value readers; the standard library only
+	"wire":       0, // header names; the standard library only
 	"schemas":    1, // the registry and the gate
 	"triage":     1, // pure decisions
 	"config":     2, // the file format and defaults; the domain packages' rules

@@ -259,7 +259,7 @@ func applyTopology(t *testing.T, e *Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(context.Background(), topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(context.Background(), topo); err != nil {
 		t.Fatalf("topology apply: %v", err)
 	}
 }

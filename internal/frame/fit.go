@@ -18,6 +18,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -335,13 +336,13 @@ func largest(h amqp.Table, rank func(string) Rank, n int) []string {
 }
 
 // stringList reads a header holding a JSON array of strings (see
-// wire.StringList). An absent header is an empty list; ok is false only for
+// wireval.StringList). An absent header is an empty list; ok is false only for
 // a value of another shape.
 func stringList(v any) (list []string, ok bool) {
 	if v == nil {
 		return nil, true
 	}
-	return wire.StringList(v)
+	return wireval.StringList(v)
 }
 
 type namedString struct {

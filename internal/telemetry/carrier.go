@@ -5,11 +5,10 @@ package telemetry
 import (
 	"context"
 
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
-
-	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // Propagator is W3C traceparent/tracestate plus baggage. dlxbridge always
@@ -24,8 +23,8 @@ var Propagator propagation.TextMapPropagator = propagation.NewCompositeTextMapPr
 // are not strings are ignored on Get.
 type HeaderCarrier amqp.Table
 
-// Get returns the header as a string (see wire.String), or "".
-func (c HeaderCarrier) Get(key string) string { return wire.Str(c, key) }
+// Get returns the header as a string (see wireval.String), or "".
+func (c HeaderCarrier) Get(key string) string { return wireval.Str(c, key) }
 
 // Set stores value under key.
 func (c HeaderCarrier) Set(key, value string) { c[key] = value }

@@ -22,7 +22,7 @@ func Declare(ctx context.Context, conn *amqp.Connection, cfg *config.Config) (*t
 	if err != nil {
 		return nil, err
 	}
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		return topo, fmt.Errorf("declare %s: %w", cfg.Queues[0].Name, err)
 	}
 	return topo, nil

@@ -245,7 +245,7 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 		return err
 	}
 	start := time.Now()
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(ctx, topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		return fmt.Errorf("declare the demo topology: %w", err)
 	}
 	fmt.Fprintf(out, "declared %d queues and %d exchanges under %q on %s\n", len(topo.Queues), len(topo.Exchanges), prefix, topo.Broker)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // runSchemas: dlxbridge schemas lint|validate|list.
@@ -158,7 +159,7 @@ func schemasValidate(ctx context.Context, env *Env, args []string) int {
 	}
 	_, err = gate.CheckContext(ctx, schemas.Input{
 		Type:    *typ,
-		Headers: map[string]any{schemas.DefaultVersionHeader: v},
+		Headers: map[string]any{wire.DefaultVersionHeader: v},
 		Body:    body,
 	})
 	if ctx.Err() != nil && err == ctx.Err() {

@@ -88,7 +88,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		return fail("%v", err)
 	}
 	defer conn.Close()
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	if mgmt != nil {
 		// delete refuses without the API (its refusal gives the cause)
 		// unless --without-management: "going on" would contradict it.

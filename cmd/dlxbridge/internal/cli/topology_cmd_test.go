@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/cli"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -137,7 +138,7 @@ func TestTopologyVerifyNamesMissingRetryQueue(t *testing.T) {
 	t.Parallel()
 	b := setupTopology(t, "")
 	b.mustRun(t, cli.ExitOK, "topology", "apply", "--config", b.config)
-	lane := topology.RetryQueueName(b.work, 400*1e6, 0)
+	lane := config.RetryQueueName(b.work, 400*1e6, 0)
 	ch := b.env.Channel("saboteur")
 	if _, err := ch.QueueDelete(lane, false, false, false); err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func TestTopologyVerifyNamesMissingRetryQueue(t *testing.T) {
 	if !strings.Contains(out, "queue '"+lane+"': missing") {
 		t.Errorf("verify does not name the deleted retry queue %s:\n%s", lane, out)
 	}
-	if strings.Contains(out, "queue '"+topology.RetryQueueName(b.work, 200*1e6, 0)+"': missing") {
+	if strings.Contains(out, "queue '"+config.RetryQueueName(b.work, 200*1e6, 0)+"': missing") {
 		t.Errorf("verify names a retry queue that exists:\n%s", out)
 	}
 }
@@ -161,7 +162,7 @@ func TestTopologyVerifyNamesDifferentDeliveryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := amqp.Table{
-		"x-queue-type": "quorum", "x-dead-letter-exchange": topology.DeadExchangeName(b.work),
+		"x-queue-type": "quorum", "x-dead-letter-exchange": config.DeadExchangeName(b.work),
 		"x-delivery-limit": 9, "x-overflow": "reject-publish", "x-dead-letter-strategy": "at-least-once",
 	}
 	if _, err := ch.QueueDeclare(b.work, true, false, false, false, args); err != nil {
@@ -342,7 +343,7 @@ func TestTopologyWithoutAnsweringManagementAPI(t *testing.T) {
 		}
 	}
 	// Drift AMQP can see still fails verify.
-	lane := topology.RetryQueueName(b.work, 200*time.Millisecond, 0)
+	lane := config.RetryQueueName(b.work, 200*time.Millisecond, 0)
 	if _, err := b.env.Channel("saboteur").QueueDelete(lane, false, false, false); err != nil {
 		t.Fatal(err)
 	}

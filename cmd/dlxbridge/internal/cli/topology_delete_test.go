@@ -46,14 +46,14 @@ func setupDelete(t *testing.T, tiers ...time.Duration) *deleteBundle {
 	q := config.Quarantine{Queue: b.work + config.QuarantineSuffix}
 	var lanes []string
 	for _, d := range tiers {
-		lanes = append(lanes, topology.RetryQueueName(b.work, d, 0))
+		lanes = append(lanes, config.RetryQueueName(b.work, d, 0))
 	}
 	return &deleteBundle{
 		topoBundle: b,
 		conn:       b.env.Dial("look"),
 		quarantine: q.Queue, records: q.RecordsStream(), events: q.EventsStream(),
 		lanes:    lanes,
-		exchange: b.env.Name("ex"), dead: topology.DeadExchangeName(b.work), retry: topology.RetryExchangeName(b.work),
+		exchange: b.env.Name("ex"), dead: config.DeadExchangeName(b.work), retry: config.RetryExchangeName(b.work),
 	}
 }
 

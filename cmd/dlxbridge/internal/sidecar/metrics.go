@@ -103,7 +103,7 @@ func NewBrokerCollector(mgmt *topology.Management, cfg *config.Config) *BrokerCo
 		bq := brokerQueue{name: q.Name}
 		for ti, d := range q.Retry.Tiers {
 			for l := 0; l < q.Retry.Lanes; l++ {
-				bq.lanes = append(bq.lanes, lane{topology.RetryQueueName(q.Name, d, l), strconv.Itoa(ti), strconv.Itoa(l)})
+				bq.lanes = append(bq.lanes, lane{config.RetryQueueName(q.Name, d, l), strconv.Itoa(ti), strconv.Itoa(l)})
 			}
 		}
 		b.queues = append(b.queues, bq)

@@ -71,7 +71,7 @@ func setupPage(t *testing.T) *pageBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&topology.Inspector{Conn: conn}).Apply(context.Background(), topo); err != nil {
+	if _, err := (&topology.Broker{Conn: conn}).Apply(context.Background(), topo); err != nil {
 		t.Fatal(err)
 	}
 	pub := env.Channel("page-producer")

@@ -208,7 +208,7 @@ func checkTopology(ctx context.Context, o Options, mgmt *topology.Management, lo
 		return err
 	}
 	defer conn.Close()
-	in := &topology.Inspector{Conn: conn}
+	in := &topology.Broker{Conn: conn}
 	if mgmt != nil {
 		if err := in.UseManagement(ctx, mgmt); err != nil {
 			log.Warn("management API unusable; verifying what AMQP can", "error", err)

@@ -1,4 +1,7 @@
-package wire
+// Package wireval reads header values hardened against their senders: the
+// values of the headers package wire names, which come from producers and
+// brokers the bridge does not control.
+package wireval
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package wire
+package wireval
 
 import (
 	"encoding/json"
@@ -97,24 +97,6 @@ func TestReaders(t *testing.T) {
 	}
 	if TypeName(nil) != "nil" || TypeName(int32(1)) != "int32" {
 		t.Error("TypeName")
-	}
-}
-
-func TestHeaderClasses(t *testing.T) {
-	t.Parallel()
-	for _, k := range []string{HeaderXDeath, HeaderDeliveryCount, HeaderAcquiredCount, HeaderFirstDeathQueue, HeaderLastDeathReason} {
-		if !IsBrokerHeader(k) {
-			t.Errorf("IsBrokerHeader(%q) = false", k)
-		}
-	}
-	if !IsCountHeader(HeaderAcquiredCount) || IsCountHeader(HeaderXDeath) {
-		t.Error("IsCountHeader")
-	}
-	if IsDeathHeader(HeaderDeliveryCount) || IsDeathHeader(HeaderAcquiredCount) || IsBrokerHeader(HeaderAttempts) || IsBrokerHeader("x-custom") {
-		t.Error("broker header classes too wide")
-	}
-	if !IsTraceHeader(HeaderBaggage) || IsTraceHeader(HeaderTraceID) {
-		t.Error("IsTraceHeader")
 	}
 }
 
