@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/base64"
@@ -35,7 +36,7 @@ var pageTemplates = template.Must(template.New("page").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format(time.RFC3339)
 	},
-	"dur": func(d time.Duration) string { return d.Round(time.Second).String() },
+	"dur": func(d quarantine.Seconds) string { return time.Duration(d).Round(time.Second).String() },
 }).Parse(pageHTML))
 
 // Page defaults: what a replay from the page does unless the operator
@@ -191,10 +192,16 @@ func (p *Page) render(w http.ResponseWriter, status int, v *view) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
-	w.WriteHeader(status)
-	if err := pageTemplates.ExecuteTemplate(w, "page", v); err != nil {
+	// Rendered whole before anything is sent: a template error must answer
+	// 500, not a 200 with half a page that looks like an empty quarantine.
+	var buf bytes.Buffer
+	if err := pageTemplates.ExecuteTemplate(&buf, "page", v); err != nil {
 		p.log().Warn("quarantine page: render", "error", err)
+		http.Error(w, "the quarantine page could not be rendered; see the log", http.StatusInternalServerError)
+		return
 	}
+	w.WriteHeader(status)
+	_, _ = buf.WriteTo(w)
 }
 
 func (p *Page) fail(w http.ResponseWriter, status int, err error) {
