@@ -205,14 +205,15 @@ func buildRetry(in *buildInput) (built, error) {
 // x-delivery-count is the work queue's own from its first delivery: see
 // triage.Precheck. x-death and x-*-death-* stay (handlers may read them; 4.x
 // treats a client's x-death as an opaque header, and it names no queue the
-// work queue dead-letters into); x-delivery-count goes. The signed
+// work queue dead-letters into); the delivery counts (x-delivery-count,
+// x-acquired-count) go. The signed
 // HeaderReadmitted records the x-death the copy carries, so a copy the
 // broker dead-letters into the queue again is re-admitted again.
 func buildReadmit(in *buildInput) (built, error) {
 	d, f := in.d, in.f
 	base := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
-		if k != wire.HeaderDeliveryCount {
+		if !wire.IsCountHeader(k) {
 			base[k] = v
 		}
 	}
