@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/user"
 	"slices"
@@ -59,7 +60,9 @@ type ReplayOptions struct {
 	DryRun bool
 	// Max caps how many are sent (0: no cap).
 	Max int
-	// Rate paces sending, messages per second (0: unpaced).
+	// Rate paces sending, messages per second (0: unpaced). A rate below
+	// MinRate, negative or not finite is refused: its interval would not
+	// fit a time.Duration and the replay would run unpaced.
 	Rate float64
 	// Reason is recorded in each message and the audit trail.
 	Reason string
@@ -183,6 +186,9 @@ func newRun() string {
 func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResult, error) {
 	if !opts.Filter.HasSelector() {
 		return nil, ErrNoSelector
+	}
+	if r := opts.Rate; math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || (r > 0 && r < MinRate) {
+		return nil, fmt.Errorf("refused: a replay rate must be 0 (unpaced) or between %g and any finite number of messages per second, not %g", MinRate, r)
 	}
 	opts.Filter.States = nil       // open records only
 	filter := opts.Filter.String() // every event of the run names it
@@ -637,6 +643,9 @@ type pacer struct {
 	interval time.Duration
 	next     time.Time
 }
+
+// MinRate is the slowest replay rate: one message an hour.
+const MinRate = 1.0 / 3600
 
 func newPacer(rate float64) *pacer {
 	if rate <= 0 {
