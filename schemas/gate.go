@@ -169,8 +169,8 @@ func (g *Gate) Check(in Input) (*Message, error) {
 // CheckContext is Check bounded by ctx: when ctx ends first it returns
 // ctx's error (not a *ValidationError: the message was not found invalid)
 // at once. The check itself cannot be interrupted in the middle of a
-// pattern match; it finishes in the background, its cost bounded by
-// MaxPatternInsts times the body's size. A caller that exits on the error
+// pattern match; it finishes in the background, each pattern's match
+// costing up to MaxPatternInsts times the string's length. A caller that exits on the error
 // (a command on SIGTERM) stops it with the process.
 func (g *Gate) CheckContext(ctx context.Context, in Input) (*Message, error) {
 	if err := ctx.Err(); err != nil {

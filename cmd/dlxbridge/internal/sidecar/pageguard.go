@@ -48,9 +48,9 @@ func hostAllowed(r *http.Request, allowed []string) bool {
 	return lip != nil && lip.IsLoopback() && strings.EqualFold(host, "localhost")
 }
 
-// splitHost splits host[:port], brackets removed; the port is "80" when
-// absent (the sidecar serves plain HTTP) and "" for an entry of the allowed
-// list written without one.
+// splitHost splits host[:port], brackets removed; the port is "" when
+// absent. A request's Host without a port matches only an allowed-list
+// entry written without one.
 func splitHost(hp string) (host, port string) {
 	if h, p, err := net.SplitHostPort(hp); err == nil {
 		return h, p
