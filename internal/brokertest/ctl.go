@@ -42,3 +42,18 @@ type ctlError struct {
 
 func (e *ctlError) Error() string { return e.what + ": " + e.err.Error() + ": " + e.out }
 func (e *ctlError) Unwrap() error { return e.err }
+
+// Eval evaluates an Erlang expression on the node (rabbitmqctl eval) and
+// returns what it printed, for tests that read the node's own accounting
+// (e.g. file_handle_cache:info()).
+func (n *Node) Eval(expr string) (string, error) {
+	out, err := n.ctl(60*time.Second, "eval", expr)
+	return string(out), err
+}
+
+// PID is the OS pid of the node's beam process, 0 when it is not running.
+func (n *Node) PID() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pid
+}

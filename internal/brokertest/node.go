@@ -29,6 +29,9 @@ type Node struct {
 	Name string
 	// URL is the AMQP URL of the node (guest over loopback).
 	URL string
+	// ManagementURL and PrometheusURL are set when NodeOptions.Plugins
+	// enable those plugins.
+	ManagementURL, PrometheusURL string
 
 	t       testing.TB
 	dir     string   // the node's directory as this process sees it
@@ -92,6 +95,10 @@ type NodeOptions struct {
 	// privileges) the test is skipped, or fails under CI=true. Defaults to
 	// false: the system's rabbitmq-server.
 	Version4 bool
+	// Plugins are enabled at boot. rabbitmq_management and
+	// rabbitmq_prometheus get free ports of their own, in
+	// Node.ManagementURL and Node.PrometheusURL. Defaults to none.
+	Plugins []string
 }
 
 // LikeShared returns options for a private node of the same major version
@@ -154,10 +161,23 @@ func StartPrivateNodeWith(t testing.TB, opts NodeOptions) *Node {
 	_, _ = rand.Read(r[:])
 	name := "dlxfault" + hex.EncodeToString(r[:]) + "@localhost"
 	amqpPort, distPort := freePort(t), freePort(t)
+	var mgmtURL, promURL string
+	for _, p := range opts.Plugins {
+		switch p {
+		case "rabbitmq_management":
+			port := freePort(t)
+			mgmtURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+			opts.Config += fmt.Sprintf("\nmanagement.tcp.port = %d\nmanagement.tcp.ip = 127.0.0.1\n", port)
+		case "rabbitmq_prometheus":
+			port := freePort(t)
+			promURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+			opts.Config += fmt.Sprintf("\nprometheus.tcp.port = %d\nprometheus.tcp.ip = 127.0.0.1\n", port)
+		}
+	}
 	if err := writeConf(dir, opts.Config); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("["+strings.Join(opts.Plugins, ",")+"].\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var env []string
@@ -185,14 +205,16 @@ func StartPrivateNodeWith(t testing.TB, opts NodeOptions) *Node {
 		"ERL_CRASH_DUMP="+filepath.Join(inner, "erl_crash.dump"),
 	)
 	n := &Node{
-		pidFile: filepath.Join(dir, "node.pid"),
-		Name:    name,
-		URL:     fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort),
-		t:       t,
-		dir:     dir,
-		root:    root,
-		sbin:    sbin,
-		environ: env,
+		pidFile:       filepath.Join(dir, "node.pid"),
+		Name:          name,
+		URL:           fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort),
+		ManagementURL: mgmtURL,
+		PrometheusURL: promURL,
+		t:             t,
+		dir:           dir,
+		root:          root,
+		sbin:          sbin,
+		environ:       env,
 	}
 	forget := register(n)
 	t.Cleanup(func() {
@@ -242,7 +264,7 @@ func freePort(t testing.TB) int {
 // is deleted at cleanup: the node and its data go away with the test.
 func (n *Node) Env(t testing.TB) *Env {
 	t.Helper()
-	e := &Env{T: t, URL: n.URL, Prefix: prefixFor(t.Name()), brokerURL: n.URL}
+	e := &Env{T: t, URL: n.URL, ManagementURL: n.ManagementURL, Prefix: prefixFor(t.Name()), brokerURL: n.URL}
 	if v, ok := e.Dial("probe").Properties["version"].(string); ok {
 		e.ServerVersion = v
 	}
@@ -305,8 +327,10 @@ func (n *Node) osPid() (int, error) {
 // process is gone; it is killed if it does not exit within 30s.
 func (n *Node) Stop() {
 	n.t.Helper()
-	if err := n.stop(); err != nil {
-		n.t.Fatal(err)
+	err := n.stop()
+	n.report(err)
+	if _, killed := err.(stoppedByKill); err != nil && !killed {
+		n.t.FailNow()
 	}
 }
 
@@ -342,21 +366,40 @@ func (n *Node) stop() error {
 	if pid == 0 {
 		return nil
 	}
-	out, err := n.ctl(30*time.Second, "stop")
-	if waitGone(pid, 30*time.Second) {
+	// A node with hundreds of quorum queues and streams takes its time
+	// to stop on a busy machine (more than 30 s at a load average of 28).
+	out, err := n.ctl(120*time.Second, "stop")
+	if waitGone(pid, 120*time.Second) {
 		return nil
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	if !waitGone(pid, 10*time.Second) {
 		return fmt.Errorf("node %s (pid %d) survives stop and SIGKILL", n.Name, pid)
 	}
-	return fmt.Errorf("node %s did not stop within 30s (killed it): %v %s", n.Name, err, out)
+	return stoppedByKill{fmt.Errorf("node %s did not stop within 120s (killed it): %v %s", n.Name, err, out)}
+}
+
+// stoppedByKill is a stop that ended in SIGKILL: the node is gone, so
+// nothing is left behind. On a loaded machine a clean stop can take
+// minutes; that is worth a line in the log, not a failed test.
+type stoppedByKill struct{ error }
+
+// report fails t for a node that may still run, and only logs one that
+// had to be killed.
+func (n *Node) report(err error) {
+	n.t.Helper()
+	var killed stoppedByKill
+	switch {
+	case err == nil:
+	case errors.As(err, &killed):
+		n.t.Log(err)
+	default:
+		n.t.Error(err)
+	}
 }
 
 func (n *Node) cleanup() {
-	if err := n.stop(); err != nil {
-		n.t.Error(err)
-	}
+	n.report(n.stop())
 	if n.t.Failed() {
 		n.t.Logf("private node %s log:%s", n.Name, n.logTail())
 	}

@@ -25,7 +25,12 @@ type Publisher struct {
 	confirmed atomic.Int64
 	retried   atomic.Int64
 	resent    atomic.Int64
+	unpaced   atomic.Bool
 }
+
+// Unpace makes PublishAll send the rest back to back: a test that needed
+// the pace only while a fault lasted does not wait it out afterwards.
+func (p *Publisher) Unpace() { p.unpaced.Store(true) }
 
 // Confirmed is how many messages the broker confirmed.
 func (p *Publisher) Confirmed() int { return int(p.confirmed.Load()) }
@@ -56,7 +61,7 @@ func (p *Publisher) PublishAll(ctx context.Context, n int, message func(i int) (
 	}
 	defer drop()
 	for i := range n {
-		if p.Pace > 0 {
+		if p.Pace > 0 && !p.unpaced.Load() {
 			select {
 			case <-time.After(p.Pace):
 			case <-ctx.Done():
