@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -36,7 +37,8 @@ var (
 	ErrNacked = amqpx.ErrNacked
 	// ErrClosed: Close was called, or the channel or connection closed
 	// under the publish. After a closed channel the next Publish opens a new
-	// one; after Close or a closed connection every Publish fails.
+	// one; after Close, or once a connection given to New is closed, every
+	// Publish fails (a Publisher from Connect connects again instead).
 	ErrClosed = amqpx.ErrPublisherClosed
 	// ErrCloseAbandoned: Close gave up waiting for the broker's close-ok
 	// (a resource alarm blocks the connection); the close completes when
@@ -59,6 +61,9 @@ type Config struct {
 	// MaxBodyBytes refuses larger bodies, as the consumer's gate would.
 	// Defaults to 1 MiB; -1 means no limit.
 	MaxBodyBytes int
+	// Logger hears which node a Publisher made by Connect connects to, and
+	// each node it could not reach. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Message is one message to publish.
@@ -84,12 +89,17 @@ type Message struct {
 // validation runs concurrently, publishes are serialized on one confirm-mode
 // channel, which is reopened after a failure that closed it.
 type Publisher struct {
-	conn *amqp.Connection
 	gate *schemas.Gate
 	id   schemas.Identity
 	cfg  Config
+	// dialer and name are Connect's: with them the Publisher owns conn and
+	// dials it again when it is lost. nil for New.
+	dialer *amqpx.Dialer
+	name   string
 
 	mu     sync.Mutex
+	conn   *amqp.Connection
+	node   amqpx.Node       // conn's, with a dialer
 	pub    *amqpx.Publisher // nil once broken; reopened on the next Publish
 	closed bool
 
@@ -97,10 +107,64 @@ type Publisher struct {
 	closing   chan struct{} // closed by Close: ends a channel open in progress
 }
 
-// New opens a confirm-mode channel on conn.
+// New opens a confirm-mode channel on conn, which the caller owns: once it
+// is closed, every Publish fails. Connect makes a Publisher that connects
+// again by itself.
 func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 	if conn == nil {
 		return nil, errors.New("publisher: connection is required")
+	}
+	p, err := newPublisher(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := amqpx.NewPublisher(conn)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	p.conn, p.pub = conn, pub
+	return p, nil
+}
+
+// Connect connects to the broker at url (one AMQP URL, or the URLs of
+// several nodes of one cluster, comma separated, all with the same vhost)
+// with connection name name, and returns a Publisher that owns the
+// connection. It tries the nodes in turn and logs which one it reached
+// (Config.Logger). When the connection is lost, the publish in flight
+// fails (treat it as not sent: it was not confirmed) and the next Publish
+// connects again, starting at the node after the lost one, for up to three
+// rounds over the list with a jittered pause between them, or until its
+// context ends; if no node answers, that Publish fails and the one after
+// tries again. Close closes the connection too.
+func Connect(ctx context.Context, url, name string, cfg Config) (*Publisher, error) {
+	d, err := amqpx.NewDialer(url)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	p, err := newPublisher(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.Logger = p.cfg.Logger.With("component", "dlxbridge.publisher")
+	p.dialer, p.name = d, name
+	conn, node, err := d.DialRetry(ctx, name, amqpx.Retry{})
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	pub, err := amqpx.NewPublisherContext(ctx, conn)
+	if err != nil {
+		_ = amqpx.CloseConnection(conn, amqpx.CloseTimeout)
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	p.conn, p.node, p.pub = conn, node, pub
+	return p, nil
+}
+
+// newPublisher is what New and Connect share: the config checked, the
+// gate built.
+func newPublisher(cfg Config) (*Publisher, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	if cfg.Registry == nil {
 		return nil, errors.New("publisher: Config.Registry is required")
@@ -116,11 +180,7 @@ func New(conn *amqp.Connection, cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
-	pub, err := amqpx.NewPublisher(conn)
-	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
-	}
-	return &Publisher{conn: conn, gate: gate, id: id, cfg: cfg, pub: pub, closing: make(chan struct{})}, nil
+	return &Publisher{gate: gate, id: id, cfg: cfg, closing: make(chan struct{})}, nil
 }
 
 // Publish validates m and, if it is valid, publishes it to exchange with
@@ -190,19 +250,26 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 	}, nil
 }
 
-// channel returns the live publisher, reopening it if a failure closed it.
-// The reopen waits at most until ctx ends or Close is called: the broker
-// answers no channel open on a connection it has blocked (resource alarm).
+// channel returns the live publisher, reopening it if a failure closed it,
+// and, for a Publisher from Connect, connecting again if the connection is
+// gone. The reopen waits at most until ctx ends or Close is called: the
+// broker answers no channel open on a connection it has blocked (resource
+// alarm).
 func (p *Publisher) channel(ctx context.Context) (*amqpx.Publisher, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, amqpx.ErrPublisherClosed
 	}
-	if p.pub != nil {
+	lost := p.conn.IsClosed()
+	if p.pub != nil && !lost {
 		return p.pub, nil
 	}
-	if p.conn.IsClosed() {
+	if p.pub != nil { // its connection is gone: it can only fail
+		_ = p.pub.Close()
+		p.pub = nil
+	}
+	if lost && p.dialer == nil {
 		return nil, fmt.Errorf("publisher: %w: connection closed", amqpx.ErrPublisherClosed)
 	}
 	octx, cancel := context.WithCancel(ctx)
@@ -214,6 +281,14 @@ func (p *Publisher) channel(ctx context.Context) (*amqpx.Publisher, error) {
 		case <-octx.Done():
 		}
 	}()
+	if lost {
+		p.dialer.Lost(p.node)
+		conn, node, err := p.dialer.DialRetry(octx, p.name, amqpx.Retry{})
+		if err != nil {
+			return nil, fmt.Errorf("publisher: connect again: %w", err)
+		}
+		p.conn, p.node = conn, node
+	}
 	pub, err := amqpx.NewPublisherContext(octx, p.conn)
 	if err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
@@ -233,11 +308,13 @@ func (p *Publisher) retire(pub *amqpx.Publisher) {
 	}
 }
 
-// Close closes the channel (not the connection). Publish fails afterwards
+// Close closes the channel, and the connection if Connect opened it (a
+// connection given to New is the caller's). Publish fails afterwards
 // with ErrClosed, and a publish waiting for its confirm ends with it (treat
-// that message as not sent). Close waits at most a second for the broker:
-// during a resource alarm the broker answers nothing on a publishing
-// connection, so the close is then abandoned (an error wrapping
+// that message as not sent). Close waits at most a second for the broker
+// (and a second more for a connection of its own, whose socket it closes
+// then): during a resource alarm the broker answers nothing on a
+// publishing connection, so the close is then abandoned (an error wrapping
 // ErrCloseAbandoned) and completes when the alarm clears or the connection
 // is closed.
 func (p *Publisher) Close() error {
@@ -245,11 +322,14 @@ func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
-	if p.pub == nil {
-		return nil
+	var err error
+	if p.pub != nil {
+		err = p.pub.Close()
+		p.pub = nil
 	}
-	err := p.pub.Close()
-	p.pub = nil
+	if p.dialer != nil {
+		err = errors.Join(err, amqpx.CloseConnection(p.conn, amqpx.CloseTimeout))
+	}
 	return err
 }
 

@@ -97,7 +97,30 @@ const (
 	domainRetry    = "dlxbridge retry state v1"
 	domainEnvelope = "dlxbridge quarantine envelope v1"
 	domainRedrive  = "dlxbridge redrive v1"
+	domainEvent    = "dlxbridge quarantine event v1"
+	domainJob      = "dlxbridge replay job v1"
 )
+
+// jobFields are what a replay job signature covers beside its subject.
+var jobFields = []string{wire.HeaderReplayJob, wire.HeaderReplayRecord}
+
+// SignReplayJob returns the wire.HeaderReplayJobSignature value over h's
+// replay job and record (wire.HeaderReplayJob, wire.HeaderReplayRecord),
+// for the message with messageID and body that the replay sends to queue,
+// under a domain of its own. A replay with the key signs them, so that the
+// runtime records what became of the message in that job only for a
+// message the replay sent, settled in the queue it sent it to (a header is
+// evidence: a producer could name any job, and a handler that forwards
+// what it got copies the headers along). A nil Signer returns "".
+func (s *Signer) SignReplayJob(queue, messageID string, body []byte, h map[string]any) string {
+	return s.sign(domainJob, Subject{Queue: queue, MessageID: messageID, Body: body}, h, jobFields)
+}
+
+// VerifyReplayJob checks h's wire.HeaderReplayJobSignature for a message
+// settled on queue, as Verify does.
+func (s *Signer) VerifyReplayJob(queue, messageID string, body []byte, h map[string]any) Verification {
+	return s.verify(domainJob, &jobSig, Subject{Queue: queue, MessageID: messageID, Body: body}, h, jobFields)
+}
 
 // redriveFields are what a redrive signature covers beside its subject. It
 // is not in SignedHeaders: the retry signature encodes absent fields too,
@@ -146,6 +169,29 @@ func (s *Signer) VerifyEnvelope(sub Subject, h map[string]any, fields []string) 
 	return s.verify(domainEnvelope, &envelopeSig, sub, h, fields)
 }
 
+// eventSubject binds an event signature to the events stream it is
+// written to and to the event's body as written: copied into another
+// quarantine's stream, or with any byte changed, it no longer verifies.
+func eventSubject(stream string, body []byte) Subject {
+	return Subject{Queue: stream, Body: body}
+}
+
+// SignEvent returns the wire.HeaderEventSignature value for a quarantine
+// event: body, as published, into the events stream stream. It signs
+// under a domain of its own, so that no envelope, retry or redrive
+// signature over the same bytes verifies as an event's (a producer can
+// get the runtime to sign an envelope over a body it chose). A nil Signer
+// returns "".
+func (s *Signer) SignEvent(stream string, body []byte) string {
+	return s.sign(domainEvent, eventSubject(stream, body), nil, nil)
+}
+
+// VerifyEvent checks h's wire.HeaderEventSignature against body, read from
+// the events stream stream, as Verify does.
+func (s *Signer) VerifyEvent(stream string, body []byte, h map[string]any) Verification {
+	return s.verify(domainEvent, &eventSig, eventSubject(stream, body), h, nil)
+}
+
 func (s *Signer) sign(domain string, sub Subject, h map[string]any, fields []string) string {
 	if s == nil {
 		return ""
@@ -192,6 +238,12 @@ var (
 	redriveSig = sigHeader{wire.HeaderRedriveSignature, "no " + wire.HeaderRedriveSignature, wire.HeaderRedriveSignature + " is malformed",
 		wire.HeaderRedriveSignature + " does not match (another key or message, or an altered count)",
 		wire.HeaderRedriveSignature + unsignedValue}
+	jobSig = sigHeader{wire.HeaderReplayJobSignature, "no " + wire.HeaderReplayJobSignature, wire.HeaderReplayJobSignature + " is malformed",
+		wire.HeaderReplayJobSignature + " does not match (another key or message, or an altered job)",
+		wire.HeaderReplayJobSignature + unsignedValue}
+	eventSig = sigHeader{wire.HeaderEventSignature, "no " + wire.HeaderEventSignature, wire.HeaderEventSignature + " is malformed",
+		wire.HeaderEventSignature + " does not match (another key or stream, or an altered event)",
+		wire.HeaderEventSignature + unsignedValue}
 )
 
 // verify checks the signature in header sh, made in domain.

@@ -325,3 +325,46 @@ func TestNewSignerRefusesWhitespaceKeys(t *testing.T) {
 		t.Errorf("a 16-byte key with a trailing newline: %v", err)
 	}
 }
+
+// An event signature vouches for one event body in one events stream,
+// under a domain of its own: an envelope, retry or redrive signature made
+// over the same stream name and body (a producer can get the runtime to
+// sign an envelope over a body it chose) never verifies as an event's,
+// nor does an event's in another stream or over another body.
+func TestSignEventHasItsOwnDomain(t *testing.T) {
+	t.Parallel()
+	const stream = "orders.quarantine.events"
+	body := []byte(`{"kind":"purged","by":"alice@ops-host","run":"r1","ids":["0123456789ab"]}`)
+	sig := testSigner.SignEvent(stream, body)
+	if v := testSigner.VerifyEvent(stream, body, table{wire.HeaderEventSignature: sig}); !v.Valid {
+		t.Fatalf("fresh event signature: %+v", v)
+	}
+	sub := Subject{Queue: stream, Body: body}
+	for name, other := range map[string]string{
+		"envelope":          testSigner.SignEnvelope(sub, table{}, nil),
+		"retry":             testSigner.Sign(sub, table{}, nil),
+		"redrive":           testSigner.SignRedrive("", body, table{}),
+		"another stream":    testSigner.SignEvent("payments.quarantine.events", body),
+		"another body":      testSigner.SignEvent(stream, []byte(strings.Replace(string(body), "alice", "mallory", 1))),
+		"another key":       mustSigner("fedcba9876543210fedcba9876543210").SignEvent(stream, body),
+		"the placeholder":   testSigner.Placeholder(),
+		"a truncated value": sig[:len(sig)-1],
+	} {
+		v := testSigner.VerifyEvent(stream, body, table{wire.HeaderEventSignature: other})
+		if v.Valid || v.Problem == "" {
+			t.Errorf("a %s signature verified as the event's: %+v", name, v)
+		}
+	}
+	if v := testSigner.VerifyEvent(stream, body, table{}); v.Valid || !strings.Contains(v.Problem, "no "+wire.HeaderEventSignature) {
+		t.Errorf("no signature: %+v", v)
+	}
+	// Nor the other way round: the event's signature is no envelope's.
+	h := table{wire.HeaderEnvelopeSignature: sig, wire.HeaderSignature: sig}
+	if testSigner.VerifyEnvelope(sub, h, nil).Valid || testSigner.Verify(sub, h, nil).Valid {
+		t.Fatal("an event signature verified in another domain")
+	}
+	var none *Signer
+	if none.SignEvent(stream, body) != "" || none.VerifyEvent(stream, body, table{wire.HeaderEventSignature: sig}).Valid {
+		t.Fatal("nil signer")
+	}
+}

@@ -97,7 +97,8 @@ func ParseXDeath(v any) History {
 	return h
 }
 
-// HistoryOf parses the x-death header of headers.
+// HistoryOf parses the x-death header of headers (quarantine reads the
+// shared tiers' expiry entries with it).
 func HistoryOf(headers map[string]any) History {
 	return ParseXDeath(headers[wire.HeaderXDeath])
 }

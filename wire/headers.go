@@ -113,6 +113,15 @@ const (
 	HeaderRecordIntake = "dlxbridge-record-intake"
 )
 
+// Headers on an event in a quarantine's events stream.
+const (
+	// HeaderEventSignature is the signature of the replay, purge or
+	// runtime that wrote the event (see triage.Signer.SignEvent), over its
+	// body and the events stream it was written to: a reader with the key
+	// lets an event change a record's state only under a valid one.
+	HeaderEventSignature = "dlxbridge-event-signature"
+)
+
 // Headers a replay out of the quarantine sets.
 const (
 	// HeaderRedriveCount is how many times the message was replayed out of
@@ -127,6 +136,13 @@ const (
 	HeaderRedriveAt = "dlxbridge-redrive-at"
 	// HeaderRedriveReason is the last replay's reason.
 	HeaderRedriveReason = "dlxbridge-redrive-reason"
+	// HeaderReplayJob is the replay (job) that sent the message, and
+	// HeaderReplayRecord the record it was sent from: the runtime records
+	// what became of it in that job, only under a valid
+	// HeaderReplayJobSignature (see triage.Signer.SignReplayJob).
+	HeaderReplayJob          = "dlxbridge-replay-job"
+	HeaderReplayRecord       = "dlxbridge-replay-record"
+	HeaderReplayJobSignature = "dlxbridge-replay-job-signature"
 )
 
 // Headers a producer sets.
@@ -167,6 +183,21 @@ const (
 	HeaderLastDeathExchange  = LastDeathPrefix + "exchange"
 )
 
+// The broker's sender-selected distribution headers: arrays of routing
+// keys that the broker routes a publish by, beside its routing key (CC, and
+// BCC, which it removes before delivery). A copy the bridge publishes must
+// never carry a producer's: the bridge's own publish would then reach
+// whatever queue the producer named (through the default exchange, any
+// queue of the vhost). The runtime writes its own CC on a retry into the
+// shared tiers, naming the work queue it returns to.
+const (
+	HeaderCC  = "CC"
+	HeaderBCC = "BCC"
+)
+
+// IsRoutingHeader reports whether k is CC or BCC.
+func IsRoutingHeader(k string) bool { return k == HeaderCC || k == HeaderBCC }
+
 // Field names of one x-death entry.
 const (
 	XDeathCount              = "count"
@@ -206,7 +237,7 @@ func IsDeathHeader(k string) bool {
 	return k == HeaderXDeath || strings.HasPrefix(k, FirstDeathPrefix) || strings.HasPrefix(k, LastDeathPrefix)
 }
 
-// IsTraceHeader reports whether k carries trace context or baggage.
-func IsTraceHeader(k string) bool {
+// isTraceHeader reports whether k carries trace context or baggage.
+func isTraceHeader(k string) bool {
 	return k == HeaderTraceparent || k == HeaderTracestate || k == HeaderBaggage
 }

@@ -15,7 +15,7 @@ func TestHeaderClasses(t *testing.T) {
 	if IsDeathHeader(HeaderDeliveryCount) || IsDeathHeader(HeaderAcquiredCount) || IsBrokerHeader(HeaderAttempts) || IsBrokerHeader("x-custom") {
 		t.Error("broker header classes too wide")
 	}
-	if !IsTraceHeader(HeaderBaggage) || IsTraceHeader(HeaderTraceID) {
+	if !isTraceHeader(HeaderBaggage) || isTraceHeader(HeaderTraceID) {
 		t.Error("IsTraceHeader")
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -149,6 +148,10 @@ func ParseAMQPURL(raw string) (Endpoint, error) {
 	if uri.Port < 1 || uri.Port > 65535 {
 		return bad("the port is out of range")
 	}
+	if strings.Contains(uri.Host, ",") {
+		// "amqp://h1:5672,h2:5672/" parses, as host "h1:5672,h2".
+		return bad("the host has a comma in it")
+	}
 	return Endpoint{Scheme: uri.Scheme, User: uri.Username, Host: uri.Host, Port: uri.Port, Vhost: uri.Vhost}, nil
 }
 
@@ -178,59 +181,6 @@ func (e *DialError) Error() string {
 }
 
 func (e *DialError) Unwrap() error { return e.Err }
-
-// Dial opens a connection whose client-provided name is name, so operators
-// can find it in the management UI. It reads header field types the client
-// could not (see readableConn). A URL that does not parse is a
-// *URLError, any other failure a *DialError; neither contains the password.
-func Dial(rawURL, name string) (*amqp.Connection, error) {
-	ep, err := ParseAMQPURL(rawURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg := amqp.Config{
-		Properties: amqp.NewConnectionProperties(),
-		Heartbeat:  10 * time.Second,
-	}
-	cfg.Properties.SetClientConnectionName(name)
-	uri, _ := amqp.ParseURI(rawURL) // ParseAMQPURL checked it
-	timeout := 30 * time.Second     // amqp091-go's default, or the URL's connection_timeout
-	if uri.ConnectionTimeout > 0 {
-		timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
-	}
-	// readableConn must see the AMQP stream, so under amqps the TLS layer
-	// is run here, beneath it, and the client is given the URL as amqp.
-	var tlsCfg *tls.Config
-	if ep.Scheme == "amqps" {
-		if tlsCfg, err = tlsConfig(uri); err != nil {
-			return nil, &DialError{Endpoint: ep, Err: err}
-		}
-		u, _ := ParseURL("AMQP URL", rawURL)
-		u.Scheme, u.Host = "amqp", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
-		rawURL = u.String()
-	}
-	dial := amqp.DefaultDial(timeout)
-	cfg.Dial = func(network, addr string) (net.Conn, error) {
-		c, err := dial(network, addr)
-		if err != nil {
-			return nil, err
-		}
-		if tlsCfg != nil {
-			tc := tls.Client(c, tlsCfg)
-			if err := tc.Handshake(); err != nil {
-				_ = c.Close()
-				return nil, err
-			}
-			c = tc
-		}
-		return newReadableConn(c), nil
-	}
-	conn, err := amqp.DialConfig(rawURL, cfg)
-	if err != nil {
-		return nil, &DialError{Endpoint: ep, Err: err}
-	}
-	return conn, nil
-}
 
 // tlsConfig is the TLS configuration amqp091-go derives from an amqps URL
 // (its tlsConfigFromURI): the URL's CA file, else the system's roots; its

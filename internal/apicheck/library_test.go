@@ -198,7 +198,7 @@ func TestLibraryExampleNamesStayApartFromTheShippedConfig(t *testing.T) {
 		}
 		out := map[string]bool{}
 		for i := range cfg.Queues {
-			for _, n := range cfg.Queues[i].Names() {
+			for _, n := range cfg.Queues[i].Names(cfg.SharedTiers) {
 				out[n.Name] = true
 			}
 		}

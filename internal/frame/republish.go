@@ -47,10 +47,14 @@ func Republish(d *amqp.Delivery, h amqp.Table, body []byte) amqp.Publishing {
 //     and first-failure headers carry what the retry loop needs.
 //   - x-delivery-count: a stale count from the last hop would trip the
 //     crash-loop guard on the copy's first delivery.
+//   - CC and BCC (wire.IsRoutingHeader): the broker routes a publish by
+//     them, so a producer's would send the bridge's copy wherever the
+//     producer named (a retry's return, a replay through the default
+//     exchange to any queue). The runtime sets its own where it needs one.
 func StripHeaders(h amqp.Table, drop func(name string) bool) amqp.Table {
 	out := make(amqp.Table, len(h))
 	for k, v := range h {
-		if wire.IsBrokerHeader(k) || drop != nil && drop(k) {
+		if wire.IsBrokerHeader(k) || wire.IsRoutingHeader(k) || drop != nil && drop(k) {
 			continue
 		}
 		out[k] = v

@@ -1,5 +1,6 @@
-// Package telemetry carries W3C trace context through AMQP headers and holds
-// the OpenTelemetry messaging attribute names dlxbridge uses.
+// Package telemetry carries W3C trace context through AMQP headers, holds
+// the OpenTelemetry messaging attribute names dlxbridge uses, and registers
+// its Prometheus collectors.
 package telemetry
 
 import (
