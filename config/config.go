@@ -25,7 +25,8 @@ import (
 type Config struct {
 	// Broker holds what dlxbridge needs to reach the broker besides the AMQP
 	// URL. The AMQP URL (with its password) never lives in this file: it comes
-	// from --url or RABBITMQ_URL.
+	// from --url or RABBITMQ_URL, which may list the nodes of a cluster,
+	// comma separated.
 	Broker Broker `yaml:"broker"`
 
 	// Schemas configures the registry and the validation gate.
@@ -36,6 +37,11 @@ type Config struct {
 
 	// Security says where the consumers' shared signing key comes from.
 	Security Security `yaml:"security"`
+
+	// SharedTiers names the vhost's shared delay tiers, which the queues
+	// with retry.tier_queues "shared" retry through (docs/topology.md,
+	// "Shared delay tiers").
+	SharedTiers SharedTiers `yaml:"shared_tiers"`
 
 	// Run configures `dlxbridge run`, the sidecar (docs/sidecar.md).
 	Run Run `yaml:"run"`
@@ -58,15 +64,27 @@ type Security struct {
 // Broker describes broker access beyond AMQP.
 type Broker struct {
 	// ManagementURL is the base URL of the management HTTP API, e.g.
-	// "http://127.0.0.1:15672". With it, verify also checks bindings, actual
-	// queue arguments and effective policies, which AMQP cannot read back.
-	// Credentials are taken from the AMQP URL unless given here as userinfo.
-	// Defaults to "" (management checks are skipped and reported as such).
+	// "http://127.0.0.1:15672", or one per node of a cluster, comma
+	// separated ("http://n1:15672,http://n2:15672"): each request goes to
+	// the one that last answered, else to the next. With it, verify also
+	// checks bindings, actual queue arguments and effective policies, which
+	// AMQP cannot read back. Credentials are taken from the AMQP URL unless
+	// given here as userinfo (the same on every URL). Defaults to ""
+	// (management checks are skipped and reported as such).
 	ManagementURL string `yaml:"management_url"`
 
 	// ConnectionName is the client-provided connection name shown in the
 	// management UI. Defaults to "dlxbridge".
 	ConnectionName string `yaml:"connection_name"`
+
+	// Replicas is how many cluster nodes each queue dlxbridge declares is
+	// replicated on: x-quorum-initial-group-size on the work queues, retry
+	// lanes and quarantine intakes, x-initial-cluster-size on the
+	// quarantine streams. The broker reads it only when it creates a
+	// queue, so an existing queue keeps the members it has (topology plan
+	// shows it as kept, verify as a note). Must be >= 1. Defaults to 0:
+	// the argument is not sent and the broker chooses.
+	Replicas int `yaml:"replicas"`
 }
 
 // Schemas configures the schema registry.
@@ -214,6 +232,16 @@ type Retry struct {
 	// a retry that would return after it quarantines instead. 0 disables the
 	// time budget. Defaults to 15m.
 	MaxElapsed *time.Duration `yaml:"max_elapsed"`
+	// TierQueues says where this queue's delayed retries wait. "shared":
+	// in the vhost's shared delay tiers, one TTL queue per distinct lane
+	// delay whatever the number of work queues, so that the queue adds one
+	// binding rather than tiers × lanes queues; a retry carries the header
+	// CC: [<name>] and comes back to this queue only. "per-queue": in lanes
+	// of its own (<name>.retry.<delay>.l<n> behind <name>.retry). Either
+	// costs one TTL hop per retry. Defaults to "per-queue", so that a
+	// config written before shared tiers existed declares what it did;
+	// the shipped config.yaml chooses "shared".
+	TierQueues string `yaml:"tier_queues"`
 	// ImmediateRetries is how many times a transient or timed-out handler
 	// attempt is retried at once, in process, on the same delivery, before
 	// the failure goes to a delayed retry; every delivery of the message
@@ -226,6 +254,52 @@ type Retry struct {
 	ImmediateRetries int `yaml:"immediate_retries"`
 }
 
+// Retry.TierQueues values.
+const (
+	TierQueuesShared   = "shared"
+	TierQueuesPerQueue = "per-queue"
+)
+
+// SharedTiers names the objects the shared delay tiers are made of, every
+// one starting with Prefix (P):
+//
+//	P.delay (direct) ──key = tier──▶ P.delay.<ttl> (quorum, x-message-ttl, DLX P.return, no DL routing key)
+//	P.return (direct, internal; alternate exchange P.return.unrouted) ──key = work queue──▶ that work queue
+//	P.return.unrouted (fanout, internal) ──▶ P.unrouted (a quarantine: its records and events streams beside it)
+type SharedTiers struct {
+	// Prefix starts the name of every shared object. Configs that use the
+	// same prefix on one virtual host share its tiers (a tier is named by
+	// its TTL, so equal delays share a queue). No queue retrying through
+	// the shared tiers may be named "<prefix>.delay.*": a tier's routing
+	// key travels with every retry, and a work queue of that name would
+	// get the others' retries. Defaults to "dlxbridge".
+	Prefix string `yaml:"prefix"`
+}
+
+// DefaultSharedPrefix is SharedTiers.Prefix's default.
+const DefaultSharedPrefix = "dlxbridge"
+
+// DelayExchange is where the runtime publishes retries into shared tiers.
+func (s SharedTiers) DelayExchange() string { return s.Prefix + ".delay" }
+
+// tierQueue names the shared tier queue whose TTL is ttl.
+func (s SharedTiers) tierQueue(ttl time.Duration) string {
+	return s.Prefix + ".delay." + compactDuration(ttl)
+}
+
+// ReturnExchange is where shared tiers dead-letter expired retries.
+func (s SharedTiers) ReturnExchange() string { return s.Prefix + ".return" }
+
+// UnroutedExchange is the return exchange's alternate exchange: what it
+// cannot route (a retry whose work queue was deleted) goes there.
+func (s SharedTiers) UnroutedExchange() string { return s.Prefix + ".return.unrouted" }
+
+// Unrouted is the catch-all quarantine behind UnroutedExchange.
+func (s SharedTiers) Unrouted() string { return s.Prefix + ".unrouted" }
+
+// Shared reports whether q's retries wait in the shared tiers.
+func (r Retry) Shared() bool { return r.TierQueues == TierQueuesShared }
+
 // Quarantine settings of one queue.
 type Quarantine struct {
 	// Queue is the quarantine queue's name. Queues that name the same
@@ -237,12 +311,20 @@ type Quarantine struct {
 	// The intake queue itself never expires, drops or dead-letters anything.
 	// Defaults to 336h (14d).
 	Retention time.Duration `yaml:"retention"`
+	// MaxOpenAge is how long an open record may live: until then the
+	// runtime carries it forward (stores it again, same id) before
+	// retention would delete it; past it, it is left to expire, with an
+	// aged-out event and metric. Must be >= 0. Defaults to 0 (forever).
+	MaxOpenAge time.Duration `yaml:"max_open_age"`
 	// Redact lists what is scrubbed from a message before it is quarantined.
 	Redact Redact `yaml:"redact"`
 	// MaxRedrives is how many times one message may be replayed out of the
 	// quarantine; `quarantine replay` refuses a message that has used them
 	// up. Must be >= 0 (0 forbids replay). Defaults to 3.
 	MaxRedrives *int `yaml:"max_redrives"`
+	// AutoRedrive replays what an outage parked here once the queue's
+	// breaker closes (docs/quarantine.md). Defaults to off.
+	AutoRedrive AutoRedrive `yaml:"auto_redrive"`
 }
 
 // Redact lists headers and body fields to scrub before quarantine.
@@ -370,6 +452,47 @@ func (q *Queue) GateConfig(reg *schemas.Registry, maxBody int) schemas.GateConfi
 // schemas.Identity holds its defaults and rules.
 func (m MessageIdentity) Identity() schemas.Identity {
 	return schemas.Identity{From: m.From, VersionHeader: m.VersionHeader, TypePointer: m.TypePointer, VersionPointer: m.VersionPointer}
+}
+
+// UsesSharedTiers reports whether any queue retries through the shared
+// tiers.
+func (c *Config) UsesSharedTiers() bool {
+	for i := range c.Queues {
+		if c.Queues[i].Retry.Shared() {
+			return true
+		}
+	}
+	return false
+}
+
+// UnroutedQuarantine is the shared tiers' catch-all as a queue entry, for
+// the components that serve quarantines by their queue's settings (the
+// keeper, the Inspector): Name and Quarantine.Queue are SharedTiers'
+// Unrouted, retention the longest of the shared queues' (no retry is kept
+// shorter than its own queue would keep it), redaction the union of
+// theirs, its redrive budget the largest of theirs (a replay is counted
+// against the budget of the queue it goes to when that queue is in the
+// config). ok is false when no queue uses the shared tiers.
+func (c *Config) UnroutedQuarantine() (q *Queue, ok bool) {
+	u := &Queue{Name: c.SharedTiers.Unrouted(), Gate: GateOff}
+	u.Quarantine.Queue = u.Name
+	redrives := 0
+	for i := range c.Queues {
+		s := &c.Queues[i]
+		if !s.Retry.Shared() {
+			continue
+		}
+		ok = true
+		u.Quarantine.Retention = max(u.Quarantine.Retention, s.Quarantine.Retention)
+		u.Quarantine.Redact.Headers = append(u.Quarantine.Redact.Headers, s.Quarantine.Redact.Headers...)
+		u.Quarantine.Redact.Fields = append(u.Quarantine.Redact.Fields, s.Quarantine.Redact.Fields...)
+		redrives = max(redrives, s.Quarantine.MaxRedrivesValue())
+	}
+	if u.Quarantine.Retention == 0 {
+		u.Quarantine.Retention = DefaultRetention
+	}
+	u.Quarantine.MaxRedrives = &redrives
+	return u, ok
 }
 
 // QueueByName returns the queue with that name.

@@ -249,6 +249,7 @@ var zeroRefused = map[string]string{
 	".retry.max_attempts":   "0 is not allowed: 1 means no retries (the first delivery only); leave the key out for the default, 5",
 	".consumer.prefetch":    "0 is not allowed (to AMQP it means no limit): use 1 to 2000, or leave the key out for the default, 20",
 	".consumer.concurrency": "0 is not allowed: use 1 or more, or leave the key out for the default, 4",
+	"broker.replicas":       "0 is not allowed: use 1 or more (usually 3), or leave the key out for the broker's default",
 }
 
 // copyScalarAliases gives every alias of a scalar its own copy of it, before

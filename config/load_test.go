@@ -135,6 +135,10 @@ func TestEveryRuleNamesItsField(t *testing.T) {
 		{"management_url", "broker: {management_url: 'ftp://x'}\n" + queueDoc(""), "broker.management_url", "must be an http(s) URL"},
 		// A '/' in the password cuts the host short: say what to do, quoting nothing.
 		{"management_url password", "broker: {management_url: 'http://guest:a/b@127.0.0.1:15672'}\n" + queueDoc(""), "broker.management_url", "percent-encode any '#', '/', '?', '@', '%' or ':' in the user name or password"},
+		// One API per node, comma separated: each is checked, by position.
+		{"management_url list", "broker: {management_url: 'http://n1:15672, ftp://n2:15672'}\n" + queueDoc(""), "broker.management_url", "must be an http(s) URL such as http://127.0.0.1:15672 (several nodes'"},
+		{"management_url list entry", "broker: {management_url: 'http://n1:15672,https://n2,'}\n" + queueDoc(""), "broker.management_url", "URL 3 of 3: must be an http(s) URL"},
+		{"management_url hosts without schemes", "broker: {management_url: 'http://n1:15672,n2:15672'}\n" + queueDoc(""), "broker.management_url", "each with its scheme"},
 		// docs/config.md: "at most 200 characters".
 		{"name of 201 characters", "queues:\n  - name: " + strings.Repeat("q", 201) + "\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[0].name", "(at most 200)"},
 		{"name starting with '_'", "queues:\n  - name: _q\n    exchange: {name: x}\n    accepts: [{type: a, versions: ['1']}]\n", "queues[0].name", "starting with a letter or digit"},
@@ -356,5 +360,18 @@ func TestImmediateRetriesReachThePolicy(t *testing.T) {
 	}
 	if p := cfg.Queues[0].Policy(); p.ImmediateRetries != 2 || p.MaxAttempts != 5 {
 		t.Errorf("policy %+v, want 2 immediate retries of 5 attempts", p)
+	}
+}
+
+// The management APIs of several nodes, comma separated, load as given.
+func TestManagementURLListLoads(t *testing.T) {
+	t.Parallel()
+	const list = "http://n1:15672, https://u:p%40ss@n2:15671/api-root"
+	cfg, err := config.Parse([]byte("broker: {management_url: '" + list + "'}\n" + queueDoc("")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Broker.ManagementURL != list {
+		t.Errorf("management_url %q, want %q", cfg.Broker.ManagementURL, list)
 	}
 }

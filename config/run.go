@@ -2,8 +2,10 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +54,87 @@ type Forward struct {
 	// transient failure. At most consumer.handler_timeout. Defaults to
 	// consumer.handler_timeout (0 here; see Queue.ForwardTimeout).
 	Timeout time.Duration `yaml:"timeout"`
+
+	// Status says what an answer means, by code ("409") or class ("4xx"):
+	// ack, retry, pause or quarantine. A code wins over its class; what is
+	// not listed follows the defaults (ForwardActionFor). 2xx is always
+	// ack.
+	Status map[string]ForwardAction `yaml:"status"`
+}
+
+// ForwardAction is what `dlxbridge run` does with a message whose forwarded
+// answer had a given status.
+type ForwardAction string
+
+const (
+	// ForwardAck settles the message as handled.
+	ForwardAck ForwardAction = "ack"
+	// ForwardRetry retries this message with backoff (after the answer's
+	// Retry-After, if it gives one); the queue keeps consuming.
+	ForwardRetry ForwardAction = "retry"
+	// ForwardPause says the application's dependency is down: the queue's
+	// circuit breaker pauses consumption (for the Retry-After, if given)
+	// and this message is retried after it.
+	ForwardPause ForwardAction = "pause"
+	// ForwardQuarantine parks the message now, as a permanent failure.
+	ForwardQuarantine ForwardAction = "quarantine"
+)
+
+// defaultForwardStatus is what answers mean when forward.status does not
+// say. 429 and 503 mean "my dependency is down", so they pause the queue;
+// 401 and 403 pause it too, because an application whose own credentials
+// were revoked fails every message alike, and pausing keeps them all where
+// quarantining would park them all. 500 and the rest of 5xx retry this
+// message; other answers (1xx, 3xx, 4xx) quarantine it.
+var defaultForwardStatus = map[string]ForwardAction{
+	"429": ForwardPause,
+	"503": ForwardPause,
+	"401": ForwardPause,
+	"403": ForwardPause,
+	"5xx": ForwardRetry,
+	"1xx": ForwardQuarantine,
+	"3xx": ForwardQuarantine,
+	"4xx": ForwardQuarantine,
+}
+
+// ForwardActionFor is what an answer with status code means for q: the
+// queue's forward.status for the code, else for its class, else the
+// default for the code, else for its class. 2xx is ack. The defaults: 429
+// and 503 pause, and so do 401 and 403; other 5xx retry; 1xx, 3xx and other
+// 4xx quarantine. A code outside 100–599, which forward.status cannot name,
+// retries.
+func (q *Queue) ForwardActionFor(code int) ForwardAction {
+	if code >= 200 && code < 300 {
+		return ForwardAck
+	}
+	if code < 100 || code > 599 {
+		// No HTTP status (a broken endpoint or proxy): nothing says the
+		// message is bad, and quarantining would park every message
+		// while it lasts.
+		return ForwardRetry
+	}
+	exact, class := strconv.Itoa(code), fmt.Sprintf("%dxx", code/100)
+	for _, m := range []map[string]ForwardAction{q.Forward.Status, defaultForwardStatus} {
+		if a, ok := m[exact]; ok {
+			return a
+		}
+		if a, ok := m[class]; ok {
+			return a
+		}
+	}
+	return ForwardQuarantine
+}
+
+// forwardStatusKey reports whether k names a non-2xx status code (100–599)
+// or class ("1xx", "3xx" … "5xx").
+func forwardStatusKey(k string) bool {
+	if len(k) != 3 || k[0] < '1' || k[0] > '5' || k[0] == '2' {
+		return false
+	}
+	if k[1:] == "xx" {
+		return true
+	}
+	return k[1] >= '0' && k[1] <= '9' && k[2] >= '0' && k[2] <= '9'
 }
 
 // ForwardTimeout is the timeout of one forwarded request: forward.timeout,
@@ -102,6 +185,14 @@ func (c *Config) validateRun(add func(path, format string, args ...any)) {
 			add(p+".timeout", "must be > 0")
 		} else if q.Consumer.HandlerTimeout > 0 && q.Forward.Timeout > q.Consumer.HandlerTimeout {
 			add(p+".timeout", "must be <= consumer.handler_timeout (%s)", q.Consumer.HandlerTimeout)
+		}
+		for _, k := range slices.Sorted(maps.Keys(q.Forward.Status)) {
+			switch a := q.Forward.Status[k]; {
+			case !forwardStatusKey(k):
+				add(p+".status", "%q is not a status code (100–599) or class (4xx), and 2xx is always ack", k)
+			case a != ForwardAck && a != ForwardRetry && a != ForwardPause && a != ForwardQuarantine:
+				add(p+".status."+k, "%q is not ack, retry, pause or quarantine", string(a))
+			}
 		}
 		if q.Forward.URL == "" {
 			continue

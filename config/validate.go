@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/urllist"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -23,6 +24,9 @@ func (c *Config) ApplyDefaults() {
 	}
 	if c.Security.SigningKeyEnv == "" {
 		c.Security.SigningKeyEnv = DefaultSigningKeyEnv
+	}
+	if c.SharedTiers.Prefix == "" {
+		c.SharedTiers.Prefix = DefaultSharedPrefix
 	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
@@ -68,6 +72,9 @@ func (c *Config) ApplyDefaults() {
 		if q.Retry.MaxAttempts == 0 {
 			q.Retry.MaxAttempts = DefaultMaxAttempts
 		}
+		if q.Retry.TierQueues == "" {
+			q.Retry.TierQueues = TierQueuesPerQueue
+		}
 		if q.Retry.MaxElapsed == nil {
 			d := DefaultMaxElapsed
 			q.Retry.MaxElapsed = &d
@@ -88,6 +95,7 @@ func (c *Config) ApplyDefaults() {
 			q.Gate = GateEnforce
 		}
 		q.Breaker.applyDefaults()
+		q.Quarantine.AutoRedrive.applyDefaults()
 		for j := range q.Accepts {
 			for k, v := range q.Accepts[j].Versions {
 				q.Accepts[j].Versions[k] = schemas.NormalizeVersion(v)
@@ -132,15 +140,30 @@ func (c *Config) Validate() error {
 		errs = append(errs, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
 	}
 	if c.Broker.ManagementURL != "" {
-		u, err := url.Parse(c.Broker.ManagementURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// One URL, or one per node, comma separated.
+		entries := urllist.Split(c.Broker.ManagementURL, "http", "https")
+		for i, e := range entries {
+			u, err := url.Parse(e)
+			if err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && !strings.Contains(u.Host, ",") {
+				continue
+			}
 			// Never quote the value: it may hold a password.
+			which := ""
+			if len(entries) > 1 {
+				which = fmt.Sprintf("URL %d of %d: ", i+1, len(entries))
+			}
 			hint := ""
-			if strings.Contains(c.Broker.ManagementURL, "@") {
+			if strings.Contains(e, "@") {
 				hint = " (percent-encode any '#', '/', '?', '@', '%' or ':' in the user name or password, e.g. '#' as %23)"
 			}
-			add("broker.management_url", "must be an http(s) URL such as http://127.0.0.1:15672%s", hint)
+			if strings.Contains(e, ",") {
+				hint += " (several nodes' APIs are URLs separated by commas, each with its scheme: http://h1:15672,http://h2:15672)"
+			}
+			add("broker.management_url", "%smust be an http(s) URL such as http://127.0.0.1:15672%s", which, hint)
 		}
+	}
+	if c.Broker.Replicas < 0 {
+		add("broker.replicas", "must be >= 1 (leave it out for the broker's default)")
 	}
 	if c.Schemas.MaxBodyBytes < 0 {
 		add("schemas.max_body_bytes", "must be > 0")
@@ -150,6 +173,13 @@ func (c *Config) Validate() error {
 	}
 	// Every name dlxbridge declares, to catch two objects with one name.
 	claims := nameClaims{}
+	sharedOK := true
+	if c.UsesSharedTiers() {
+		if pre := c.SharedTiers.Prefix; !nameRE.MatchString(pre) || strings.HasPrefix(pre, "amq.") || len(pre) > 150 {
+			add("shared_tiers.prefix", "%q: use letters, digits, '.', '_', ':' or '-', starting with a letter or digit (at most 150), not \"amq.\"", pre)
+			sharedOK = false
+		}
+	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
 		p := fmt.Sprintf("queues[%d]", i)
@@ -248,17 +278,33 @@ func (c *Config) Validate() error {
 			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
 			derivable = false
 		}
+		switch q.Retry.TierQueues {
+		case TierQueuesPerQueue:
+		case TierQueuesShared:
+			derivable = derivable && sharedOK
+			// The tier's own routing key travels with every retry beside
+			// the CC, and the return exchange routes both: a work queue
+			// named like a tier (of this config or another on the vhost)
+			// would get every retry that waited in it.
+			if tiers := c.SharedTiers.DelayExchange() + "."; sharedOK && strings.HasPrefix(q.Name, tiers) {
+				add(p+".name", "%q starts with %q, the shared tiers' names (shared_tiers.prefix): a queue of that name would receive other queues' retries", q.Name, tiers)
+				derivable = false
+			}
+		default:
+			add(rp+".tier_queues", "must be %s or %s, not %q", TierQueuesShared, TierQueuesPerQueue, q.Retry.TierQueues)
+			derivable = false
+		}
 		qp := p + ".quarantine"
 		if !nameRE.MatchString(q.Quarantine.Queue) || strings.HasPrefix(q.Quarantine.Queue, "amq.") {
 			add(qp+".queue", "%q is not a name dlxbridge can declare", q.Quarantine.Queue)
 			derivable = false
 		}
 		if derivable {
-			for _, n := range q.Names() {
+			for _, n := range q.Names(c.SharedTiers) {
 				path := p + "." + n.Field
 				if prev, clash := claims.add(path, n); clash {
 					what := ""
-					if n.Role != RoleWorkQueue && n.Role != RoleWorkExchange && n.Role != RoleQuarantine {
+					if n.Role != RoleWorkQueue && n.Role != RoleWorkExchange && n.Role != RoleQuarantine && !n.Role.sharedTiers() {
 						what = "its " + string(n.Role) + " "
 					}
 					add(path, "%s%q is also used by %s (%s); two objects can't share a name", what, n.Name, prev.path, prev.n.Describe())
@@ -268,6 +314,10 @@ func (c *Config) Validate() error {
 		if q.Quarantine.Retention < 0 {
 			add(qp+".retention", "must be >= 0")
 		}
+		if q.Quarantine.MaxOpenAge < 0 {
+			add(qp+".max_open_age", "must be >= 0 (0: forever)")
+		}
+		errs = append(errs, q.Quarantine.AutoRedrive.validate(qp+".auto_redrive", q.Breaker.EnabledValue())...)
 		if q.Quarantine.MaxRedrivesValue() < 0 {
 			add(qp+".max_redrives", "must be >= 0 (0 forbids replay)")
 		}
@@ -334,10 +384,17 @@ func (c *Config) Validate() error {
 
 // Warnings lists what a valid config does that is likely not meant, one
 // FieldError per finding: a retry tier longer than the time budget is never
-// waited (every retry that would wait it is quarantined instead). Such a
-// config worked before this was checked, so it is reported, not refused.
+// waited (every retry that would wait it is quarantined instead), and an
+// even replica count buys no more tolerance than the odd one below it. Such
+// a config works, so it is reported, not refused.
 func (c *Config) Warnings() Errors {
 	var ws Errors
+	if r := c.Broker.Replicas; r > 0 && r%2 == 0 {
+		// A majority of 2k members is k+1, as for 2k+1: the extra node
+		// costs a copy of every message and survives no more failures.
+		ws = append(ws, FieldError{Path: "broker.replicas",
+			Msg: fmt.Sprintf("%d is even: a majority of %d members is %d, so %d replicas survive no more nodes down than %d do; use an odd number", r, r, r/2+1, r, r-1)})
+	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
 		me := q.Retry.MaxElapsedValue()

@@ -3,6 +3,7 @@ package topology
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -14,6 +15,7 @@ const (
 	probeOK       probe = iota // exists (and, for a redeclare, is equivalent)
 	probeMissing               // 404 NOT_FOUND
 	probeConflict              // 406 PRECONDITION_FAILED; see the diff
+	probeKeep                  // equivalent but for a declare-time argument; see the diff
 )
 
 // declareMode says whether a declare only checks (passive) or declares.
@@ -25,14 +27,15 @@ const (
 )
 
 // The one wrapper around amqp091-go's positional booleans. Every exchange
-// and queue dlxbridge declares is durable, not auto-deleted, not internal,
-// not exclusive, and waits for the broker's answer.
+// and queue dlxbridge declares is durable, not auto-deleted, not exclusive,
+// and waits for the broker's answer; only the shared tiers' return and
+// unrouted exchanges are internal.
 func declareExchange(ch *amqp.Channel, x ExchangeSpec, mode declareMode) error {
-	const durable, autoDelete, internal, noWait = true, false, false, false
+	const durable, autoDelete, noWait = true, false, false
 	if mode == passive {
-		return ch.ExchangeDeclarePassive(x.Name, x.Kind, durable, autoDelete, internal, noWait, nil)
+		return ch.ExchangeDeclarePassive(x.Name, x.Kind, durable, autoDelete, x.Internal, noWait, nil)
 	}
-	return ch.ExchangeDeclare(x.Name, x.Kind, durable, autoDelete, internal, noWait, nil)
+	return ch.ExchangeDeclare(x.Name, x.Kind, durable, autoDelete, x.Internal, noWait, amqp.Table(x.Args))
 }
 
 func declareQueue(ch *amqp.Channel, q QueueSpec, mode declareMode) error {
@@ -108,7 +111,29 @@ func probeQueue(conn *amqp.Connection, q QueueSpec) (probe, *ArgDiff, error) {
 		return p, d, err
 	}
 	err = withChannel(conn, func(ch *amqp.Channel) error { return declareQueue(ch, q, active) })
-	return classify(obj, err)
+	p, d, err := classify(obj, err)
+	if err != nil || p != probeConflict || !declareTimeArg(d.Arg) {
+		return p, d, err
+	}
+	// The broker compares a replica count on redeclare although it reads
+	// it only at creation, and names one differing argument per refusal:
+	// declare again with the broker's own value, to check the others.
+	kept := *d
+	args := make(map[string]any, len(q.Args))
+	for k, v := range q.Args {
+		args[k] = v
+	}
+	if n, perr := strconv.ParseInt(d.Have, 10, 64); perr == nil {
+		args[d.Arg] = n
+	} else {
+		delete(args, d.Arg)
+	}
+	q.Args = args
+	err = withChannel(conn, func(ch *amqp.Channel) error { return declareQueue(ch, q, active) })
+	if p, d, err = classify(obj, err); err != nil || p != probeOK {
+		return p, d, err
+	}
+	return probeKeep, &kept, nil
 }
 
 func queueObject(name string) string    { return "queue '" + name + "'" }

@@ -192,5 +192,6 @@ var stringArgs = map[string]bool{
 	ArgDeadLetterRK:       true,
 	ArgDeadLetterStrategy: true,
 	ArgOverflow:           true,
+	ArgAlternateExchange:  true,
 	"type":                true,
 }

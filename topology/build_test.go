@@ -239,6 +239,15 @@ func TestTotalsOfTheShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As it would be on per-queue lanes (the shipped file uses the shared
+	// tiers: TestSharedTiersOfTheShippedConfig).
+	for i := range cfg.Queues {
+		cfg.Queues[i].Retry.TierQueues = config.TierQueuesPerQueue
+	}
+	topo, err = topology.Build(cfg, mustVersion(t, "4.0.5"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := topo.Totals()
 	want := topology.Totals{WorkQueues: 2, QuorumQueues: 29, Streams: 4, Exchanges: 6, Bindings: 31, PerWorkQueue: []topology.WorkQueueTotals{
 		{Name: "orders", QuorumQueues: 18, RetryLanes: 16, Streams: 2, Exchanges: 3, Bindings: 19},

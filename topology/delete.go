@@ -29,6 +29,12 @@ type DeleteOptions struct {
 	// Defaults to false: Delete refuses (ErrDeleteNeedsManagement), and so
 	// does a dry run, which shows what the delete would do.
 	WithoutManagement bool
+	// Retired deletes only the per-queue retry exchanges and lanes that
+	// queues on the shared tiers no longer use (Topology.Retired), each
+	// only once it is empty (IncludeData does not apply): what waits in a
+	// lane still returns to its work queue. Defaults to false: the whole
+	// topology, the retired objects that are left included.
+	Retired bool
 }
 
 // ErrDeleteNeedsManagement: Delete was asked to delete (or to dry-run a
@@ -198,9 +204,32 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 		}
 		return nil, ErrDeleteNeedsManagement
 	}
+	retired := map[string]bool{} // "queue name" / "exchange name"
+	if t.Retired != nil {
+		for _, q := range t.Retired.Queues {
+			retired["queue "+q.Name] = true
+		}
+		for _, x := range t.Retired.Exchanges {
+			retired["exchange "+x.Name] = true
+		}
+	}
+	if opts.Retired {
+		opts.IncludeData = false
+		if t.Retired == nil {
+			t = &Topology{Broker: t.Broker}
+		} else {
+			t = t.Retired
+		}
+	} else {
+		t = t.withRetired()
+	}
 	r := &DeleteReport{BrokerVersion: t.Broker.String(), DryRun: opts.DryRun, IncludeData: opts.IncludeData}
 	steps := make([]DeleteStep, len(t.Queues))
 	index := map[string]int{}
+	sharedUse, err := in.sharedInUse(ctx, t)
+	if err != nil {
+		return r, r.stop(KindExchange, exchangeObject(t.sharedExchanges().ret), DeleteStepCheck, err)
+	}
 	for i, q := range t.Queues {
 		if err := ctx.Err(); err != nil {
 			return r, r.stop(KindQueue, queueObject(q.Name), DeleteStepCheck, err)
@@ -208,6 +237,9 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 		s, err := in.checkQueue(ctx, t, q, opts)
 		if err != nil {
 			return r, r.stop(KindQueue, s.Object, DeleteStepCheck, err)
+		}
+		if q.Owner == "" && sharedUse != "" && s.Action == DeleteWould {
+			s.Action, s.Reason = DeleteKept, sharedUse
 		}
 		steps[i], index[q.Name] = s, i
 	}
@@ -254,9 +286,20 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 				steps[j].Action, steps[j].Reason = DeleteKept, why
 			}
 		}
-		for _, x := range []string{w.RetryExchange, w.DeadExchange} {
+		for _, x := range []string{w.RetryExchange, w.DeadExchange, w.ReturnExchange} {
 			if _, ok := needed[x]; x != "" && !ok {
 				needed[x] = why
+			}
+		}
+	}
+	// A kept shared tier still returns what it holds through the return
+	// exchange, and what finds no work queue there (one this delete
+	// removes) lands in the catch-all: keep it too.
+	if catchAll := t.sharedExchanges().catchAll; catchAll != "" {
+		for i, q := range t.Queues {
+			j, known := index[catchAll]
+			if q.Role == RoleRetry && q.Owner == "" && steps[i].Action == DeleteKept && known && steps[j].Action == DeleteWould {
+				steps[j].Action, steps[j].Reason = DeleteKept, fmt.Sprintf("kept %s may still return messages that no work queue takes", queueObject(q.Name))
 			}
 		}
 	}
@@ -277,6 +320,9 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 		if s.Action == DeleteKept {
 			keptQueue[q.Name] = true
 		}
+		if s.Action == DeleteAbsent && retired["queue "+q.Name] {
+			continue // never declared, or drained and deleted: nothing to say
+		}
 		r.add(s)
 	}
 	// An exchange that leads to a kept queue stays: a binding to it (if-
@@ -292,6 +338,14 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 			feeds[dlx] = q.Name
 		}
 	}
+	// The return exchange's alternate exchange goes with it.
+	for _, x := range t.Exchanges {
+		if ae, ok := x.Args[ArgAlternateExchange].(string); ok && ae != "" && (needed[x.Name] != "" || feeds[x.Name] != "") {
+			if _, set := needed[ae]; !set {
+				needed[ae] = fmt.Sprintf("the alternate exchange of kept %s", exchangeObject(x.Name))
+			}
+		}
+	}
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
 			return r, r.stop(KindExchange, exchangeObject(x.Name), DeleteStepCheck, err)
@@ -300,13 +354,67 @@ func (in *Broker) Delete(ctx context.Context, t *Topology, opts DeleteOptions) (
 		if why == "" && feeds[x.Name] != "" {
 			why = fmt.Sprintf("leads to kept %s", queueObject(feeds[x.Name]))
 		}
+		if why == "" && x.Owner == "" && sharedUse != "" {
+			why = sharedUse
+		}
 		s, step, err := in.deleteExchange(ctx, t, x, why, keptQueue, opts)
 		if err != nil {
 			return r, r.stop(KindExchange, s.Object, step, err)
 		}
+		if s.Action == DeleteAbsent && retired["exchange "+x.Name] {
+			continue
+		}
 		r.add(s)
 	}
 	return r, nil
+}
+
+// withRetired is t with the retired per-queue objects added after its own
+// (lanes with the queues, their exchanges with the exchanges), so that a
+// whole delete leaves none behind.
+func (t *Topology) withRetired() *Topology {
+	if t.Retired == nil {
+		return t
+	}
+	out := *t
+	out.Queues = append(slices.Clip(t.Queues), t.Retired.Queues...)
+	out.Exchanges = append(slices.Clip(t.Exchanges), t.Retired.Exchanges...)
+	out.Bindings = append(slices.Clip(t.Bindings), t.Retired.Bindings...)
+	out.Retired = nil
+	return &out
+}
+
+// sharedInUse says why the shared tiers' objects must stay, or "": with the
+// management API, the return exchange binding a queue that is not one of
+// t's work queues (another config's on the vhost, which retries through
+// the same tiers). Without it, nothing can tell.
+func (in *Broker) sharedInUse(ctx context.Context, t *Topology) (string, error) {
+	ret := t.sharedExchanges().ret
+	if ret == "" || in.Mgmt == nil {
+		return "", nil
+	}
+	bs, err := in.Mgmt.ExchangeBindings(ctx, ret)
+	if errors.Is(err, ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	ours := map[string]bool{}
+	for _, w := range t.Work {
+		ours[w.Name] = true
+	}
+	var others []string
+	for _, b := range bs {
+		if b.DestinationType != "queue" || !ours[b.Destination] {
+			others = append(others, b.DestinationType+" "+foreignName(b.Destination))
+		}
+	}
+	if len(others) == 0 {
+		return "", nil
+	}
+	slices.Sort(others)
+	return fmt.Sprintf("the shared tiers also serve %s (bound to %s outside the config)", strings.Join(slices.Compact(others), ", "), exchangeObject(ret)), nil
 }
 
 // checkQueue says whether q is kept (and why), absent, or to be deleted
@@ -374,7 +482,9 @@ func (in *Broker) checkQueue(ctx context.Context, t *Topology, q QueueSpec, opts
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("%d consumer(s) attached: stop them (the bridge) first", s.Consumers)
 		return s, nil
 	case stream && !opts.IncludeData:
-		s.Action, s.Reason = DeleteKept, "a stream (quarantine records or their audit trail) whose emptiness AMQP cannot prove; --include-data deletes it"
+		// A stream's records are the quarantine's data even when read:
+		// kept, whatever the message count says.
+		s.Action, s.Reason = DeleteKept, "a stream: it holds the quarantine's records or their audit trail; --include-data deletes it"
 		return s, nil
 	case s.Messages > 0 && !opts.IncludeData:
 		s.Action, s.Reason = DeleteKept, fmt.Sprintf("holds %d message(s); --include-data deletes it", s.Messages)

@@ -6,22 +6,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"time"
-	"unicode"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
+	"github.com/dlxbridge/dlxbridge/internal/urllist"
 )
 
 // ErrNotFound is the management API's 404.
-var ErrNotFound = errors.New("not found")
+var ErrNotFound = mgmtapi.ErrNotFound
 
 // Management reads what AMQP cannot: a queue's actual arguments and
 // effective policy, an exchange's properties, and bindings. Read-only.
@@ -31,36 +28,64 @@ type Management struct {
 	// Vhost is the virtual host of the AMQP connection.
 	Vhost          string
 	User, Password string
-	// Client defaults to one with a 10s timeout.
+	// Client defaults to one with a 10s timeout. NewManagement, given the
+	// APIs of several nodes, sets one that sends each request to the node
+	// that last answered, else to the next, with 10s for each.
 	Client *http.Client
 }
 
 // NewManagement builds a client for baseURL. Credentials come from
 // baseURL's userinfo if it has one, else from the AMQP URL's; the vhost is
-// the AMQP URL's. Errors quote neither URL, not even one that does not
-// parse.
+// the AMQP URL's. Either may list several nodes, comma separated: the
+// AMQP URL's first node gives the credentials and vhost (every one names
+// the same vhost), and requests go to the management API that last
+// answered, else to the next (see Client). Errors quote neither URL, not
+// even one that does not parse.
 func NewManagement(baseURL, amqpURL string) (*Management, error) {
-	const kind = "management URL"
-	u, err := amqpx.ParseURL(kind, baseURL)
+	entries := urllist.Split(baseURL, "http", "https")
+	var bases []*url.URL
+	var user *url.Userinfo
+	for i, e := range entries {
+		kind := "management URL"
+		if len(entries) > 1 {
+			kind = fmt.Sprintf("management URL %d of %d", i+1, len(entries))
+		}
+		u, err := amqpx.ParseURL(kind, e)
+		var ue *amqpx.URLError
+		if errors.As(err, &ue) && strings.Contains(e, ",") {
+			return nil, &amqpx.URLError{Kind: kind, Reason: ue.Reason + "; several nodes' APIs are URLs separated by commas, each with its scheme: http://h1:15672,http://h2:15672"}
+		}
+		if err != nil {
+			return nil, err
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+			return nil, &amqpx.URLError{Kind: kind, Reason: "want http(s)://[user:password@]host[:port][/path], e.g. http://127.0.0.1:15672"}
+		}
+		if i == 0 {
+			user = u.User
+		} else if u.User.String() != user.String() {
+			return nil, &amqpx.URLError{Kind: kind, Reason: "its user name or password differs from URL 1's: the nodes of one cluster share their users, so give the same (or none, for the AMQP URL's)"}
+		}
+		bases = append(bases, &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimRight(u.Path, "/")})
+	}
+	eps, err := amqpx.ParseURLList(amqpURL)
 	if err != nil {
 		return nil, err
 	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
-		return nil, &amqpx.URLError{Kind: kind, Reason: "want http(s)://[user:password@]host[:port][/path], e.g. http://127.0.0.1:15672"}
-	}
-	if _, err := amqpx.ParseAMQPURL(amqpURL); err != nil {
-		return nil, err
-	}
-	uri, err := amqp.ParseURI(amqpURL)
-	if err != nil { // ParseAMQPURL accepted it: cannot happen
+	first := urllist.Split(amqpURL, "amqp", "amqps")[0]
+	uri, err := amqp.ParseURI(first)
+	if err != nil { // ParseURLList accepted it: cannot happen
 		return nil, &amqpx.URLError{Kind: "AMQP URL", Reason: "does not parse"}
 	}
-	m := &Management{Vhost: uri.Vhost, User: uri.Username, Password: uri.Password}
-	if u.User != nil {
-		m.User = u.User.Username()
-		m.Password, _ = u.User.Password()
+	m := &Management{Vhost: eps[0].Vhost, User: uri.Username, Password: uri.Password}
+	if user != nil {
+		m.User = user.Username()
+		m.Password, _ = user.Password()
 	}
-	m.BaseURL = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimRight(u.Path, "/")}).String()
+	m.BaseURL = bases[0].String()
+	if len(bases) > 1 {
+		m.Client = newNodesClient(bases)
+	}
 	return m, nil
 }
 
@@ -92,6 +117,15 @@ type MgmtQueue struct {
 	// "unlimited" (seen on 4.3.6, a few seconds after a policy changed).
 	// Absent (nil) on 3.x and before the broker reports it.
 	DeliveryLimit any `json:"delivery_limit"`
+	// Members, Online and Leader are a quorum queue's or stream's
+	// replicas: every member's node, the nodes the broker counts online,
+	// and the leader's node. State is the broker's word for the queue
+	// ("running", "minority", ...; 3.x reports none for quorum queues, and
+	// some versions a table for a classic queue, hence any). See Replicas.
+	Members []string `json:"members"`
+	Online  []string `json:"online"`
+	Leader  string   `json:"leader"`
+	State   any      `json:"state"`
 }
 
 // ConsumerCount is the larger of Consumers and len(ConsumerDetails): a
@@ -231,71 +265,11 @@ func (m *Management) vh() string {
 	return url.PathEscape(v)
 }
 
+// get reads path through the project's one management client (bounded
+// bodies, exact numbers, errors that quote no credentials).
 func (m *Management) get(ctx context.Context, path string, into any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.BaseURL+path, nil)
-	if err != nil { // its text quotes the URL
-		return &amqpx.URLError{Kind: "management URL", Reason: "no request can be made to it"}
-	}
-	req.SetBasicAuth(m.User, m.Password)
-	c := m.Client
-	if c == nil {
-		c = &http.Client{Timeout: 10 * time.Second}
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		// A *url.Error quotes the request's URL; keep only its cause,
-		// which names at most the host and port.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fmt.Errorf("management API GET %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if err != nil {
-		return fmt.Errorf("management API: %w", err)
-	}
-	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return ErrNotFound
-	case resp.StatusCode == http.StatusUnauthorized:
-		return fmt.Errorf("management API GET %s: %s: the API refused the login of user %q (credentials come from broker.management_url, else the AMQP URL)", path, resp.Status, m.User)
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("management API GET %s: %s: %s", path, resp.Status, errorBody(body))
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	if err := dec.Decode(into); err != nil {
-		return fmt.Errorf("management API GET %s: %w", path, err)
-	}
-	return nil
-}
-
-// maxErrorBody is how much of a refused read's body an error quotes.
-const maxErrorBody = 512
-
-// errorBody is a refused read's body as an error quotes it: its first
-// maxErrorBody bytes, as a Go string literal when they hold anything
-// unprintable. The body may be a proxy's error page, and the error ends up
-// in reports on an operator's terminal: it must neither fill them nor
-// drive the terminal (title, screen, a faked line).
-func errorBody(body []byte) string {
-	s, cut := strings.TrimSpace(string(body)), false
-	if len(s) > maxErrorBody {
-		n := maxErrorBody
-		for n > 0 && !utf8.RuneStart(s[n]) {
-			n--
-		}
-		s, cut = s[:n], true
-	}
-	if !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		s = strconv.Quote(s)
-	}
-	if cut {
-		s += " (cut)"
-	}
-	return s
+	c := &mgmtapi.Client{BaseURL: m.BaseURL, User: m.User, Password: m.Password, HTTP: m.Client}
+	return c.Get(ctx, path, into)
 }
 
 // decodeRaw decodes an already split object, keeping numbers exact.

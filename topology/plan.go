@@ -74,7 +74,7 @@ func BuildFor(cfg *config.Config, conn *amqp.Connection) (*Topology, error) {
 // the equivalence probe (an active redeclare) only runs on objects that
 // exist, where an equivalent declare is a no-op.
 func (in *Broker) Plan(ctx context.Context, t *Topology) (*Plan, error) {
-	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError, Totals: t.Totals()}
+	p := &Plan{BrokerVersion: t.Broker.String(), BindingsChecked: in.Mgmt != nil, ManagementError: in.MgmtError, Totals: t.Totals(), Replicas: t.Replicas}
 	missing := map[string]bool{} // "exchange name" / "queue name" that will be created
 	for _, x := range t.Exchanges {
 		if err := ctx.Err(); err != nil {
@@ -127,7 +127,53 @@ func (in *Broker) Plan(ctx context.Context, t *Topology) (*Plan, error) {
 	if p.Summary.Ensure > 0 {
 		p.NotChecked = append(p.NotChecked, fmt.Sprintf("whether %d binding(s) of existing objects exist: AMQP cannot list bindings, so apply binds them again, which is idempotent (%s)", p.Summary.Ensure, in.withoutMgmt()))
 	}
+	if err := in.planRetired(ctx, t, p); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// planRetired adds a step for each per-queue retry exchange and lane of
+// t.Retired that the broker still has: the move to the shared tiers, as it
+// stands. A lane's step counts what waits in it (a passive declare), which
+// still returns to its work queue.
+func (in *Broker) planRetired(ctx context.Context, t *Topology, p *Plan) error {
+	if t.Retired == nil {
+		return nil
+	}
+	for _, x := range t.Retired.Exchanges {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		err := withChannel(in.Conn, func(ch *amqp.Channel) error { return declareExchange(ch, x, passive) })
+		if pr, _, err := classify(exchangeObject(x.Name), err); err != nil {
+			return err
+		} else if pr == probeOK {
+			p.add(Step{Kind: KindExchange, Object: exchangeObject(x.Name), Action: ActionRetired,
+				Note: fmt.Sprintf("%s's own retry exchange; %s now retries through the shared tiers", x.Owner, x.Owner)})
+		}
+	}
+	for _, q := range t.Retired.Queues {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var st amqp.Queue
+		err := withChannel(in.Conn, func(ch *amqp.Channel) error {
+			var err error
+			st, err = ch.QueueDeclarePassive(q.Name, true, false, false, false, nil)
+			return err
+		})
+		if pr, _, err := classify(queueObject(q.Name), err); err != nil {
+			return err
+		} else if pr == probeOK {
+			note := fmt.Sprintf("%s's own retry lane, empty", q.Owner)
+			if st.Messages > 0 {
+				note = fmt.Sprintf("%s's own retry lane holding %d message(s), which still return to %s as they expire", q.Owner, st.Messages, q.Owner)
+			}
+			p.add(Step{Kind: KindQueue, Object: queueObject(q.Name), Action: ActionRetired, Note: note})
+		}
+	}
+	return nil
 }
 
 func action(p probe) Action {
@@ -136,6 +182,8 @@ func action(p probe) Action {
 		return ActionCreate
 	case probeConflict:
 		return ActionConflict
+	case probeKeep:
+		return ActionKeep
 	default:
 		return ActionUnchanged
 	}

@@ -29,6 +29,15 @@ const (
 	// ActionEnsure: a binding whose existence AMQP cannot see (no
 	// management API); binding is idempotent, so Apply binds it anyway.
 	ActionEnsure Action = "ensure"
+	// ActionKeep: the queue exists as configured except for a replica
+	// count (Diff), which the broker reads only at creation; Apply leaves
+	// it as it is.
+	ActionKeep Action = "keep"
+	// ActionRetired: a per-queue retry exchange or lane of a queue that
+	// now retries through the shared tiers (Topology.Retired). Apply
+	// leaves it alone: what it holds still returns to its work queue, and
+	// `topology delete --retired` removes it once it is empty.
+	ActionRetired Action = "retired"
 )
 
 // Step is the plan for one object.
@@ -37,6 +46,8 @@ type Step struct {
 	Object string   `json:"object"`
 	Action Action   `json:"action"`
 	Diff   *ArgDiff `json:"diff,omitempty"`
+	// Note says what a retired object holds and what becomes of it.
+	Note string `json:"note,omitempty"`
 }
 
 // Summary counts steps by action.
@@ -45,6 +56,8 @@ type Summary struct {
 	Unchanged int `json:"unchanged"`
 	Conflict  int `json:"conflict"`
 	Ensure    int `json:"ensure"`
+	Keep      int `json:"keep"`
+	Retired   int `json:"retired"`
 }
 
 // Plan says, for every exchange, queue and binding of a topology, whether
@@ -57,9 +70,12 @@ type Plan struct {
 	// list bindings, so they are "ensure" rather than create/unchanged.
 	BindingsChecked bool `json:"bindings_checked"`
 	// ManagementError says why a configured management API was not used.
-	ManagementError string  `json:"management_error,omitempty"`
-	Steps           []Step  `json:"steps"`
-	Summary         Summary `json:"summary"`
+	ManagementError string `json:"management_error,omitempty"`
+	// Replicas is the replica count new queues and streams are declared
+	// with (config broker.replicas); 0: the broker's default.
+	Replicas int     `json:"replicas"`
+	Steps    []Step  `json:"steps"`
+	Summary  Summary `json:"summary"`
 	// NotChecked says what the plan could not tell, and why.
 	NotChecked []string `json:"not_checked,omitempty"`
 	// Totals counts everything the topology declares, existing or not.
@@ -80,6 +96,10 @@ func (p *Plan) add(s Step) {
 		p.Summary.Conflict++
 	case ActionEnsure:
 		p.Summary.Ensure++
+	case ActionKeep:
+		p.Summary.Keep++
+	case ActionRetired:
+		p.Summary.Retired++
 	}
 }
 
@@ -87,9 +107,9 @@ func (p *Plan) add(s Step) {
 // unchanged, then the counts.
 func (p *Plan) WriteText(w io.Writer) error {
 	var b strings.Builder
-	verb := map[Action]string{ActionCreate: "create", ActionConflict: "CONFLICT", ActionEnsure: "bind"}
+	verb := map[Action]string{ActionCreate: "create", ActionConflict: "CONFLICT", ActionEnsure: "bind", ActionKeep: "keep", ActionRetired: "retired"}
 	if p.Applied {
-		verb = map[Action]string{ActionCreate: "created", ActionEnsure: "bound"}
+		verb = map[Action]string{ActionCreate: "created", ActionEnsure: "bound", ActionKeep: "kept", ActionRetired: "retired"}
 	}
 	fmt.Fprintf(&b, "broker %s\n", p.BrokerVersion)
 	for _, s := range p.Steps {
@@ -99,6 +119,12 @@ func (p *Plan) WriteText(w io.Writer) error {
 		line := fmt.Sprintf("  %-9s %s", verb[s.Action], s.Object)
 		if s.Diff != nil {
 			line += fmt.Sprintf(": %s: want %s, have %s", s.Diff.Arg, s.Diff.Want, s.Diff.Have)
+		}
+		if s.Note != "" {
+			line += ": " + s.Note
+		}
+		if s.Action == ActionKeep {
+			line += " (read at creation only: the queue keeps its members)"
 		}
 		b.WriteString(line + "\n")
 	}
@@ -114,12 +140,19 @@ func (p *Plan) WriteText(w io.Writer) error {
 	default:
 		fmt.Fprintf(&b, "plan: %d to create, %d unchanged", sum.Create, sum.Unchanged)
 	}
+	if sum.Keep > 0 {
+		fmt.Fprintf(&b, ", %d kept with the replica count they were declared with", sum.Keep)
+	}
 	if sum.Ensure > 0 {
 		fmt.Fprintf(&b, ", %d binding(s) ensured (not checkable without the management API)", sum.Ensure)
+	}
+	if sum.Retired > 0 {
+		fmt.Fprintf(&b, "; %d per-queue retry object(s) retired by the move to shared tiers (left as they are; `topology delete --retired` removes each once empty)", sum.Retired)
 	}
 	b.WriteString("\n")
 	if !p.Applied {
 		p.Totals.writeText(&b)
+		writeReplicas(&b, p.Replicas)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -127,13 +160,28 @@ func (p *Plan) WriteText(w io.Writer) error {
 
 func (t Totals) writeText(b *strings.Builder) {
 	fmt.Fprintf(b, "totals: %d quorum queues, %d streams, %d exchanges, %d bindings for %d work queue(s)\n", t.QuorumQueues, t.Streams, t.Exchanges, t.Bindings, t.WorkQueues)
+	if s := t.Shared; s != nil {
+		fmt.Fprintf(b, "  shared tiers %s.*, once per virtual host: %d quorum queues (%d delay tiers, 1 catch-all), %d streams, %d exchanges, %d bindings\n", s.Name, s.QuorumQueues, s.RetryLanes, s.Streams, s.Exchanges, s.Bindings)
+	}
+	if len(t.PerWorkQueue) > 0 {
+		b.WriteString("  each work queue adds:\n")
+	}
 	for _, w := range t.PerWorkQueue {
 		lanes := "retry lanes"
 		if w.RetryLanes == 1 {
 			lanes = "retry lane"
 		}
-		fmt.Fprintf(b, "  %s: %d quorum queues (%d %s), %d streams, %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, lanes, w.Streams, w.Exchanges, w.Bindings)
+		fmt.Fprintf(b, "    %s: %d quorum queues (%d %s), %d streams, %d exchanges, %d bindings\n", w.Name, w.QuorumQueues, w.RetryLanes, lanes, w.Streams, w.Exchanges, w.Bindings)
 	}
+}
+
+// writeReplicas says what replica count new queues get.
+func writeReplicas(b *strings.Builder, n int) {
+	if n <= 0 {
+		b.WriteString("replicas: the broker's default for each new queue and stream (broker.replicas unset)\n")
+		return
+	}
+	fmt.Fprintf(b, "replicas: %d for each new queue (%s) and stream (%s); existing ones keep theirs\n", n, ArgQuorumInitialGroupSize, ArgInitialClusterSize)
 }
 
 // Issue is the kind of drift Verify found.
@@ -150,6 +198,21 @@ const (
 	// IssueCanDrop: a quarantine whose effective settings let the broker
 	// drop a message (Arg names the setting, Have its value).
 	IssueCanDrop Issue = "can drop messages"
+	// IssueBelowQuorum: a quorum queue or stream with fewer members online
+	// than a majority of its members: it takes no publish and delivers
+	// nothing until enough of them are back.
+	IssueBelowQuorum Issue = "below quorum"
+
+	// The issues of notes, which leave a report OK.
+
+	// IssueDeclaredWith: a replica count the queue was declared with
+	// differs from the config's; the broker reads it only at creation.
+	IssueDeclaredWith Issue = "declared with another replica count"
+	// IssueReplicasOffline: some members are offline, a majority online.
+	IssueReplicasOffline Issue = "replicas offline"
+	// IssueFewerReplicas: fewer members than broker.replicas, though the
+	// cluster has the nodes for them.
+	IssueFewerReplicas Issue = "fewer replicas than configured"
 )
 
 // Problem is one difference between the broker and the config.
@@ -187,6 +250,10 @@ type VerifyReport struct {
 	// Objects is how many exchanges, queues and bindings were checked.
 	Objects  int       `json:"objects"`
 	Problems []Problem `json:"problems"`
+	// Notes are findings that leave the report OK: a replica count other
+	// than the one a queue was declared with, replicas offline while a
+	// majority is online, fewer replicas than configured.
+	Notes []Problem `json:"notes,omitempty"`
 	// NotChecked says what could not be checked, and why.
 	NotChecked []string `json:"not_checked,omitempty"`
 }
@@ -218,7 +285,14 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "broker %s (management API %s)\n", r.BrokerVersion, api)
 	for _, p := range r.Problems {
-		fmt.Fprintf(&b, "  DRIFT %s\n", p)
+		label := "DRIFT"
+		if p.Issue == IssueBelowQuorum { // not drift: the cluster's state
+			label = "DOWN "
+		}
+		fmt.Fprintf(&b, "  %s %s\n", label, p)
+	}
+	for _, p := range r.Notes {
+		fmt.Fprintf(&b, "  note  %s\n", p)
 	}
 	writeNotChecked(&b, r.ManagementError, r.NotChecked)
 	switch {

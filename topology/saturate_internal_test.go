@@ -39,7 +39,7 @@ func TestVerifyReportsAWrappedEventsMaxAge(t *testing.T) {
 	}
 	have := &MgmtQueue{Name: events.Name, Type: QueueTypeStream, Durable: true,
 		Arguments: map[string]any{ArgQueueType: QueueTypeStream, ArgMaxAge: "1s"}}
-	ps := queueProblems(*events, have)
+	ps, _ := queueProblems(*events, have)
 	if len(ps) != 1 || ps[0].Arg != ArgMaxAge {
 		t.Fatalf("problems for an events stream of max-age 1s = %v, want one on %s", ps, ArgMaxAge)
 	}
@@ -51,12 +51,12 @@ func TestLaneBoundsAtTheTop(t *testing.T) {
 	t.Parallel()
 	top := time.Duration(math.MaxInt64)
 	for lane := 0; lane < 4; lane++ {
-		lo, hi := LaneTTLBounds(top-time.Nanosecond, 1, 4, lane)
+		lo, hi := laneTTLBounds(top-time.Nanosecond, 1, 4, lane)
 		if lo <= 0 || hi < lo {
 			t.Errorf("lane %d: [%d, %d]", lane, lo, hi)
 		}
 	}
-	if lo, hi := LaneTTLBounds(1500*time.Microsecond, 0, 1, 0); lo != time.Millisecond || hi != 2*time.Millisecond {
+	if lo, hi := laneTTLBounds(1500*time.Microsecond, 0, 1, 0); lo != time.Millisecond || hi != 2*time.Millisecond {
 		t.Errorf("1.5ms: [%s, %s], want [1ms, 2ms]", lo, hi)
 	}
 }

@@ -10,7 +10,7 @@ const (
 	RoleEvents      Role = "quarantine-events"
 )
 
-// QuarantineStreams are the two streams beside a quarantine queue Q (the
+// quarantineStreams are the two streams beside a quarantine queue Q (the
 // intake, which stays a quorum queue so the broker's own dead letters and
 // the runtime's quarantine publishes keep their confirm-before-ack path):
 //
@@ -21,7 +21,7 @@ const (
 // counting records never change them (docs/quarantine.md). Nothing is bound
 // to either stream: the bridge publishes to them by name through the default
 // exchange.
-func QuarantineStreams(qc *config.Queue) []QueueSpec {
+func quarantineStreams(qc *config.Queue) []QueueSpec {
 	return []QueueSpec{
 		{Name: qc.Quarantine.RecordsStream(), Role: RoleRecords, Owner: qc.Name, Args: map[string]any{
 			ArgQueueType: QueueTypeStream, ArgMaxAge: qc.Quarantine.MaxAge(),
