@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 )
 
 // stdDecode is the reference: encoding/json with UseNumber.
@@ -43,10 +45,10 @@ func checkAgainstStd(t *testing.T, data []byte) {
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%q: got %#v, encoding/json %#v", data, got, want)
 		}
-	case derr.syntax && valid:
+	case derr.Syntax && valid:
 		t.Fatalf("%q: syntax error %v, but encoding/json accepts it", data, derr)
-	case !derr.syntax && valid && utf8.Valid(data) && !strings.Contains(derr.msg, "duplicate") &&
-		!strings.Contains(derr.msg, "nesting") && !strings.Contains(derr.msg, "number") && !strings.Contains(derr.msg, "surrogate"):
+	case !derr.Syntax && valid && utf8.Valid(data) && !strings.Contains(derr.Msg, "duplicate") &&
+		!strings.Contains(derr.Msg, "nesting") && !strings.Contains(derr.Msg, "number") && !strings.Contains(derr.Msg, "surrogate"):
 		t.Fatalf("%q: unexpected rejection %v", data, derr)
 	}
 }
@@ -101,7 +103,7 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) { checkAgainstStd(t, data) })
 }
 
-// checkScanner is the Scanner's contract, relative to encoding/json's
+// checkScanner is the contract of the gate's tokenizer (jsonscan.Scanner), relative to encoding/json's
 // Decoder reading a stream of values: it accepts exactly the same inputs,
 // and yields the same tokens with the same values (strings as Text, other
 // scalars as their bytes).
@@ -118,8 +120,8 @@ func checkScanner(t *testing.T, data []byte) {
 	}
 	stdOK := stdErr == io.EOF
 
-	sc := NewScanner(data)
-	var toks []Token
+	sc := jsonscan.New(data)
+	var toks []jsonscan.Token
 	var texts []string
 	for {
 		tok, err := sc.Next()
@@ -132,7 +134,7 @@ func checkScanner(t *testing.T, data []byte) {
 			}
 			return
 		}
-		if tok.Kind == TokenEOF {
+		if tok.Kind == jsonscan.EOF {
 			if sc.Depth() != 0 {
 				t.Fatalf("%q: EOF at depth %d", data, sc.Depth())
 			}
@@ -154,18 +156,18 @@ func checkScanner(t *testing.T, data []byte) {
 		raw := string(data[tok.Start:tok.End])
 		var got any
 		switch tok.Kind {
-		case TokenBeginObject, TokenEndObject, TokenBeginArray, TokenEndArray:
+		case jsonscan.BeginObject, jsonscan.EndObject, jsonscan.BeginArray, jsonscan.EndArray:
 			got = json.Delim(raw[0])
-		case TokenKey, TokenString:
+		case jsonscan.Key, jsonscan.String:
 			got = texts[i]
 			if !utf8.ValidString(raw) { // encoding/json substitutes U+FFFD
 				continue
 			}
-		case TokenNumber:
+		case jsonscan.Number:
 			got = json.Number(raw)
-		case TokenTrue, TokenFalse:
+		case jsonscan.True, jsonscan.False:
 			got = raw == "true"
-		case TokenNull:
+		case jsonscan.Null:
 			got = nil
 		}
 		if got != want {

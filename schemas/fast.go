@@ -6,7 +6,6 @@ import (
 	"hash/maphash"
 	"math/big"
 	"reflect"
-	"regexp"
 	"sort"
 	"unicode/utf8"
 
@@ -76,7 +75,7 @@ type fastSchema struct {
 
 	// strings
 	minLen, maxLen int
-	pattern        *regexp.Regexp
+	pattern        *pattern
 	ascii          *asciiPattern // pattern without the regexp, when it can
 
 	// numbers
@@ -112,7 +111,7 @@ type fastProp struct {
 }
 
 type fastPattern struct {
-	re     *regexp.Regexp
+	re     *pattern
 	schema *fastSchema
 }
 
@@ -207,21 +206,21 @@ func isInteger(x json.Number) bool {
 }
 
 // valid reports whether v, a value as decodeJSON returns it, is valid.
-func (s *fastSchema) valid(v any) bool {
+func (s *fastSchema) valid(r *run, v any) bool {
 	if s.always != 0 {
 		return s.always > 0
 	}
 	switch x := v.(type) {
 	case map[string]any:
-		if !s.allows(typeObject) || !s.validObject(x) {
+		if !s.allows(typeObject) || !s.validObject(r, x) {
 			return false
 		}
 	case []any:
-		if !s.allows(typeArray) || !s.validArray(x) {
+		if !s.allows(typeArray) || !s.validArray(r, x) {
 			return false
 		}
 	case string:
-		if !s.allows(typeString) || !s.validString(x) {
+		if !s.allows(typeString) || !s.validString(r, x) {
 			return false
 		}
 	case json.Number:
@@ -248,7 +247,7 @@ func (s *fastSchema) valid(v any) bool {
 	if s.format != nil && !s.format(v) {
 		return false
 	}
-	return s.validInPlace(v)
+	return s.validInPlace(r, v)
 }
 
 // allows reports whether "type" allows the type bit t.
@@ -266,11 +265,11 @@ func (s *fastSchema) inEnum(v any) bool {
 }
 
 // validInPlace applies the schemas that apply to v itself.
-func (s *fastSchema) validInPlace(v any) bool {
+func (s *fastSchema) validInPlace(r *run, v any) bool {
 	if s.ref == nil && s.not == nil && s.allOf == nil && s.anyOf == nil && s.oneOf == nil && s.ifS == nil {
 		return true
 	}
-	return s.inPlace(func(sub *fastSchema) bool { return sub.valid(v) })
+	return s.inPlace(func(sub *fastSchema) bool { return sub.valid(r, v) })
 }
 
 // inPlace applies the schemas that apply to a value itself, through
@@ -324,7 +323,7 @@ func (s *fastSchema) inPlace(valid func(*fastSchema) bool) bool {
 	return true
 }
 
-func (s *fastSchema) validObject(m map[string]any) bool {
+func (s *fastSchema) validObject(r *run, m map[string]any) bool {
 	if s.minProps >= 0 && len(m) < s.minProps || s.maxProps >= 0 && len(m) > s.maxProps {
 		return false
 	}
@@ -338,7 +337,7 @@ func (s *fastSchema) validObject(m map[string]any) bool {
 		p := &s.props[i]
 		if pv, ok := m[p.name]; ok {
 			matched++
-			if !p.schema.valid(pv) {
+			if !p.schema.valid(r, pv) {
 				return false
 			}
 		}
@@ -351,21 +350,21 @@ func (s *fastSchema) validObject(m map[string]any) bool {
 		for k, pv := range m {
 			evaluated := s.propSet[k]
 			for _, pp := range s.patternProps {
-				if pp.re.MatchString(k) {
+				if r.match(pp.re, k) {
 					evaluated = true
-					if !pp.schema.valid(pv) {
+					if !pp.schema.valid(r, pv) {
 						return false
 					}
 				}
 			}
-			if !evaluated && (s.noAdditional || s.additional != nil && !s.additional.valid(pv)) {
+			if !evaluated && (s.noAdditional || s.additional != nil && !s.additional.valid(r, pv)) {
 				return false
 			}
 		}
 	}
 	if s.propertyNames != nil {
 		for k := range m {
-			if !s.propertyNames.valid(k) {
+			if !s.propertyNames.valid(r, k) {
 				return false
 			}
 		}
@@ -380,20 +379,20 @@ func (s *fastSchema) validObject(m map[string]any) bool {
 		}
 	}
 	for _, d := range s.depSchemas {
-		if _, ok := m[d.name]; ok && !d.schema.valid(m) {
+		if _, ok := m[d.name]; ok && !d.schema.valid(r, m) {
 			return false
 		}
 	}
 	return true
 }
 
-func (s *fastSchema) validArray(a []any) bool {
+func (s *fastSchema) validArray(r *run, a []any) bool {
 	if s.minItems >= 0 && len(a) < s.minItems || s.maxItems >= 0 && len(a) > s.maxItems {
 		return false
 	}
 	if s.itemsAll != nil {
 		for _, e := range a {
-			if !s.itemsAll.valid(e) {
+			if !s.itemsAll.valid(r, e) {
 				return false
 			}
 		}
@@ -402,11 +401,11 @@ func (s *fastSchema) validArray(a []any) bool {
 		for i, e := range a {
 			switch {
 			case i < len(s.tuple):
-				if !s.tuple[i].valid(e) {
+				if !s.tuple[i].valid(r, e) {
 					return false
 				}
 			case s.tupleAdditional != nil:
-				if !s.tupleAdditional.valid(e) {
+				if !s.tupleAdditional.valid(r, e) {
 					return false
 				}
 			}
@@ -423,14 +422,14 @@ func (s *fastSchema) validArray(a []any) bool {
 		if sub == nil {
 			break
 		}
-		if !sub.valid(e) {
+		if !sub.valid(r, e) {
 			return false
 		}
 	}
 	if s.contains != nil && (s.minContains != -1 || s.maxContains != -1) {
 		n := 0
 		for _, e := range a {
-			if s.contains.valid(e) {
+			if s.contains.valid(r, e) {
 				n++
 			}
 		}
@@ -444,7 +443,7 @@ func (s *fastSchema) validArray(a []any) bool {
 	return true
 }
 
-func (s *fastSchema) validString(x string) bool {
+func (s *fastSchema) validString(r *run, x string) bool {
 	if s.minLen > 0 || s.maxLen >= 0 && len(x) > s.maxLen {
 		// Bytes bound runes from above: count only when that is not
 		// enough.
@@ -456,7 +455,7 @@ func (s *fastSchema) validString(x string) bool {
 	if s.ascii != nil {
 		return s.ascii.match(x)
 	}
-	return s.pattern == nil || s.pattern.MatchString(x)
+	return s.pattern == nil || r.match(s.pattern, x)
 }
 
 func (s *fastSchema) validNumber(x json.Number) bool {
@@ -699,10 +698,13 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		minProps: s.MinProperties, maxProps: s.MaxProperties,
 		minItems: s.MinItems, maxItems: s.MaxItems, unique: s.UniqueItems,
 		minContains: s.MinContains, maxContains: s.MaxContains,
-		minLen: s.MinLength, maxLen: s.MaxLength, pattern: s.Pattern, ascii: newASCIIPattern(s.Pattern),
+		minLen: s.MinLength, maxLen: s.MaxLength, ascii: newASCIIPattern(s.Pattern),
 		minimum: newFastNum(s.Minimum), exclusiveMinimum: newFastNum(s.ExclusiveMinimum),
 		maximum: newFastNum(s.Maximum), exclusiveMaximum: newFastNum(s.ExclusiveMaximum),
 		multipleOf: newFastNum(s.MultipleOf),
+	}
+	if s.Pattern != nil {
+		f.pattern = newPattern(s.Pattern)
 	}
 	c.done[s] = f
 	if s.Always != nil {
@@ -784,7 +786,7 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		}
 	}
 	for re, sub := range s.PatternProperties {
-		f.patternProps = append(f.patternProps, fastPattern{re: re, schema: one(sub)})
+		f.patternProps = append(f.patternProps, fastPattern{re: newPattern(re), schema: one(sub)})
 	}
 	forbid, sub, ok := boolOrSchema(s.AdditionalProperties)
 	if !ok {

@@ -156,7 +156,33 @@ func (m *Message) Data() (any, error) {
 // Check runs the gate. It returns the decoded, validated message, or a
 // *ValidationError and no message; it never panics on any input.
 func (g *Gate) Check(in Input) (*Message, error) {
-	m, verr := g.check(in)
+	return g.CheckContext(context.Background(), in)
+}
+
+// CheckContext is Check bounded by ctx (a message's deadline). A costly
+// pattern match (a large pattern on a long string) runs once per value
+// and looks at ctx every fraction of a millisecond; when ctx ends first,
+// the check stops and returns an error wrapping ErrStopped and ctx's error,
+// not a *ValidationError: the message was not found invalid, so its caller
+// settles it as it would a timeout. With a context that never ends it is
+// Check.
+//
+// One thing is not stopped: a schema without a fast path (see the package
+// doc) is validated by jsonschema, whose pattern matches nothing can
+// interrupt; when one may be costly it runs on a goroutine of its own, the
+// check returns at ctx's end, and that validation finishes in the
+// background.
+func (g *Gate) CheckContext(ctx context.Context, in Input) (*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStopped, err)
+	}
+	d := getTokDoc()
+	defer d.release()
+	d.run.start(ctx)
+	m, verr := g.check(d, in)
+	if err := d.run.err; err != nil {
+		return nil, err // whatever the check said after it stopped is void
+	}
 	if verr != nil {
 		// Type and version may come from the message itself: keep a
 		// hostile one from bloating logs, headers and envelopes.
@@ -166,34 +192,9 @@ func (g *Gate) Check(in Input) (*Message, error) {
 	return m, nil
 }
 
-// CheckContext is Check bounded by ctx: when ctx ends first it returns
-// ctx's error (not a *ValidationError: the message was not found invalid)
-// at once. The check itself cannot be interrupted in the middle of a
-// pattern match; it finishes in the background, each pattern's match
-// costing up to MaxPatternInsts times the string's length. A caller that exits on the error
-// (a command on SIGTERM) stops it with the process.
-func (g *Gate) CheckContext(ctx context.Context, in Input) (*Message, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	type result struct {
-		m   *Message
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		m, err := g.Check(in)
-		done <- result{m, err}
-	}()
-	select {
-	case r := <-done:
-		return r.m, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (g *Gate) check(in Input) (*Message, *ValidationError) {
+// check runs the gate with d, a tokDoc for the body's tokens that also
+// carries the check's pattern work (d.run).
+func (g *Gate) check(d *tokDoc, in Input) (*Message, *ValidationError) {
 	if g.maxBody >= 0 && len(in.Body) > g.maxBody {
 		return nil, &ValidationError{Reason: ReasonTooLarge, Detail: fmt.Sprintf("body is %d bytes, the limit is %d", len(in.Body), g.maxBody)}
 	}
@@ -215,8 +216,8 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 		}
 	}
 
-	m, verr, invalidFor, overBudget := g.checkStream(in.Body, typ, version)
-	if m != nil || verr != nil {
+	m, verr, invalidFor, overBudget := g.checkStream(d, in.Body, typ, version)
+	if m != nil || verr != nil || d.run.err != nil {
 		return m, verr
 	}
 
@@ -224,7 +225,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 	if derr != nil {
 		verr := &ValidationError{Type: typ, Version: version, Reason: ReasonDecode, Detail: capLen(derr.Error())}
 		if derr.rpath != nil {
-			verr.Violations = []Violation{{Pointer: derr.pointer(), Keyword: "json", Message: derr.msg}}
+			verr.Violations = []Violation{{Pointer: derr.pointer(), Keyword: "json", Message: derr.Msg}}
 		}
 		return nil, verr
 	}
@@ -252,7 +253,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 	schema, _ := g.reg.Lookup(typ, version)
 	// The stream path's fast path already found the same data invalid
 	// for this schema: no need to ask the tree's.
-	if invalidFor != schema && g.reg.fastValid(schema, data) {
+	if invalidFor != schema && g.reg.fastValid(&d.run, schema, data) {
 		return &Message{Type: typ, Version: version, Raw: raw, data: data, hasData: true}, nil
 	}
 	if len(in.Body) >= preflightMinBody {
@@ -260,7 +261,7 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 			return nil, &ValidationError{Type: typ, Version: version, Reason: ReasonInvalid, Violations: []Violation{pv.violation(prefix)}}
 		}
 	}
-	if verr := g.validate(schema, data, prefix, overBudget); verr != nil {
+	if verr := g.validate(&d.run, schema, data, prefix, overBudget); verr != nil {
 		verr.Type, verr.Version = typ, version
 		return nil, verr
 	}
@@ -272,11 +273,11 @@ func (g *Gate) check(in Input) (*Message, *ValidationError) {
 // path (see vnode), unless the gate is told to take the full validation,
 // its oracle in tests.
 // overBudget: the invalid path already gave up on the body's tokens.
-func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string, overBudget bool) *ValidationError {
+func (g *Gate) validate(r *run, schema *jsonschema.Schema, data any, prefix string, overBudget bool) *ValidationError {
 	if g.fullValidate {
 		return validate(schema, data, prefix, g.maxViolations)
 	}
-	return g.reg.violationsAfter(schema, data, prefix, g.maxViolations, overBudget)
+	return g.reg.violationsAfter(r, schema, data, prefix, g.maxViolations, overBudget)
 }
 
 // checkStream runs the gate's tree-free path (see stream.go) on a body that
@@ -288,12 +289,10 @@ func (g *Gate) validate(schema *jsonschema.Schema, data any, prefix string, over
 // body, or an envelope's "data" member) invalid, if it got that far;
 // overBudget says the invalid path on the tokens gave up for too many
 // failing values (the tree path then validates in full at once).
-func (g *Gate) checkStream(body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema, overBudget bool) {
+func (g *Gate) checkStream(d *tokDoc, body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema, overBudget bool) {
 	if g.noStream {
 		return nil, nil, nil, false
 	}
-	d := getTokDoc()
-	defer d.release()
 	defer func() {
 		// A panic here is a bug, but the tree path still gives the
 		// right verdict.
@@ -355,7 +354,7 @@ func (g *Gate) decode(body []byte) (doc any, text []byte, derr *decodeError) {
 // fastValid reports whether the fast path of schema, if it has one, finds
 // data valid. False says nothing: jsonschema decides. A panic in the fast
 // path is a bug, but jsonschema still gives the right verdict.
-func (r *Registry) fastValid(schema *jsonschema.Schema, data any) (ok bool) {
+func (r *Registry) fastValid(run *run, schema *jsonschema.Schema, data any) (ok bool) {
 	f := r.fast[schema]
 	if f == nil {
 		return false
@@ -365,7 +364,7 @@ func (r *Registry) fastValid(schema *jsonschema.Schema, data any) (ok bool) {
 			ok = false
 		}
 	}()
-	return f.valid(data)
+	return f.valid(run, data)
 }
 
 // checkContentType accepts "", application/json and application/*+json,
@@ -493,13 +492,14 @@ func (r *Registry) Validate(typ, version string, data any) error {
 	// An upcaster may build values the decoder never makes (int, float64,
 	// a struct); only jsonschema knows what it makes of them.
 	var verr *ValidationError
+	var run run // a costly pattern runs once per value
 	switch {
 	case !decoded(data):
 		verr = validate(schema, data, "", DefaultMaxViolations)
-	case r.fastValid(schema, data):
+	case r.fastValid(&run, schema, data):
 		return nil
 	default:
-		verr = r.violations(schema, data, "", DefaultMaxViolations)
+		verr = r.violationsAfter(&run, schema, data, "", DefaultMaxViolations, false)
 	}
 	if verr != nil {
 		verr.Type, verr.Version = typ, NormalizeVersion(version)

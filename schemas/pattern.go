@@ -34,30 +34,50 @@ func patternInsts(expr string) (int, error) {
 // costlyPattern finds a pattern or patternProperties key, in s or any
 // schema it reaches, whose program is over MaxPatternInsts.
 func costlyPattern(s *jsonschema.Schema) error {
-	seen := map[*jsonschema.Schema]bool{}
-	var walk func(s *jsonschema.Schema) error
-	check := func(re *regexp.Regexp, where, at string) error {
+	return eachPattern(s, func(re *regexp.Regexp, where string, x *jsonschema.Schema) error {
 		n, err := patternInsts(re.String())
 		if err != nil {
 			return nil // the regexp compiled, so this does too
 		}
 		if n > MaxPatternInsts {
-			return fmt.Errorf("%s %q at %s compiles to %d regexp instructions, over the limit of %d: matching costs its size times the string's length; use fewer or smaller counted repetitions ({n,m}) and alternatives", where, shortPattern(re.String()), at, n, MaxPatternInsts)
+			return fmt.Errorf("%s %q at %s compiles to %d regexp instructions, over the limit of %d: matching costs its size times the string's length; use fewer or smaller counted repetitions ({n,m}) and alternatives", where, shortPattern(re.String()), x.Location, n, MaxPatternInsts)
 		}
 		return nil
-	}
+	})
+}
+
+// patternBound is the largest pattern program (a pattern or a
+// patternProperties key) in s or any schema it reaches: what jsonschema
+// may run validating a value against s.
+func patternBound(s *jsonschema.Schema) int {
+	most := 0
+	_ = eachPattern(s, func(re *regexp.Regexp, _ string, _ *jsonschema.Schema) error {
+		if n, err := patternInsts(re.String()); err == nil {
+			most = max(most, n)
+		}
+		return nil
+	})
+	return most
+}
+
+// eachPattern calls f with each pattern ("pattern") and patternProperties
+// key ("patternProperties key") of s and every schema it reaches, and the
+// schema that holds it, until f fails.
+func eachPattern(s *jsonschema.Schema, f func(re *regexp.Regexp, where string, x *jsonschema.Schema) error) error {
+	seen := map[*jsonschema.Schema]bool{}
+	var walk func(x *jsonschema.Schema) error
 	walk = func(x *jsonschema.Schema) error {
 		if x == nil || seen[x] {
 			return nil
 		}
 		seen[x] = true
 		if x.Pattern != nil {
-			if err := check(x.Pattern, "pattern", x.Location); err != nil {
+			if err := f(x.Pattern, "pattern", x); err != nil {
 				return err
 			}
 		}
 		for re := range x.PatternProperties {
-			if err := check(re, "patternProperties key", x.Location); err != nil {
+			if err := f(re, "patternProperties key", x); err != nil {
 				return err
 			}
 		}

@@ -24,14 +24,14 @@ import (
 //go:embed */*.json
 var embedded embed.FS
 
-// BaseURL is where every schema lives as a resource: <type>/v<N>.json under
+// baseURL is where every schema lives as a resource: <type>/v<N>.json under
 // it is its $id, and a $ref between files is relative to it (e.g.
 // "../common/v1.json#/$defs/money"). Nothing is ever fetched from it.
-const BaseURL = "https://dlxbridge.dev/schemas/"
+const baseURL = "https://dlxbridge.dev/schemas/"
 
 // URL returns the canonical $id of a type's schema version.
 func URL(typ, version string) string {
-	return BaseURL + typ + "/v" + version + ".json"
+	return baseURL + typ + "/v" + version + ".json"
 }
 
 // Ref names one schema in the registry.
@@ -62,11 +62,11 @@ var annotationKeywords = map[string]bool{
 	"title": true, "description": true, "examples": true, "default": true, "deprecated": true, "readOnly": true, "writeOnly": true,
 }
 
-// Definitions reports whether a schema file only holds shared definitions:
+// isDefinitions reports whether a schema file only holds shared definitions:
 // its root has "$defs" (or "definitions") and nothing that asserts anything
 // about an instance. Such a schema accepts every message, so it is a
 // library for $refs, never a message type.
-func Definitions(data []byte) bool {
+func isDefinitions(data []byte) bool {
 	var root map[string]json.RawMessage
 	if json.Unmarshal(data, &root) != nil {
 		return false
@@ -109,6 +109,9 @@ type Registry struct {
 	// inv holds the invalid path of each schema with a fast path (see
 	// vnode).
 	inv map[*jsonschema.Schema]*vnode
+	// bound is the largest pattern program each schema holds (see
+	// patternBound): what validating a value with jsonschema may run.
+	bound map[*jsonschema.Schema]int
 }
 
 // FileError is one schema file that failed to load or compile.
@@ -258,7 +261,7 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 		}
 		r.schemas[k] = s
 		kind := KindMessage
-		if Definitions(f.data) {
+		if isDefinitions(f.data) {
 			kind = KindDefinitions
 		}
 		r.refs = append(r.refs, Ref{Type: f.typ, Version: f.version, Source: f.source, Kind: kind})
@@ -285,6 +288,10 @@ func compileAll(files map[string]file, keys []string, elide bool) (*Registry, []
 	}
 	r.fast, r.noFast = compileFast(roots, c.Formats)
 	r.inv = buildInvalidPath(r.fast, c.Formats)
+	r.bound = make(map[*jsonschema.Schema]int, len(roots))
+	for _, root := range roots {
+		r.bound[root] = patternBound(root)
+	}
 	sort.Slice(r.refs, func(i, j int) bool {
 		a, b := r.refs[i], r.refs[j]
 		if a.Type != b.Type {
@@ -311,7 +318,7 @@ func newCompiler(files map[string]file, keys []string) (*jsonschema.Compiler, []
 		if src, ok := brokenURL[u]; ok {
 			return nil, fmt.Errorf("$ref to %s, which is broken", src)
 		}
-		return nil, fmt.Errorf("%s is not in the registry (only <type>/v<N>.json under %s can be referenced)", u, BaseURL)
+		return nil, fmt.Errorf("%s is not in the registry (only <type>/v<N>.json under %s can be referenced)", u, baseURL)
 	}
 	metas := map[string]*jsonschema.Schema{}
 	var broken []FileError

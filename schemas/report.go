@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"context"
 	"strings"
 
 	"github.com/dlxbridge/dlxbridge/wire"
@@ -22,11 +23,21 @@ func (e *ValidationError) SchemaFailure() bool { return true }
 // Data is nil when the body is over the size limit, encoded, or not
 // acceptable JSON. It never panics.
 func (g *Gate) CheckReport(in Input) (*Message, error) {
-	m, err := g.Check(in)
+	return g.CheckReportContext(context.Background(), in)
+}
+
+// CheckReportContext is CheckReport bounded by ctx as CheckContext is:
+// when ctx ends first it returns no message and CheckContext's error
+// (ErrStopped), which is no *ValidationError.
+func (g *Gate) CheckReportContext(ctx context.Context, in Input) (*Message, error) {
+	m, err := g.CheckContext(ctx, in)
 	if err == nil {
 		return m, nil
 	}
-	verr := err.(*ValidationError) // Check's only error
+	verr, ok := err.(*ValidationError)
+	if !ok {
+		return nil, err // stopped
+	}
 	m = &Message{Type: verr.Type, Version: verr.Version}
 	switch verr.Reason {
 	case ReasonTooLarge, ReasonEncoding, ReasonDecode:

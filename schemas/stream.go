@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 )
 
 // The gate's tree-free path. Building the map[string]any tree of a message
@@ -46,7 +48,7 @@ const maxStreamTokens = 1 << 15
 // stok is one token of a tokenized document. A key is followed by its
 // value; a container's members or elements follow it, then its end token.
 type stok struct {
-	kind    TokenKind
+	kind    jsonscan.Kind
 	escaped bool
 	// start, end: the token's bytes; for an array or object, the whole
 	// value's.
@@ -64,6 +66,9 @@ type tokDoc struct {
 	src   string // data as a string, without a copy: read only during Check
 	toks  []stok
 	stack []int32
+	// run is the check's pattern work (see match.go), for every path
+	// of the check, tokens or tree.
+	run run
 }
 
 var tokDocs = sync.Pool{New: func() any { return &tokDoc{toks: make([]stok, 0, 256), stack: make([]int32, 0, 16)} }}
@@ -76,6 +81,7 @@ func (d *tokDoc) release() {
 		return // an unusually large body: let it go
 	}
 	d.data, d.src, d.toks, d.stack = nil, "", d.toks[:0], d.stack[:0]
+	d.run.reset()
 	tokDocs.Put(d)
 }
 
@@ -88,9 +94,9 @@ func (d *tokDoc) tokenize(data []byte) bool {
 	}
 	d.data, d.toks, d.stack = data, d.toks[:0], d.stack[:0]
 	d.src = unsafe.String(unsafe.SliceData(data), len(data))
-	sc := Scanner{data: data, single: true, strict: true, maxDepth: MaxDepth}
+	sc := jsonscan.Strict(data, MaxDepth)
 	for {
-		t, err := sc.next()
+		t, err := sc.Next()
 		if err != nil {
 			return false
 		}
@@ -99,19 +105,19 @@ func (d *tokDoc) tokenize(data []byte) bool {
 			return false
 		}
 		switch t.Kind {
-		case TokenEOF:
+		case jsonscan.EOF:
 			return len(d.toks) > 0 && len(d.stack) == 0
-		case TokenBeginObject, TokenBeginArray:
+		case jsonscan.BeginObject, jsonscan.BeginArray:
 			d.toks = append(d.toks, stok{kind: t.Kind, start: int32(t.Start)})
 			d.stack = append(d.stack, i)
 			continue
-		case TokenEndObject, TokenEndArray:
+		case jsonscan.EndObject, jsonscan.EndArray:
 			top := d.stack[len(d.stack)-1]
 			d.stack = d.stack[:len(d.stack)-1]
 			d.toks = append(d.toks, stok{kind: t.Kind, start: int32(t.Start), end: int32(t.End), next: i + 1})
 			c := &d.toks[top]
 			c.end, c.next = int32(t.End), i+1
-		case TokenKey:
+		case jsonscan.Key:
 			if t.Escaped {
 				return false
 			}
@@ -126,7 +132,7 @@ func (d *tokDoc) tokenize(data []byte) bool {
 					return false // a duplicate key: the tree path says so
 				}
 			}
-			d.toks = append(d.toks, stok{kind: TokenKey, start: int32(t.Start), end: int32(t.End), next: i + 1})
+			d.toks = append(d.toks, stok{kind: jsonscan.Key, start: int32(t.Start), end: int32(t.End), next: i + 1})
 			continue
 		default:
 			d.toks = append(d.toks, stok{kind: t.Kind, escaped: t.Escaped, start: int32(t.Start), end: int32(t.End), next: i + 1})
@@ -151,8 +157,8 @@ func (d *tokDoc) str(i int32) string {
 	if !t.escaped {
 		return d.src[t.start+1 : t.end-1]
 	}
-	sc := Scanner{data: d.data[t.start:t.end]}
-	tk, _ := sc.next()
+	sc := jsonscan.New(d.data[t.start:t.end])
+	tk, _ := sc.Next()
 	return string(sc.Text(tk))
 }
 
@@ -176,15 +182,15 @@ func (d *tokDoc) tree(i int32) any {
 // tree.
 func (d *tokDoc) value(i int32) any {
 	switch d.toks[i].kind {
-	case TokenString, TokenKey:
+	case jsonscan.String, jsonscan.Key:
 		return strings.Clone(d.str(i))
-	case TokenNumber:
+	case jsonscan.Number:
 		return json.Number(strings.Clone(string(d.num(i))))
-	case TokenTrue:
+	case jsonscan.True:
 		return true
-	case TokenFalse:
+	case jsonscan.False:
 		return false
-	case TokenNull:
+	case jsonscan.Null:
 		return nil
 	}
 	return d.tree(i)
@@ -193,7 +199,7 @@ func (d *tokDoc) value(i int32) any {
 // member finds the value of the top-level object member key in the object
 // at i: its token index, or -1.
 func (d *tokDoc) member(i int32, key string) int32 {
-	for j := i + 1; d.toks[j].kind == TokenKey; j = d.toks[j+1].next {
+	for j := i + 1; d.toks[j].kind == jsonscan.Key; j = d.toks[j+1].next {
 		if d.str(j) == key {
 			return j + 1
 		}
@@ -213,11 +219,11 @@ func (d *tokDoc) pointer(ptr string) int32 {
 	for _, tok := range strings.Split(ptr[1:], "/") {
 		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
 		switch d.toks[i].kind {
-		case TokenBeginObject:
+		case jsonscan.BeginObject:
 			if i = d.member(i, tok); i < 0 {
 				return -1
 			}
-		case TokenBeginArray:
+		case jsonscan.BeginArray:
 			// As lookupPointer reads an index.
 			n, err := strconv.Atoi(tok)
 			if err != nil || n < 0 || n >= int(d.toks[i].n) || (len(tok) > 1 && tok[0] == '0') {
@@ -241,28 +247,28 @@ func (s *fastSchema) validTok(d *tokDoc, i int32) bool {
 		return s.always > 0
 	}
 	switch d.toks[i].kind {
-	case TokenBeginObject:
+	case jsonscan.BeginObject:
 		if !s.allows(typeObject) || !s.validObjectTok(d, i) {
 			return false
 		}
-	case TokenBeginArray:
+	case jsonscan.BeginArray:
 		if !s.allows(typeArray) || !s.validArrayTok(d, i) {
 			return false
 		}
-	case TokenString, TokenKey:
-		if !s.allows(typeString) || !s.validString(d.str(i)) {
+	case jsonscan.String, jsonscan.Key:
+		if !s.allows(typeString) || !s.validString(&d.run, d.str(i)) {
 			return false
 		}
-	case TokenNumber:
+	case jsonscan.Number:
 		x := d.num(i)
 		if !s.allows(typeNumber) && !(s.allows(typeInteger) && isInteger(x)) || !s.validNumber(x) {
 			return false
 		}
-	case TokenTrue, TokenFalse:
+	case jsonscan.True, jsonscan.False:
 		if !s.allows(typeBoolean) {
 			return false
 		}
-	case TokenNull:
+	case jsonscan.Null:
 		if !s.allows(typeNull) {
 			return false
 		}
@@ -295,9 +301,9 @@ func (s *fastSchema) validTok(d *tokDoc, i int32) bool {
 // package's) do not keep it.
 func (d *tokDoc) formatArg(i int32) any {
 	switch d.toks[i].kind {
-	case TokenString, TokenKey:
+	case jsonscan.String, jsonscan.Key:
 		return d.str(i)
-	case TokenNumber:
+	case jsonscan.Number:
 		return d.num(i)
 	}
 	return d.value(i)
@@ -306,25 +312,25 @@ func (d *tokDoc) formatArg(i int32) any {
 // equal is jsonEqual of the value at i and c.
 func (d *tokDoc) equal(i int32, c any) bool {
 	switch d.toks[i].kind {
-	case TokenString, TokenKey:
+	case jsonscan.String, jsonscan.Key:
 		y, ok := c.(string)
 		return ok && d.str(i) == y
-	case TokenNumber:
+	case jsonscan.Number:
 		y, ok := c.(json.Number)
 		return ok && numEqual(d.num(i), y)
-	case TokenTrue:
+	case jsonscan.True:
 		y, ok := c.(bool)
 		return ok && y
-	case TokenFalse:
+	case jsonscan.False:
 		y, ok := c.(bool)
 		return ok && !y
-	case TokenNull:
+	case jsonscan.Null:
 		return c == nil
-	case TokenBeginObject:
+	case jsonscan.BeginObject:
 		if y, ok := c.(map[string]any); !ok || len(y) != int(d.toks[i].n) {
 			return false
 		}
-	case TokenBeginArray:
+	case jsonscan.BeginArray:
 		if y, ok := c.([]any); !ok || len(y) != int(d.toks[i].n) {
 			return false
 		}
@@ -369,7 +375,7 @@ func (s *fastSchema) validObjectTok(d *tokDoc, i int32) bool {
 		}
 	}
 	required := 0 // required members met (keys are unique)
-	for j := i + 1; d.toks[j].kind == TokenKey; j = d.toks[j+1].next {
+	for j := i + 1; d.toks[j].kind == jsonscan.Key; j = d.toks[j+1].next {
 		k := d.str(j)
 		p := s.prop(k)
 		if p != nil {
@@ -382,7 +388,7 @@ func (s *fastSchema) validObjectTok(d *tokDoc, i int32) bool {
 		}
 		evaluated := p != nil
 		for _, pp := range s.patternProps {
-			if pp.re.MatchString(k) {
+			if d.run.match(pp.re, k) {
 				evaluated = true
 				if !pp.schema.validTok(d, j+1) {
 					return false
@@ -426,7 +432,7 @@ func (s *fastSchema) validArrayTok(d *tokDoc, i int32) bool {
 	}
 	contained := 0
 	idx := 0
-	for j := i + 1; d.toks[j].kind != TokenEndArray; j, idx = d.toks[j].next, idx+1 {
+	for j := i + 1; d.toks[j].kind != jsonscan.EndArray; j, idx = d.toks[j].next, idx+1 {
 		if s.itemsAll != nil && !s.itemsAll.validTok(d, j) {
 			return false
 		}
@@ -470,11 +476,11 @@ func (s *fastSchema) validArrayTok(d *tokDoc, i int32) bool {
 // envelope reads the identity of a FromEnvelope body as fromEnvelope does,
 // and the index of its "data" member; false wherever fromEnvelope fails.
 func (d *tokDoc) envelope() (typ, version string, data int32, ok bool) {
-	if d.toks[0].kind != TokenBeginObject {
+	if d.toks[0].kind != jsonscan.BeginObject {
 		return "", "", 0, false
 	}
 	ti := d.member(0, "type")
-	if ti < 0 || d.toks[ti].kind != TokenString {
+	if ti < 0 || d.toks[ti].kind != jsonscan.String {
 		return "", "", 0, false
 	}
 	if typ = d.value(ti).(string); strings.TrimSpace(typ) == "" {
@@ -490,7 +496,7 @@ func (d *tokDoc) envelope() (typ, version string, data int32, ok bool) {
 		}
 	}
 	if ds >= 0 {
-		if d.toks[ds].kind != TokenString {
+		if d.toks[ds].kind != jsonscan.String {
 			return "", "", 0, false
 		}
 		dv, ok := versionFromDataschema(d.str(ds))
@@ -509,7 +515,7 @@ func (d *tokDoc) envelope() (typ, version string, data int32, ok bool) {
 // Gate.fromPointer does; false wherever that fails.
 func (d *tokDoc) identity(typePtr, versionPtr string) (typ, version string, ok bool) {
 	ti := d.pointer(typePtr)
-	if ti < 0 || d.toks[ti].kind != TokenString {
+	if ti < 0 || d.toks[ti].kind != jsonscan.String {
 		return "", "", false
 	}
 	if typ = d.value(ti).(string); strings.TrimSpace(typ) == "" {

@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
+	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 	"github.com/santhosh-tekuri/jsonschema/v5"
 )
 
@@ -79,6 +83,14 @@ type vnode struct {
 	items      *vnode // items (2020-12)
 	ref        *vnode
 	allOf      []*vnode
+
+	// pattern is s's own "pattern", which the own copy leaves out: the
+	// walk matches it itself (once per value, and stoppable: see
+	// match.go) and writes jsonschema's leaf for it.
+	pattern *pattern
+	// ownInsts is the largest pattern program jsonschema may run
+	// validating own (0: none); see vwalk.js.
+	ownInsts int
 }
 
 type vchild struct {
@@ -88,7 +100,7 @@ type vchild struct {
 }
 
 type vpattern struct {
-	re  *regexp.Regexp
+	re  *pattern
 	seg string // "patternProperties/" + the escaped pattern
 	n   *vnode
 }
@@ -151,6 +163,11 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 	}
 	own := *s
 	stripped := false
+	if s.Pattern != nil {
+		n.pattern = newPattern(s.Pattern)
+		own.Pattern = nil
+		stripped = true
+	}
 	if len(s.Properties) > 0 {
 		names := make([]string, 0, len(s.Properties))
 		for name := range s.Properties {
@@ -170,7 +187,7 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 	if len(s.PatternProperties) > 0 {
 		own.PatternProperties = make(map[*regexp.Regexp]*jsonschema.Schema, len(s.PatternProperties))
 		for re, sub := range s.PatternProperties {
-			n.patterns = append(n.patterns, vpattern{re: re, seg: "patternProperties/" + escapeToken(re.String()), n: one(sub)})
+			n.patterns = append(n.patterns, vpattern{re: newPattern(re), seg: "patternProperties/" + escapeToken(re.String()), n: one(sub)})
 			own.PatternProperties[re] = alwaysTrue
 		}
 		stripped = true
@@ -241,6 +258,7 @@ func (b *vbuilder) build(s *jsonschema.Schema) (*vnode, error) {
 			return nil, err
 		}
 	}
+	n.ownInsts = patternBound(n.own)
 	return n, nil
 }
 
@@ -270,26 +288,77 @@ var errOverBudget = fmt.Errorf("%w: over %d jsonschema calls", errFallBack, maxI
 // invalid path when the schema has one (see above): the same
 // *ValidationError, or nil.
 func (r *Registry) violations(schema *jsonschema.Schema, data any, prefix string, maxViolations int) *ValidationError {
-	return r.violationsAfter(schema, data, prefix, maxViolations, false)
+	return r.violationsAfter(nil, schema, data, prefix, maxViolations, false)
 }
 
 // violationsAfter is violations; overBudget says a walk on the body's
 // tokens already gave up (errOverBudget): the same walk on the tree would
 // too, so the full validation runs at once.
-func (r *Registry) violationsAfter(schema *jsonschema.Schema, data any, prefix string, maxViolations int, overBudget bool) *ValidationError {
+//
+// run is the check's pattern work (nil: none, and nothing stops). When
+// it stopped, the answer is void: the caller returns run's error.
+func (r *Registry) violationsAfter(run *run, schema *jsonschema.Schema, data any, prefix string, maxViolations int, overBudget bool) *ValidationError {
 	if n := r.inv[schema]; n != nil && !overBudget {
-		if leaves, err := n.leaves(data, maxInvalidCalls); err == nil && len(leaves) > 0 {
+		if leaves, err := n.leaves(run, data, maxInvalidCalls); err == nil && len(leaves) > 0 {
 			vs, truncated := leafViolations(leaves, prefix, maxViolations)
 			return &ValidationError{Reason: ReasonInvalid, Violations: vs, Truncated: truncated}
 		}
 	}
+	if run.stopped() {
+		return &ValidationError{Reason: ReasonInvalid}
+	}
+	if costlyFor(r.bound[schema], data) {
+		if r.fast[schema] != nil {
+			// The fast path found data invalid; jsonschema would run
+			// a costly pattern again, and nothing could stop it.
+			vs, _ := leafViolations([]vleaf{{kw: "/", msg: notListed}}, prefix, maxViolations)
+			return &ValidationError{Reason: ReasonInvalid, Violations: vs}
+		}
+		return validateUnstoppable(run, schema, data, prefix, maxViolations)
+	}
 	return validate(schema, data, prefix, maxViolations)
+}
+
+// unstoppable counts the validations validateUnstoppable left running
+// (tests wait for them).
+var unstoppable sync.WaitGroup
+
+// validateUnstoppable is validate for a schema without a fast path, whose
+// jsonschema validation may run a costly pattern that nothing can stop: it
+// runs on a goroutine of its own, and when run's context ends first, the
+// check returns without it (the validation finishes in the background).
+func validateUnstoppable(run *run, schema *jsonschema.Schema, data any, prefix string, maxViolations int) *ValidationError {
+	if run == nil || run.done == nil && !run.hasDeadline {
+		return validate(schema, data, prefix, maxViolations)
+	}
+	done := make(chan *ValidationError, 1)
+	unstoppable.Add(1)
+	go func() {
+		defer unstoppable.Done()
+		done <- validate(schema, data, prefix, maxViolations)
+	}()
+	var deadline <-chan time.Time
+	if run.hasDeadline {
+		t := time.NewTimer(time.Until(run.deadline))
+		defer t.Stop()
+		deadline = t.C
+	}
+	select {
+	case verr := <-done:
+		return verr
+	case <-run.done:
+	case <-deadline:
+	}
+	if !run.stopped() {
+		run.err = fmt.Errorf("%w: %w", ErrStopped, context.DeadlineExceeded)
+	}
+	return &ValidationError{Reason: ReasonInvalid}
 }
 
 // leaves lists the leaves of jsonschema's error tree for data, which the
 // fast path finds invalid, or fails.
-func (n *vnode) leaves(data any, maxCalls int) ([]vleaf, error) {
-	return leavesOf(n, treeVals{}, data, maxCalls)
+func (n *vnode) leaves(r *run, data any, maxCalls int) ([]vleaf, error) {
+	return leavesOf(n, treeVals{r}, data, maxCalls)
 }
 
 // leavesOf walks data with at most maxCalls jsonschema calls (the gate's
@@ -301,7 +370,7 @@ func leavesOf[V any, D vdoc[V]](n *vnode, d D, data V, maxCalls int) (out []vlea
 			out, err = nil, fmt.Errorf("%w: panic: %v", errFallBack, r)
 		}
 	}()
-	w := vwalk{maxCalls: maxCalls}
+	w := vwalk{maxCalls: maxCalls, r: d.run()}
 	if err := collectLeaves(n, d, data, "", "", &w); err != nil {
 		return nil, err
 	}
@@ -312,14 +381,63 @@ func leavesOf[V any, D vdoc[V]](n *vnode, d D, data V, maxCalls int) (out []vlea
 type vwalk struct {
 	out             []vleaf
 	calls, maxCalls int
+	r               *run
 }
 
-// js runs jsLeaves within the walk's budget.
-func (w *vwalk) js(s *jsonschema.Schema, v func() any, inst, kw string) error {
+// notListed is the message of a leaf that stands for what jsonschema
+// would have listed, when asking it would run a pattern that is costly on
+// the value (see vwalk.js).
+const notListed = "fails this schema; the keywords it fails are not listed, as listing them would run a pattern that is costly on this value again"
+
+// js runs jsLeaves within the walk's budget. jsonschema matches patterns
+// with the regexp package, which no deadline stops, and would run again
+// what the fast path ran: when a pattern it may run (insts, the largest
+// program s holds) is costly on the value's longest string or member name,
+// the walk writes one leaf for the whole value at s instead (the fast path
+// found it invalid, so the verdict stands).
+func (w *vwalk) js(s *jsonschema.Schema, insts int, v func() any, inst, kw string) error {
+	if w.r.stopped() {
+		return w.r.err
+	}
 	if w.calls++; w.calls > w.maxCalls {
 		return errOverBudget
 	}
-	return jsLeaves(s, v(), inst, kw, &w.out)
+	x := v()
+	if costlyFor(insts, x) {
+		// keyword() of a location ending in "/" is "schema": the leaf
+		// is about the schema at kw as a whole.
+		w.out = append(w.out, vleaf{inst: inst, kw: kw + "/", msg: notListed})
+		return nil
+	}
+	return jsLeaves(s, x, inst, kw, &w.out)
+}
+
+// costlyFor reports whether a pattern program of insts instructions may be
+// costly (costlyMatch) on the longest string or member name in v.
+func costlyFor(insts int, v any) bool {
+	return insts > 0 && insts*(longestString(v)+1) > costlyMatch
+}
+
+// longestString is the length of the longest string or member name in v,
+// a value as decodeJSON returns it.
+func longestString(v any) int {
+	switch x := v.(type) {
+	case string:
+		return len(x)
+	case map[string]any:
+		n := 0
+		for k, e := range x {
+			n = max(n, len(k), longestString(e))
+		}
+		return n
+	case []any:
+		n := 0
+		for _, e := range x {
+			n = max(n, longestString(e))
+		}
+		return n
+	}
+	return 0
 }
 
 // vdoc is how collectLeaves reads a value of type V: a decoded value (treeVals)
@@ -336,6 +454,11 @@ type vdoc[V any] interface {
 	// elements with each element if it is an array, until f fails.
 	members(v V, f func(name string, mv V) error) error
 	elements(v V, f func(i int, e V) error) error
+	// str is v if it is a string.
+	str(v V) (string, bool)
+	// run is the check's pattern work; match matches p through it.
+	run() *run
+	match(p *pattern, s string) bool
 }
 
 // collectLeaves appends the leaves of v, which n's fast path finds invalid, at
@@ -343,12 +466,22 @@ type vdoc[V any] interface {
 func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, w *vwalk) error {
 	tree := func() any { return d.tree(v) }
 	if n.whole || !d.typeOK(n.f, v) {
-		return w.js(n.s, tree, inst, kw)
+		// A boolean schema, or a failing "type", which jsonschema
+		// reports before any other keyword: no pattern runs.
+		return w.js(n.s, 0, tree, inst, kw)
 	}
 	found := len(w.out)
 	if !d.valid(n.ownF, v) {
-		if err := w.js(n.own, tree, inst, kw); err != nil {
+		if err := w.js(n.own, n.ownInsts, tree, inst, kw); err != nil {
 			return err
+		}
+	}
+	if n.pattern != nil {
+		if s, ok := d.str(v); ok && !d.match(n.pattern, s) {
+			if w.r.stopped() {
+				return w.r.err
+			}
+			w.out = append(w.out, vleaf{inst: inst, kw: kw + "/pattern", msg: "does not match pattern " + jsQuote(n.pattern.re.String())})
 		}
 	}
 	// sub descends into c at v when c's fast path finds v invalid, at
@@ -369,7 +502,7 @@ func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, w *vwa
 				}
 			}
 			for _, pp := range n.patterns {
-				if pp.re.MatchString(name) {
+				if d.match(pp.re, name) {
 					evaluated = true
 					if err := sub(pp.n, mv, escapeToken(name), pp.seg); err != nil {
 						return err
@@ -445,10 +578,10 @@ func collectLeaves[V any, D vdoc[V]](n *vnode, d D, v V, inst, kw string, w *vwa
 }
 
 // treeVals reads decoded values.
-type treeVals struct{}
+type treeVals struct{ r *run }
 
-func (treeVals) valid(f *fastSchema, v any) bool { return f.valid(v) }
-func (treeVals) tree(v any) any                  { return v }
+func (t treeVals) valid(f *fastSchema, v any) bool { return f.valid(t.r, v) }
+func (treeVals) tree(v any) any                    { return v }
 
 func (treeVals) typeOK(s *fastSchema, v any) bool {
 	switch x := v.(type) {
@@ -467,6 +600,14 @@ func (treeVals) typeOK(s *fastSchema, v any) bool {
 	}
 	panic(fmt.Sprintf("schemas: invalid path got a %T", v))
 }
+
+func (treeVals) str(v any) (string, bool) {
+	s, ok := v.(string)
+	return s, ok
+}
+
+func (t treeVals) run() *run                       { return t.r }
+func (t treeVals) match(p *pattern, s string) bool { return t.r.match(p, s) }
 
 func (treeVals) members(v any, f func(string, any) error) error {
 	m, _ := v.(map[string]any)
@@ -497,28 +638,38 @@ func (t tokVals) tree(i int32) any                  { return t.d.tree(i) }
 
 func (t tokVals) typeOK(s *fastSchema, i int32) bool {
 	switch t.d.toks[i].kind {
-	case TokenBeginObject:
+	case jsonscan.BeginObject:
 		return s.allows(typeObject)
-	case TokenBeginArray:
+	case jsonscan.BeginArray:
 		return s.allows(typeArray)
-	case TokenString:
+	case jsonscan.String:
 		return s.allows(typeString)
-	case TokenTrue, TokenFalse:
+	case jsonscan.True, jsonscan.False:
 		return s.allows(typeBoolean)
-	case TokenNull:
+	case jsonscan.Null:
 		return s.allows(typeNull)
-	case TokenNumber:
+	case jsonscan.Number:
 		return s.allows(typeNumber) || s.allows(typeInteger) && isInteger(t.d.num(i))
 	}
 	panic(fmt.Sprintf("schemas: invalid path got token %v", t.d.toks[i].kind))
 }
 
+func (t tokVals) str(i int32) (string, bool) {
+	if t.d.toks[i].kind != jsonscan.String {
+		return "", false
+	}
+	return t.d.str(i), true
+}
+
+func (t tokVals) run() *run                       { return &t.d.run }
+func (t tokVals) match(p *pattern, s string) bool { return t.d.run.match(p, s) }
+
 func (t tokVals) members(i int32, f func(string, int32) error) error {
 	d := t.d
-	if d.toks[i].kind != TokenBeginObject {
+	if d.toks[i].kind != jsonscan.BeginObject {
 		return nil
 	}
-	for j := i + 1; d.toks[j].kind == TokenKey; j = d.toks[j+1].next {
+	for j := i + 1; d.toks[j].kind == jsonscan.Key; j = d.toks[j+1].next {
 		if err := f(d.str(j), j+1); err != nil {
 			return err
 		}
@@ -528,11 +679,11 @@ func (t tokVals) members(i int32, f func(string, int32) error) error {
 
 func (t tokVals) elements(i int32, f func(int, int32) error) error {
 	d := t.d
-	if d.toks[i].kind != TokenBeginArray {
+	if d.toks[i].kind != jsonscan.BeginArray {
 		return nil
 	}
 	idx := 0
-	for j := i + 1; d.toks[j].kind != TokenEndArray; j, idx = d.toks[j].next, idx+1 {
+	for j := i + 1; d.toks[j].kind != jsonscan.EndArray; j, idx = d.toks[j].next, idx+1 {
 		if err := f(idx, j); err != nil {
 			return err
 		}
@@ -559,6 +710,14 @@ func jsLeaves(s *jsonschema.Schema, v any, inst, kw string, out *[]vleaf) error 
 	}
 	appendLeaves(ve, inst, kw, out)
 	return nil
+}
+
+// jsQuote quotes s as jsonschema's messages do.
+func jsQuote(s string) string {
+	s = fmt.Sprintf("%q", s)
+	s = strings.ReplaceAll(s, `\"`, `"`)
+	s = strings.ReplaceAll(s, `'`, `\'`)
+	return "'" + s[1:len(s)-1] + "'"
 }
 
 // appendLeaves appends the leaves of e's tree in depth-first order, their
