@@ -120,7 +120,7 @@ func TestReplayRefusesAnAmbiguousIDPrefix(t *testing.T) {
 			Headers: envelopeHeaders(b.q.Name, "fp-amb", "failed", time.Unix(1700000000, 0)), Body: []byte(validJob(i))}
 	}
 	id := func(p amqp.Publishing) string {
-		s, err := RecordID(&amqp.Delivery{Exchange: "", RoutingKey: intake, Headers: p.Headers, ContentType: p.ContentType,
+		s, err := recordID(&amqp.Delivery{Exchange: "", RoutingKey: intake, Headers: p.Headers, ContentType: p.ContentType,
 			MessageId: p.MessageId, Type: p.Type, Body: p.Body})
 		if err != nil {
 			t.Fatal(err)

@@ -1,10 +1,12 @@
 package quarantine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -38,7 +40,8 @@ const (
 
 // Record is one quarantined message as the quarantine keeps it.
 type Record struct {
-	// ID is stable and short (see RecordID).
+	// ID is stable and short: the first 12 hex digits of a hash of the
+	// message as it reached the intake, so a record written twice has one.
 	ID string `json:"id"`
 	// Queue is the work queue the message failed on.
 	Queue string `json:"queue"`
@@ -129,6 +132,20 @@ type Inspector struct {
 	Config *config.Config
 	// Now is the clock (record ages, expiry). Defaults to time.Now.
 	Now func() time.Time
+	// OmitBodies makes Snapshot keep no payloads: each Record's Body is
+	// nil, and nothing it holds shares memory with the message it was read
+	// from, so a snapshot of a large quarantine costs its records' meta,
+	// not their payloads. ReadBody reads one record's payload. Defaults to
+	// false: every Body is kept.
+	OmitBodies bool
+
+	// Verifier, with the signing key (the operators' and the runtime's:
+	// security.signing_key_env), checks each event's signature: once an
+	// events stream holds a signed event, an event after it without a
+	// valid signature changes nothing (Event.Ignored), whoever published
+	// it. Without one, every event counts, as before events were signed,
+	// and none is Verified. Defaults to nil.
+	Verifier *triage.Signer
 
 	// eventWaits, in tests, replaces how long reading an events stream
 	// waits for its end (a reader on a loaded machine that stops early).
@@ -139,6 +156,11 @@ type Inspector struct {
 type quarantineSet struct {
 	cfg    *config.Queue // the first work queue naming it
 	queues []*config.Queue
+	// unrouted marks the shared tiers' catch-all (cfg is
+	// config.Config.UnroutedQuarantine): its records are retries whose
+	// work queue was gone when they came back, and queues are the work
+	// queues on the shared tiers.
+	unrouted bool
 }
 
 // has reports whether queue is one of s's work queues.
@@ -163,6 +185,15 @@ func (in *Inspector) quarantines() []*quarantineSet {
 			out = append(out, s)
 		}
 		s.queues = append(s.queues, q)
+	}
+	if u, ok := in.Config.UnroutedQuarantine(); ok {
+		s := &quarantineSet{cfg: u, unrouted: true}
+		for i := range in.Config.Queues {
+			if q := &in.Config.Queues[i]; q.Retry.Shared() {
+				s.queues = append(s.queues, q)
+			}
+		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -195,6 +226,9 @@ type Snapshot struct {
 	byID map[string]*Record
 	// expiredNamed: the ids some expired event names.
 	expiredNamed map[string]bool
+	// unsigned, when read with a Verifier, are the events streams in which
+	// no event verified (see Replayer.StartSigning).
+	unsigned []string
 }
 
 // Snapshot reads every quarantine's streams.
@@ -228,7 +262,7 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 			go func() {
 				defer close(evDone)
 				stream := s.cfg.Quarantine.EventsStream()
-				p.events, evErr = readEvents(ctx, in.Conn, stream, in.eventWaits, marks[stream])
+				p.events, evErr = readEvents(ctx, in.Conn, stream, in.eventWaits, marks[stream], in.Verifier)
 			}()
 			p.records, p.bad, p.err = in.readRecords(ctx, s)
 			<-evDone
@@ -246,6 +280,7 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 	expiredBy := map[string]*ExpiredRecord{}
 	var expiredOrder []string
 	var perStream [][]Event
+	at := map[string]int{} // each record's index in snap.Records
 	for i, s := range sets {
 		p := &parts[i]
 		if p.err != nil {
@@ -253,11 +288,16 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 		}
 		snap.Undecodable += p.bad
 		snap.Intake[s.cfg.Quarantine.Queue] = p.waiting
+		signed := false
 		for j := range p.events {
 			e := &p.events[j]
 			e.Quarantine = s.cfg.Quarantine.Queue
 			if j == 0 {
 				perStream = append(perStream, p.events)
+			}
+			signed = signed || e.Verified
+			if e.Ignored {
+				continue // listed in Events, and nothing else
 			}
 			if e.Kind == EventReplayed || e.Kind == EventPurged {
 				for _, id := range e.IDs {
@@ -265,6 +305,9 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 						resolvedBy[id] = e
 					}
 				}
+			}
+			if e.Kind != EventExpired {
+				continue // an aged-out event's entries say why, not that it is gone
 			}
 			for k := range e.Expired {
 				// An entry counts under a work queue of the quarantine whose
@@ -276,11 +319,24 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 				}
 			}
 		}
+		if in.Verifier != nil && !signed {
+			snap.unsigned = append(snap.unsigned, s.cfg.Quarantine.EventsStream())
+		}
 		for _, r := range p.records {
-			if _, dup := snap.byID[r.ID]; dup {
+			// A record written again (a keeper's retry, or carried forward
+			// before retention deletes its segment: see
+			// Replayer.CarryForward) is one record: the copy stored last,
+			// at its place in the order of the first, so that its offset
+			// is the one that outlives the older segment.
+			if prev, dup := snap.byID[r.ID]; dup {
+				if r.StoredAt.After(prev.StoredAt) {
+					snap.Records[at[r.ID]] = r
+					snap.byID[r.ID] = r
+				}
 				continue
 			}
 			snap.byID[r.ID] = r
+			at[r.ID] = len(snap.Records)
 			snap.Records = append(snap.Records, r)
 		}
 	}
@@ -300,7 +356,7 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 		// could otherwise hide an open record from replay, and a runtime
 		// with a shorter retention or a fast clock would expire records for
 		// good).
-		if retention := in.retention(r.Intake); retention > 0 && snap.At.Sub(r.StoredAt) > retention {
+		if retention := retention(sets, r.Intake); retention > 0 && snap.At.Sub(r.StoredAt) > retention {
 			r.State = StateExpired
 		}
 	}
@@ -314,10 +370,10 @@ func (in *Inspector) snapshot(ctx context.Context, marks map[string]string) (*Sn
 	return snap, nil
 }
 
-func (in *Inspector) retention(intake string) time.Duration {
-	for i := range in.Config.Queues {
-		if in.Config.Queues[i].Quarantine.Queue == intake {
-			return in.Config.Queues[i].Quarantine.Retention
+func retention(sets []*quarantineSet, intake string) time.Duration {
+	for _, s := range sets {
+		if s.cfg.Quarantine.Queue == intake {
+			return s.cfg.Quarantine.Retention
 		}
 	}
 	return 0
@@ -333,6 +389,9 @@ func (in *Inspector) readRecords(ctx context.Context, s *quarantineSet) ([]*Reco
 	bad := make([]int, recordReaders)
 	err := readStreamParts(ctx, in.Conn, s.cfg.Quarantine.RecordsStream(), streamWaits{}, recordReaders, func(part int, off int64, d *amqp.Delivery) error {
 		if r, err := recordFrom(d.Body, off, s); err == nil {
+			if in.OmitBodies {
+				r.dropBody()
+			}
 			parts[part] = append(parts[part], r)
 		} else {
 			bad[part]++
@@ -377,6 +436,14 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 	// quarantine. The dead-letter exchange it reached the intake through
 	// (set by the broker) names it; else the envelope, if it names one of
 	// them; else the quarantine's first work queue. Replay sends it there.
+	r.Queue, r.Owner = ownerOf(r, s)
+	// A forged negative count would buy redrives past the budget.
+	r.Redrives = max(r.Redrives, 0)
+	return r, nil
+}
+
+// ownerOf is the work queue of s that r belongs to, and its owner.
+func ownerOf(r *Record, s *quarantineSet) (string, config.Owner) {
 	owner := s.cfg
 	for _, q := range s.queues {
 		if q.Name == r.Envelope.OriginalQueue {
@@ -388,10 +455,47 @@ func recordFrom(body []byte, off int64, s *quarantineSet) (*Record, error) {
 			owner = q
 		}
 	}
-	r.Queue, r.Owner = owner.Name, owner.Owner
-	// A forged negative count would buy redrives past the budget.
-	r.Redrives = max(r.Redrives, 0)
-	return r, nil
+	if s.unrouted {
+		owner = unroutedOwner(r, s)
+	}
+	return owner.Name, owner.Owner
+}
+
+// dropBody forgets r's payload and copies out the one other slice of the
+// stream message it keeps (the encoded headers; the meta's strings are
+// copies already), so that nothing of r holds the message's memory.
+func (r *Record) dropBody() {
+	r.Body, r.rawHeaders = nil, bytes.Clone(r.rawHeaders)
+}
+
+// unroutedOwner is the work queue a retry in the catch-all was for: the
+// one its shared tier's expiry routed it to, which the broker's own x-death
+// entry for that expiry names among its routing keys (the tier's name, then
+// the CC naming the work queue), else the catch-all itself. Only the
+// runtime and the broker's dead-lettering can put a message there (the
+// return and unrouted exchanges are internal, and only the runtime should
+// publish to the delay exchange), but the entry is read as evidence all the
+// same: it only picks among the shared tiers' own queues.
+func unroutedOwner(r *Record, s *quarantineSet) *config.Queue {
+	h := triage.HistoryOf(r.Headers())
+	for _, d := range h.Deaths {
+		if d.Reason != triage.ReasonExpired {
+			continue
+		}
+		for _, key := range d.RoutingKeys {
+			for _, q := range s.queues {
+				if q.Name == key {
+					r.Envelope.Reason = fmt.Sprintf("a retry for %s that found no %s when it left the shared tier %s (deleted while it waited?)", q.Name, q.Name, d.Queue)
+					return q
+				}
+			}
+		}
+		if d.Queue != "" {
+			r.Envelope.Reason = fmt.Sprintf("a retry whose work queue was not found when it left the shared tier %s", d.Queue)
+		}
+		break
+	}
+	return s.cfg
 }
 
 // intakeDepth is how many messages wait in an intake queue (a passive
@@ -409,8 +513,85 @@ func intakeDepth(conn *amqp.Connection, intake string) (int, error) {
 	return q.Messages, nil
 }
 
+// ReadBody reads r's payload from its quarantine's records stream: the
+// one message at r.Offset, which must be r's record (ErrNoRecord if the
+// broker's retention removed it). It is how a reader of a snapshot taken
+// with OmitBodies shows one payload: the read holds that message and no
+// other. It waits for the broker until ctx ends.
+func (in *Inspector) ReadBody(ctx context.Context, r *Record) ([]byte, error) {
+	var stream string
+	for _, s := range in.quarantines() {
+		if s.cfg.Quarantine.Queue == r.Intake {
+			stream = s.cfg.Quarantine.RecordsStream()
+		}
+	}
+	if stream == "" {
+		return nil, fmt.Errorf("record %s: quarantine %q is not in the config", r.ID, r.Intake)
+	}
+	d, err := readAt(ctx, in.Conn, stream, r.Offset)
+	if err != nil {
+		return nil, err
+	}
+	if off := streamOffset(d); off != r.Offset {
+		return nil, fmt.Errorf("%w: %q (the broker's retention removed it from %s)", ErrNoRecord, r.ID, stream)
+	}
+	meta, payload, err := decodeRecord(d.Body)
+	if err != nil || meta.ID != r.ID {
+		return nil, fmt.Errorf("%w: %q (offset %d of %s holds another message)", ErrNoRecord, r.ID, r.Offset, stream)
+	}
+	return payload, nil
+}
+
+// readBodies sets the payload of each of recs (read without them), in one
+// pass over each records stream from the lowest of their offsets to the
+// highest: what it holds is their payloads, not the stream's. It returns
+// those whose payload is no longer at its offset (retention removed it),
+// which keep none.
+func (in *Inspector) readBodies(ctx context.Context, recs []*Record) ([]*Record, error) {
+	byStream := map[string]map[int64]*Record{}
+	for _, s := range in.quarantines() {
+		for _, r := range recs {
+			if r.Intake == s.cfg.Quarantine.Queue {
+				stream := s.cfg.Quarantine.RecordsStream()
+				if byStream[stream] == nil {
+					byStream[stream] = map[int64]*Record{}
+				}
+				byStream[stream][r.Offset] = r
+			}
+		}
+	}
+	found := map[*Record]bool{}
+	for stream, want := range byStream {
+		lo, hi := int64(math.MaxInt64), int64(-1)
+		for off := range want {
+			lo, hi = min(lo, off), max(hi, off)
+		}
+		err := consumeFrom(ctx, in.Conn, stream, lo, func(off int64, d *amqp.Delivery) error {
+			if r := want[off]; r != nil {
+				if meta, payload, err := decodeRecord(d.Body); err == nil && meta.ID == r.ID {
+					r.Body, found[r] = payload, true
+				}
+			}
+			if off >= hi {
+				return errStopRead
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStopRead) {
+			return nil, err
+		}
+	}
+	var gone []*Record
+	for _, r := range recs {
+		if !found[r] {
+			gone = append(gone, r)
+		}
+	}
+	return gone, nil
+}
+
 // ErrNoRecord: no record has that id.
-var ErrNoRecord = errors.New("no quarantine record with that id")
+var ErrNoRecord = errors.New("no quarantine record with that id (record ids are the ID column of quarantine list, not message ids)")
 
 // ErrAmbiguous: an id prefix matches more than one record.
 var ErrAmbiguous = errors.New("id prefix matches more than one record")
@@ -604,7 +785,9 @@ type Group struct {
 	Expired     int          `json:"expired"`
 	FirstSeen   time.Time    `json:"first_seen"`
 	LastSeen    time.Time    `json:"last_seen"`
-	// Example is one record's reason, for people.
+	// Example is what went wrong, for people: one record's error (its
+	// reason if it has none). The class alone does not tell two groups
+	// apart; the error does.
 	Example string `json:"example"`
 	// OldestOpenAge is the age of the oldest open record (0 if none).
 	OldestOpenAge Seconds `json:"oldest_open_age_seconds"`
@@ -622,7 +805,11 @@ func (s *Snapshot) Stats(f Filter) []Group {
 		k := [3]string{r.Queue, string(r.Envelope.Class), r.Envelope.Fingerprint}
 		g, ok := byKey[k]
 		if !ok {
-			g = &Group{Queue: k[0], Class: k[1], Fingerprint: k[2], Owner: r.Owner, FirstSeen: r.Seen(), LastSeen: r.Seen(), Example: r.Envelope.Reason}
+			ex := r.Envelope.Error
+			if ex == "" {
+				ex = r.Envelope.Reason
+			}
+			g = &Group{Queue: k[0], Class: k[1], Fingerprint: k[2], Owner: r.Owner, FirstSeen: r.Seen(), LastSeen: r.Seen(), Example: ex}
 			byKey[k] = g
 			order = append(order, g)
 		}

@@ -106,12 +106,12 @@ func TestKeeperRedactsWhatItCannotVerify(t *testing.T) {
 			tc.d.Headers[wire.HeaderIdempotencyKeyCopy] = "secret-idem"
 		}
 		orig := cloneDelivery(tc.d)
-		asArrived, _ := RecordID(tc.d)
+		asArrived, _ := recordID(tc.d)
 		redacted := cloneDelivery(tc.d)
 		redacted.Headers["authorization"], redacted.Headers[wire.HeaderIdempotencyKey] = redactedValue, redactedValue
 		redacted.Headers[wire.HeaderIdempotencyKeyCopy] = redactedValue
 		redacted.Body = []byte(`{"id":"j-1","card":"[redacted]"}`)
-		id, _ := RecordID(redacted)
+		id, _ := recordID(redacted)
 		r := keptRecord(t, tc.d, red, false, tc.key...)
 		h := r.Headers()
 		if strings.Contains(string(r.Body), "secret") || h["authorization"] != redactedValue || h[wire.HeaderIdempotencyKey] != redactedValue ||

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -15,21 +16,36 @@ import (
 // from an Inspector snapshot; a Replayer with Metrics counts what it
 // replays and purges. A nil *Metrics does nothing.
 type Metrics struct {
+	// mu orders Observe's rebuild of the gauges against stored's counts.
+	mu sync.Mutex
+	// fresh are the records a keeper of this process stored since they
+	// last showed in a snapshot: counted at once, and kept counted by an
+	// Observe whose snapshot was read before they were written.
+	fresh   map[string]freshRecord
 	records *prometheus.GaugeVec
 	oldest  *oldestOpen
 	intake  *prometheus.GaugeVec
 	replays *prometheus.CounterVec
 	purges  *prometheus.CounterVec
 	expires *prometheus.CounterVec
+	agedOut *prometheus.CounterVec
 }
 
 // NewMetrics makes the collectors and registers them on reg (if not nil):
 //
-//	dlxbridge_quarantine_records{queue,class,state}  records kept, by state (open, replayed, purged, expired): arrivals, and expiries never silent
-//	dlxbridge_quarantine_oldest_open_age_seconds{queue}  computed at each scrape from the last snapshot, so it grows between refreshes
-//	dlxbridge_quarantine_intake_waiting{intake}  messages not yet stored by the runtime's keeper
-//	dlxbridge_quarantine_replays_total{queue,class}, dlxbridge_quarantine_purges_total{queue,class}
-//	dlxbridge_quarantine_expiries_total{queue,class}  records this process first named in an expired event (Replayer.RecordExpiries)
+//	dlxbridge_quarantine_records{queue,class,state}
+//	dlxbridge_quarantine_oldest_open_age_seconds{queue}
+//	dlxbridge_quarantine_intake_waiting{intake}
+//	dlxbridge_quarantine_replays_total{queue,class}
+//	dlxbridge_quarantine_purges_total{queue,class}
+//	dlxbridge_quarantine_expiries_total{queue,class}
+//	dlxbridge_quarantine_aged_out_total{queue,class}
+//
+// Records count by state (open, replayed, purged, expired), so arrivals and
+// expiries are never silent. The oldest open age is computed at each scrape
+// from the last snapshot, so it grows between refreshes; expiries count the
+// records this process first named in an expired event
+// (Replayer.RecordExpiries).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "dlxbridge_quarantine_records",
@@ -44,15 +60,49 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Quarantine records purged."}, []string{"queue", "class"}),
 		expires: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlxbridge_quarantine_expiries_total",
 			Help: "Quarantine records this process recorded as expired (past the retention, never replayed or purged)."}, []string{"queue", "class"}),
+		agedOut: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlxbridge_quarantine_aged_out_total",
+			Help: "Open quarantine records this process found past quarantine.max_open_age: no longer carried forward, they expire with their segment."}, []string{"queue", "class"}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.records, m.oldest, m.intake, m.replays, m.purges, m.expires} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if err := telemetry.Register(reg, m.records, m.oldest, m.intake, m.replays, m.purges, m.expires, m.agedOut); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// freshRecord is a record counted when its keeper stored it.
+type freshRecord struct {
+	queue, class string
+	seen, at     time.Time
+}
+
+// freshFor bounds how long a stored record is kept counted while no
+// snapshot shows it (a snapshot always will, unless the record was
+// removed meanwhile).
+const freshFor = 10 * time.Minute
+
+// stored counts a record a keeper has just stored, open, so that the
+// first dead letter of an incident shows at the next scrape rather than
+// at the next refresh.
+func (m *Metrics) stored(r *Record, now time.Time) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.fresh[r.ID]; ok {
+		return // written twice (a keeper restarted before its ack)
+	}
+	if m.fresh == nil {
+		m.fresh = map[string]freshRecord{}
+	}
+	f := freshRecord{queue: r.Queue, class: classLabel(string(r.Envelope.Class)), seen: r.Seen(), at: now}
+	m.fresh[r.ID] = f
+	m.count(f)
+}
+
+func (m *Metrics) count(f freshRecord) {
+	m.records.WithLabelValues(f.queue, f.class, string(StateOpen)).Inc()
+	m.oldest.open(f.queue, f.seen)
 }
 
 // Observe sets the gauges from a snapshot.
@@ -60,6 +110,8 @@ func (m *Metrics) Observe(s *Snapshot) {
 	if m == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.records.Reset()
 	seen := map[string]time.Time{} // every queue with records; zero: none open
 	for _, g := range s.Gone {
@@ -76,6 +128,20 @@ func (m *Metrics) Observe(s *Snapshot) {
 		}
 	}
 	m.oldest.set(seen)
+	if len(m.fresh) > 0 {
+		in := make(map[string]bool, len(s.Records))
+		for _, r := range s.Records {
+			in[r.ID] = true
+		}
+		for id, f := range m.fresh {
+			switch {
+			case in[id], s.At.Sub(f.at) > freshFor:
+				delete(m.fresh, id)
+			default: // stored after the snapshot read its stream
+				m.count(f)
+			}
+		}
+	}
 	for intake, n := range s.Intake {
 		m.intake.WithLabelValues(intake).Set(float64(n))
 	}
@@ -113,6 +179,12 @@ func (m *Metrics) purged(queue, class string) {
 	}
 }
 
+func (m *Metrics) agedOutOne(queue, class string) {
+	if m != nil {
+		m.agedOut.WithLabelValues(queue, classLabel(class)).Inc()
+	}
+}
+
 func (m *Metrics) expired(queue, class string) {
 	if m != nil {
 		m.expires.WithLabelValues(queue, classLabel(class)).Inc()
@@ -145,6 +217,18 @@ func (o *oldestOpen) set(seen map[string]time.Time) {
 	o.mu.Lock()
 	o.seen = seen
 	o.mu.Unlock()
+}
+
+// open notes an open record of queue first seen at t.
+func (o *oldestOpen) open(queue string, t time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.seen == nil {
+		o.seen = map[string]time.Time{}
+	}
+	if old, ok := o.seen[queue]; !ok || old.IsZero() || t.Before(old) {
+		o.seen[queue] = t
+	}
 }
 
 // Describe implements prometheus.Collector.

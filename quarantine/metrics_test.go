@@ -1,12 +1,14 @@
 package quarantine
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/triage"
 )
@@ -110,5 +112,84 @@ func TestMetricsLabelEveryTriageClass(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.records.WithLabelValues("orders", "other", "open")); got != 0 {
 		t.Errorf("records{orders,other,open} = %v, want 0", got)
+	}
+}
+
+// A record a keeper stores counts as open at once, before any refresh; a
+// refresh whose snapshot was read before the record was written keeps it
+// counted; one that shows it counts it once; a record written twice (a
+// keeper restarted before its ack) counts once.
+func TestMetricsCountStoredRecordsAtOnce(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func() float64 { return testutil.ToFloat64(m.records.WithLabelValues("orders", "schema", "open")) }
+	r := &Record{ID: "a", Queue: "orders", Envelope: Envelope{Class: triage.ClassSchema, QuarantinedAt: t0}}
+	m.stored(r, t0)
+	m.stored(r, t0)
+	if got := open(); got != 1 {
+		t.Fatalf("open after a store: %v, want 1", got)
+	}
+	m.Observe(&Snapshot{At: t0.Add(time.Second)}) // read before the record was written
+	if got := open(); got != 1 {
+		t.Fatalf("open after a stale refresh: %v, want 1 (the stored record is kept counted)", got)
+	}
+	r.State = StateOpen
+	m.Observe(&Snapshot{At: t0.Add(2 * time.Second), Records: []*Record{r}})
+	if got := open(); got != 1 {
+		t.Fatalf("open after a refresh that shows it: %v, want 1", got)
+	}
+	m.Observe(&Snapshot{At: t0.Add(3 * time.Second)}) // now gone (purged by hand, say)
+	if got := open(); got != 0 {
+		t.Fatalf("open after it left the stream: %v, want 0", got)
+	}
+	m.stored(&Record{ID: "b", Queue: "orders", Envelope: Envelope{Class: triage.ClassSchema}}, t0)
+	m.Observe(&Snapshot{At: t0.Add(freshFor + time.Minute)})
+	if got := open(); got != 0 {
+		t.Fatalf("a stored record no snapshot ever showed is still counted after %s: %v", freshFor, got)
+	}
+}
+
+// The runtime's keeper counts what it stores in the open-records gauge at
+// once: the first dead letter of an incident does not wait for a refresh.
+func TestKeeperCountsRecordsAsItStoresThem(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	b.publish(b.q.Quarantine.Queue, amqp.Publishing{MessageId: "m-1", Type: "test.job",
+		Headers: envelopeHeaders(b.q.Name, "fp-1", "bad", now), Body: []byte(`{"n":1}`)})
+	kept := make(chan string, 1)
+	k := &Keeper{Consume: b.env.Dial("keeper"), Publish: b.env.Dial("keeper-pub"), Metrics: m, Config: b.cfg,
+		Intake: b.q.Quarantine.Queue, Records: b.q.Quarantine.RecordsStream(), kept: func(id string) { kept <- id }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("keeper: %v", err)
+		}
+	}()
+	select {
+	case <-kept:
+	case err := <-done:
+		done <- err
+		t.Fatalf("keeper stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the keeper stored nothing within 30s")
+	}
+	var open float64
+	for _, c := range triage.Classes() {
+		open += testutil.ToFloat64(m.records.WithLabelValues(b.q.Name, string(c), "open"))
+	}
+	if open != 1 {
+		t.Errorf("open records of %s right after the keeper stored one: %v, want 1 (no refresh ran)", b.q.Name, open)
 	}
 }

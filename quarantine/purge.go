@@ -48,7 +48,7 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 	}
 	filter := opts.Filter.String() // every event of the run names it
 	res := &PurgeResult{Run: newRun(), DryRun: opts.DryRun, Purged: []string{}}
-	selected, _, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+	selected, _, release, err := rp.selectLocked(ctx, opts.Filter, nil, nil, opts.DryRun,
 		Event{Run: res.Run, Reason: opts.Reason, Filter: filter})
 	if err != nil {
 		return nil, err
@@ -81,7 +81,7 @@ func (rp *Replayer) Purge(ctx context.Context, opts PurgeOptions) (*PurgeResult,
 		}
 		e := Event{Kind: EventPurged, At: rp.now().UTC(), By: by, Reason: opts.Reason, Run: res.Run,
 			Filter: filter, IDs: ids, Counts: map[string]int{"selected": res.Selected, "purged": len(ids)}}
-		if err := publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e); err != nil {
+		if err := publishEvent(context.WithoutCancel(ctx), pub, rp.Signer, intakeEvents(rp.Config, intake), e); err != nil {
 			return err
 		}
 		res.Purged = append(res.Purged, ids...)
@@ -143,7 +143,7 @@ func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, er
 		}
 		e := Event{Kind: EventExpired, At: rp.now().UTC(), By: by, Run: run, IDs: ids, Expired: chunk,
 			Reason: "older than the quarantine's retention and never replayed or purged", Counts: map[string]int{"expired": len(ids)}}
-		if err := publishEvent(ctx, pub, intakeEvents(rp.Config, intake), e); err != nil {
+		if err := publishEvent(ctx, pub, rp.Signer, intakeEvents(rp.Config, intake), e); err != nil {
 			return fmt.Errorf("record expiries: %w", err)
 		}
 		count += len(ids)
@@ -154,4 +154,34 @@ func (rp *Replayer) RecordExpiries(ctx context.Context, snap *Snapshot) (int, er
 		return nil
 	})
 	return count, err
+}
+
+// StartSigning writes a signing-started event, signed with rp.Signer, into
+// each events stream of snap in which no event verified, and returns how
+// many it wrote. Until a stream holds a signed event, a reader with the key
+// counts its unsigned events, as an older version wrote them (see
+// Event.Ignored); from that event on it ignores them, so a writer with the
+// key should mark the point at once rather than at the first replay or
+// purge. snap must have been read by an Inspector whose Verifier has
+// rp.Signer's key; without a Signer, or for a snap read without a
+// Verifier, it writes nothing. The runtime calls it after each metrics
+// refresh, with its configured key only (a random key of its own verifies
+// nobody else's events).
+func (rp *Replayer) StartSigning(ctx context.Context, snap *Snapshot) (int, error) {
+	if rp.Signer == nil || len(snap.unsigned) == 0 {
+		return 0, nil
+	}
+	pub, err := amqpx.NewPublisher(rp.Conn)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	e := Event{Kind: EventSigningStarted, At: rp.now().UTC(), By: rp.by(), Run: newRun(),
+		Reason: "from here on, a reader with the signing key lets only signed events change records in this stream"}
+	for i, stream := range snap.unsigned {
+		if err := publishEvent(ctx, pub, rp.Signer, stream, e); err != nil {
+			return i, fmt.Errorf("start signing %s: %w", stream, err)
+		}
+	}
+	return len(snap.unsigned), nil
 }

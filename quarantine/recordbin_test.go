@@ -44,7 +44,7 @@ func fullDelivery() *amqp.Delivery {
 // headers inside), to check that such records still read.
 func encodeLayout1(t *testing.T, d *amqp.Delivery, intake string, now time.Time) []byte {
 	t.Helper()
-	id, err := RecordID(d)
+	id, err := recordID(d)
 	if err != nil {
 		t.Fatal(err)
 	}

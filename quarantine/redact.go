@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
-	"github.com/dlxbridge/dlxbridge/schemas"
+	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 )
 
 // redactedValue replaces every redacted value.
@@ -146,7 +146,7 @@ func (w *nestedWalk) redact(v any, depth int) (any, bool) {
 // Apply returns scrubbed copies of headers and body; the inputs are not
 // modified.
 //
-// The body is read in one streaming pass (schemas.Scanner) and only the
+// The body is read in one streaming pass and only the
 // values at configured pointers are rewritten, each to "[redacted]"; every
 // other byte (key order, whitespace, escapes, number spelling) stays as
 // received, and a body with nothing to redact is returned as is. It costs a
@@ -264,7 +264,7 @@ type level struct {
 // of the n fields were present. Only containers on a configured path are
 // tracked; everything else is just scanned.
 func redactBody(body []byte, root *fieldNode, n int) (out []byte, found []bool, err error) {
-	sc := schemas.NewScanner(body)
+	sc := jsonscan.New(body)
 	found = make([]bool, n)
 	var path []level
 	copied := 0 // body[:copied] is in out
@@ -280,17 +280,17 @@ func redactBody(body []byte, root *fieldNode, n int) (out []byte, found []bool, 
 			top = &path[len(path)-1]
 		}
 		switch tok.Kind {
-		case schemas.TokenEOF:
+		case jsonscan.EOF:
 			if out == nil {
 				return body, found, nil
 			}
 			return append(out, body[copied:]...), found, nil
-		case schemas.TokenEndObject, schemas.TokenEndArray:
+		case jsonscan.EndObject, jsonscan.EndArray:
 			if top != nil {
 				path = path[:len(path)-1]
 			}
 			continue
-		case schemas.TokenKey:
+		case jsonscan.Key:
 			if top != nil {
 				top.next = top.node.keys[string(sc.Text(tok))]
 			}
@@ -313,10 +313,10 @@ func redactBody(body []byte, root *fieldNode, n int) (out []byte, found []bool, 
 		if node == nil {
 			continue
 		}
-		begin := tok.Kind == schemas.TokenBeginObject || tok.Kind == schemas.TokenBeginArray
+		begin := tok.Kind == jsonscan.BeginObject || tok.Kind == jsonscan.BeginArray
 		if node.field < 0 {
 			if begin {
-				path = append(path, level{node: node, obj: tok.Kind == schemas.TokenBeginObject, depth: depth + 1})
+				path = append(path, level{node: node, obj: tok.Kind == jsonscan.BeginObject, depth: depth + 1})
 			}
 			continue
 		}

@@ -93,11 +93,11 @@ func TestReplaySignsTheRedriveCount(t *testing.T) {
 	r := &Record{Envelope: Envelope{Source: SourceBroker}, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead",
 		headers: amqp.Table{wire.HeaderRedriveCount: int64(99), wire.HeaderRedriveSignature: "v1:forged"}}
 	patched := []byte(`{"fixed":true}`)
-	h := (&Replayer{Signer: signer}).message(r, patched, 2, "why", "orders").Headers
+	h := (&Replayer{Signer: signer}).message(r, patched, 2, "why", "orders", nil, "run1").Headers
 	if h[wire.HeaderRedriveCount] != int64(3) || !signer.VerifyRedrive("m-1", patched, h).Valid {
 		t.Fatalf("replayed count %v, signature %v", h[wire.HeaderRedriveCount], signer.VerifyRedrive("m-1", patched, h))
 	}
-	h = (&Replayer{}).message(r, body, 0, "why", "orders").Headers
+	h = (&Replayer{}).message(r, body, 0, "why", "orders", nil, "run1").Headers
 	if _, present := h[wire.HeaderRedriveSignature]; present || h[wire.HeaderRedriveCount] != int64(1) {
 		t.Fatalf("without a key: %v", h)
 	}

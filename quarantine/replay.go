@@ -40,7 +40,7 @@ var (
 	// ErrInvalid: some selected messages fail the current schema and would
 	// be quarantined again (see ReplayResult.Invalid; --skip-invalid leaves
 	// them out).
-	ErrInvalid = errors.New("refused: some selected messages fail the current schema and would be quarantined again (--skip-invalid leaves them out; --patch or --replace-body repairs them)")
+	ErrInvalid = errors.New("refused: some selected messages fail the current schema and would be quarantined again (--skip-invalid leaves them out; each refusal names the repair: --patch, --replace-body, --set-header, --set-type or --set-version)")
 	// ErrNoReason: purge needs a reason.
 	ErrNoReason = errors.New("refused: a purge needs a reason")
 	// ErrLocked: another replay or purge of the same quarantine holds its
@@ -69,10 +69,29 @@ type ReplayOptions struct {
 	// SkipInvalid leaves out messages that fail the current schema instead
 	// of refusing the replay.
 	SkipInvalid bool
-	// Patch replaces a payload (see Patch) before the schema check.
+	// Patch repairs each message's body, headers or type (see Patch)
+	// before the schema check; it is written into the audit trail.
 	Patch *Patch
 	// Progress, when set, is called after each message sent.
 	Progress func(p Progress)
+	// Archive, when set, is where the records come from (see ReadArchive)
+	// instead of the records stream: Filter selects among them, and a
+	// record that an event in the live quarantine marks replayed or purged
+	// is not selected. Every other rule is a replay's: the lock, the
+	// schema check, the redrive budget, signatures only where the key
+	// verifies the envelope, pacing and the audit events.
+	Archive *Archive
+	// Started, when set, is called once sending begins (after the
+	// replay-started events, never in a dry run), with the plan: the run
+	// is the job's id (quarantine jobs), and the replay goes on until it
+	// has sent everything, ctx ends, or a cancel-requested event names
+	// it.
+	Started func(res *ReplayResult)
+
+	// auto, for Redrive: the records are its outages' (see autoSelect).
+	auto *autoSelect
+	// ramp, for Redrive, paces on a ramp instead of Rate.
+	ramp *ramp
 }
 
 // Progress is a replay's state after each message.
@@ -104,8 +123,11 @@ type ReplayResult struct {
 	// used up their redrives (never sent).
 	Invalid    []string `json:"invalid,omitempty"`
 	OverBudget []string `json:"over_budget,omitempty"`
-	// Stopped: the context ended before every message was sent.
-	Stopped bool `json:"stopped"`
+	// Stopped: the context ended, a cancel-requested event named the
+	// run, or a send failed, before every message was sent and marked;
+	// Stop says why.
+	Stopped bool   `json:"stopped"`
+	Stop    string `json:"stop,omitempty"`
 	// Duration is how long the replay took.
 	Duration Seconds `json:"duration_seconds"`
 }
@@ -140,11 +162,19 @@ type Replayer struct {
 	// sent it. It also signs the redrive count every replayed message
 	// carries (see trustedRedrives), and counts a record's prior replays
 	// only from a count a signature vouches for; without it the record's
-	// count counts as stored, unverified. Defaults to nil.
+	// count counts as stored, unverified. It signs every event the
+	// Replayer writes, and checks the events it reads (as
+	// Inspector.Verifier): once a stream holds a signed event, readers
+	// with the key ignore the unsigned events of a Replayer without it,
+	// so that records it replayed or purged look open to them. Defaults
+	// to nil.
 	Signer *triage.Signer
 
 	// eventWaits: see Inspector.eventWaits (tests).
 	eventWaits streamWaits
+	// selected, if set, is shown the snapshot a replay selects from,
+	// under its lock (tests).
+	selected func(*Snapshot)
 	// expiryNamed: the records RecordExpiries named that were still in
 	// the stream at its last call.
 	expiryMu    sync.Mutex
@@ -190,11 +220,22 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	if r := opts.Rate; math.IsNaN(r) || math.IsInf(r, 0) || r < 0 || (r > 0 && r < MinRate) {
 		return nil, fmt.Errorf("refused: a replay rate must be 0 (unpaced) or between %g and any finite number of messages per second, not %g", MinRate, r)
 	}
+	if opts.Patch != nil {
+		if err := opts.Patch.Check(); err != nil {
+			return nil, fmt.Errorf("refused: patch: %w", err)
+		}
+	}
 	opts.Filter.States = nil       // open records only
 	filter := opts.Filter.String() // every event of the run names it
+	if opts.Archive != nil {
+		filter = strings.TrimSpace("archive=" + opts.Archive.Dir + " " + filter)
+	}
 	res := &ReplayResult{Run: newRun(), DryRun: opts.DryRun, Plan: []Planned{}, Sent: []string{}}
 	start := time.Now()
-	selected, claimed, release, err := rp.selectLocked(ctx, opts.Filter, opts.DryRun,
+	if opts.auto != nil {
+		filter = autoFilter(opts.auto.queue)
+	}
+	selected, claimed, release, err := rp.selectLocked(ctx, opts.Filter, opts.Archive, opts.auto, opts.DryRun,
 		Event{Run: res.Run, Reason: opts.Reason, Filter: filter, ToQueue: opts.ToQueue})
 	if err != nil {
 		return nil, err
@@ -213,8 +254,11 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		defer pub.Close()
 		e := Event{Kind: kind, At: rp.now().UTC(), By: rp.by(), Run: res.Run, Reason: opts.Reason, Filter: filter, ToQueue: opts.ToQueue, IDs: ids,
 			Counts: map[string]int{"selected": res.Selected, "sent": 0, "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}
+		if opts.auto != nil {
+			e.Windows, e.Counts["windows"] = named(opts.auto.windows), len(opts.auto.windows)
+		}
 		for _, stream := range claimed {
-			_ = publishEvent(context.WithoutCancel(ctx), pub, stream, e)
+			_ = publishEvent(context.WithoutCancel(ctx), pub, rp.Signer, stream, e)
 		}
 	}
 	res.Selected = len(selected)
@@ -248,24 +292,37 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 			}
 			res.OverBudget = append(res.OverBudget, r.ID)
 		}
-		body := r.Body
-		if p.Refused == "" && opts.Patch != nil {
-			body, err = opts.Patch.Apply(body)
+		body, patch := r.Body, opts.Patch
+		if p.Refused == "" && patch != nil {
+			if patch, err = opts.Patch.forQueue(qc); err != nil {
+				p.Refused = "patch: " + err.Error()
+				res.Invalid = append(res.Invalid, r.ID)
+			}
+		}
+		if p.Refused == "" && patch != nil {
+			body, err = patch.Apply(body)
 			if err != nil {
 				p.Refused = "patch: " + err.Error()
 				res.Invalid = append(res.Invalid, r.ID)
 			}
 		}
 		if p.Refused == "" {
-			if verr := rp.check(gates, qc, r, body); verr != nil {
-				p.Refused = "fails the current schema: " + verr.Error()
+			verr := rp.check(ctx, gates, qc, r, body, patch)
+			if errors.Is(verr, schemas.ErrStopped) {
+				// Stopped (Ctrl-C, the page's client gone) while a
+				// costly pattern ran: nothing was sent.
+				endClaimed(EventReplayRefused, nil)
+				return nil, verr
+			}
+			if verr != nil {
+				p.Refused = "fails the current schema: " + verr.Error() + repairHint(qc, verr)
 				res.Invalid = append(res.Invalid, r.ID)
 			}
 		}
 		res.Plan = append(res.Plan, p)
 		if p.Refused == "" {
 			send = append(send, r)
-			msgs = append(msgs, rp.message(r, body, prior, opts.Reason, to))
+			msgs = append(msgs, rp.message(r, body, prior, opts.Reason, to, patch, res.Run))
 			dests = append(dests, to)
 		}
 	}
@@ -286,17 +343,37 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	defer pub.Close()
 	by := rp.by()
 	start = time.Now() // Duration is the sending, not the reading
+	var windows []OutageWindow
+	if opts.auto != nil {
+		windows = opts.auto.windows
+	}
 	event := func(intake string, e Event) error {
 		e.At, e.By, e.Run, e.Reason = rp.now().UTC(), by, res.Run, opts.Reason
-		return publishEvent(context.WithoutCancel(ctx), pub, intakeEvents(rp.Config, intake), e)
+		if e.Kind != EventReplayed && windows != nil {
+			if e.Counts == nil {
+				e.Counts = map[string]int{}
+			}
+			e.Windows, e.Counts["windows"] = named(windows), len(windows)
+		}
+		return publishEvent(context.WithoutCancel(ctx), pub, rp.Signer, intakeEvents(rp.Config, intake), e)
 	}
+	// A cancel-requested event naming this run ends it (quarantine jobs
+	// cancel), as the end of ctx does.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer rp.watchCancel(ctx, cancel, res.Run, claimed)()
 	intakes := map[string][]string{}
 	for _, r := range send {
 		intakes[r.Intake] = append(intakes[r.Intake], r.ID)
 	}
 	for _, intake := range sortedKeys(intakes) {
-		if err := event(intake, Event{Kind: EventReplayStarted, Filter: filter, IDs: intakes[intake], ToQueue: opts.ToQueue,
-			Counts: map[string]int{"selected": res.Selected, "to_send": len(intakes[intake]), "invalid": len(res.Invalid), "over_budget": len(res.OverBudget)}}); err != nil {
+		var patch string
+		if opts.Patch != nil {
+			patch = opts.Patch.String()
+		}
+		if err := event(intake, Event{Kind: EventReplayStarted, Filter: filter, IDs: intakes[intake], ToQueue: opts.ToQueue, Patch: patch,
+			Counts: map[string]int{"selected": res.Selected, "to_send": len(intakes[intake]), "invalid": len(res.Invalid), "over_budget": len(res.OverBudget),
+				"omitted": omitted(res.Plan)}}); err != nil {
 			return res, fmt.Errorf("write audit event: %w", err)
 		}
 	}
@@ -304,14 +381,22 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 	if tracer == nil {
 		tracer = otel.GetTracerProvider()
 	}
-	limiter := newPacer(opts.Rate)
+	var limiter interface{ wait(context.Context) error } = newPacer(opts.Rate)
+	if opts.ramp != nil {
+		limiter = &rampPacer{ramp: *opts.ramp}
+	}
+	if opts.Started != nil {
+		opts.Started(res)
+	}
 	var sendErr error
+	published := 0
 	for i, r := range send {
 		if err := limiter.wait(ctx); err != nil {
 			res.Stopped = true
 			break
 		}
 		to, msg := dests[i], msgs[i]
+		published++
 		err := rp.publishTraced(ctx, tracer, pub, r, to, &msg)
 		if err != nil {
 			sendErr = fmt.Errorf("replay %s to %s: %w", r.ID, to, err)
@@ -338,9 +423,25 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 		}
 	}
 	res.Duration = Seconds(time.Since(start))
+	var stop string
+	switch {
+	case sendErr != nil:
+		// A send or its mark failed: the run did not do what it set out
+		// to, and its finishing event must not say otherwise (an
+		// automatic redrive's would cover its outages for good, with
+		// their records open).
+		res.Stopped = true
+		stop = "failed: " + sendErr.Error()
+	case res.Stopped:
+		stop = "stopped: " + context.Cause(ctx).Error()
+		if errors.Is(context.Cause(ctx), ErrCancelled) {
+			stop = context.Cause(ctx).Error()
+		}
+	}
+	res.Stop = stop
 	for _, intake := range sortedKeys(intakes) {
-		_ = event(intake, Event{Kind: EventReplayFinished, Filter: filter, ToQueue: opts.ToQueue,
-			Counts: map[string]int{"sent": len(res.Sent), "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
+		_ = event(intake, Event{Kind: EventReplayFinished, Filter: filter, ToQueue: opts.ToQueue, Stop: stop,
+			Counts: map[string]int{"sent": len(res.Sent), "published": published, "selected": res.Selected, "stopped": boolInt(res.Stopped)}})
 	}
 	return res, sendErr
 }
@@ -369,7 +470,7 @@ func (rp *Replayer) publishTraced(ctx context.Context, tp trace.TracerProvider, 
 	return err
 }
 
-func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *Record, body []byte) error {
+func (rp *Replayer) check(ctx context.Context, gates map[string]*schemas.Gate, qc *config.Queue, r *Record, body []byte, patch *Patch) error {
 	g, ok := gates[qc.Name]
 	if !ok {
 		var err error
@@ -379,9 +480,54 @@ func (rp *Replayer) check(gates map[string]*schemas.Gate, qc *config.Queue, r *R
 		}
 		gates[qc.Name] = g
 	}
-	_, err := g.Check(schemas.Input{ContentType: r.Properties.ContentType, ContentEncoding: r.Properties.ContentEncoding,
-		Type: r.Properties.Type, Headers: r.Headers(), Body: body})
+	typ, headers := r.Properties.Type, r.Headers()
+	if patch != nil {
+		typ, headers = patched(typ, headers, patch)
+	}
+	_, err := g.CheckContext(ctx, schemas.Input{ContentType: r.Properties.ContentType, ContentEncoding: r.Properties.ContentEncoding,
+		Type: typ, Headers: headers, Body: body})
 	return err
+}
+
+// patched is the type and a copy of the headers with p's set.
+func patched(typ string, h amqp.Table, p *Patch) (string, amqp.Table) {
+	out := make(amqp.Table, len(h)+len(p.Headers))
+	for k, v := range h {
+		out[k] = v
+	}
+	for k, v := range p.Headers {
+		out[k] = v
+	}
+	if p.Type != "" {
+		typ = p.Type
+	}
+	return typ, out
+}
+
+// repairHint names the replay option that repairs what the gate found in
+// a message of qc: the identity (type, version) where the queue reads it
+// from properties and headers, else the body.
+func repairHint(qc *config.Queue, err error) string {
+	var verr *schemas.ValidationError
+	if !errors.As(err, &verr) {
+		return ""
+	}
+	fromProps := qc.Message.From == "" || qc.Message.From == config.IdentityProperties
+	switch verr.Reason {
+	case schemas.ReasonMissingVersion, schemas.ReasonUnknownVersion, schemas.ReasonNotAccepted:
+		if fromProps {
+			return fmt.Sprintf(" (--set-version V, or --set-header %s=V, sets the version)", qc.Message.VersionHeader)
+		}
+		return " (the version is in the body: --patch FILE sets it)"
+	case schemas.ReasonMissingType, schemas.ReasonUnknownType:
+		if fromProps {
+			return " (--set-type T sets the type property)"
+		}
+		return " (the type is in the body: --patch FILE sets it)"
+	case schemas.ReasonInvalid, schemas.ReasonDecode:
+		return " (--patch FILE or --replace-body FILE repairs the body)"
+	}
+	return ""
 }
 
 // Header names a replay keeps although they start with "dlxbridge-": what
@@ -431,7 +577,7 @@ func (r *Record) delivery() *amqp.Delivery {
 // the redrive count,
 // time and reason set. The idempotency key comes back from the envelope if
 // the header was dropped to fit a frame.
-func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue string) amqp.Publishing {
+func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue string, patch *Patch, run string) amqp.Publishing {
 	d := r.delivery()
 	h := frame.StripHeaders(d.Headers, func(k string) bool {
 		// The record's expiration property, if it has one, is what the
@@ -460,7 +606,15 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	h[wire.HeaderRedriveCount] = int64(prior + 1)
 	h[wire.HeaderRedriveAt] = rp.now().UTC().Format(time.RFC3339Nano)
 	h[wire.HeaderRedriveReason] = frame.Truncate(reason, maxErrorBytes)
+	if patch != nil {
+		for k, v := range patch.Headers {
+			h[k] = v
+		}
+	}
 	p := frame.Republish(d, h, body)
+	if patch != nil && patch.Type != "" {
+		p.Type = patch.Type
+	}
 	// The count is signed whatever the record's origin: a broker dead
 	// letter of a crash-looping message (never an envelope the runtime
 	// signed) must still have its replays counted, which is what
@@ -468,6 +622,13 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	h[wire.HeaderRedriveSignature] = rp.Signer.SignRedrive(p.MessageId, body, h)
 	if h[wire.HeaderRedriveSignature] == "" {
 		delete(h, wire.HeaderRedriveSignature)
+	}
+	// The job and record it was sent from: evidence for the runtime, which
+	// records what became of the message in the job only under this
+	// signature.
+	h[wire.HeaderReplayJob], h[wire.HeaderReplayRecord] = run, r.ID
+	if sig := rp.Signer.SignReplayJob(queue, p.MessageId, body, h); sig != "" {
+		h[wire.HeaderReplayJobSignature] = sig
 	}
 	if signed {
 		h[wire.HeaderSignature] = rp.Signer.Sign(triage.Subject{Queue: queue, MessageID: p.MessageId, Body: body}, h, triage.SignedHeaders())
@@ -480,8 +641,12 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 // selects, so what another replay or purge resolved meanwhile is no longer
 // selected.
 // It also returns the events streams it claimed.
-func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, claim Event) ([]*Record, []string, func(), error) {
-	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now, eventWaits: rp.eventWaits}
+func (rp *Replayer) selectLocked(ctx context.Context, f Filter, archive *Archive, auto *autoSelect, dryRun bool, claim Event) ([]*Record, []string, func(), error) {
+	// The live records only say what is resolved for an archive; an
+	// automatic redrive, inside the runtime, reads the payloads of those it
+	// picks, not of the whole quarantine.
+	in := &Inspector{Conn: rp.Conn, Config: rp.Config, Now: rp.Now, Verifier: rp.Signer, eventWaits: rp.eventWaits,
+		OmitBodies: archive != nil || auto != nil}
 	release := func() {}
 	var marks map[string]string
 	if !dryRun {
@@ -500,6 +665,29 @@ func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, cla
 		release()
 		return nil, nil, nil, err
 	}
+	if rp.selected != nil {
+		rp.selected(snap)
+	}
+	if archive != nil {
+		recs, err := fromArchive(snap, archive, f)
+		if err != nil {
+			release()
+			return nil, nil, nil, err
+		}
+		return recs, slices.Sorted(maps.Keys(marks)), release, nil
+	}
+	if auto != nil {
+		picked := auto.pick(snap)
+		gone, err := in.readBodies(ctx, picked)
+		if err != nil {
+			release()
+			return nil, nil, nil, err
+		}
+		// A payload that retention removed meanwhile is not sent: its
+		// record stays as it is.
+		picked = slices.DeleteFunc(picked, func(r *Record) bool { return slices.Contains(gone, r) })
+		return picked, slices.Sorted(maps.Keys(marks)), release, nil
+	}
 	// An id prefix names one record: one that several share would send or
 	// resolve all of them.
 	for _, id := range f.IDs {
@@ -509,6 +697,45 @@ func (rp *Replayer) selectLocked(ctx context.Context, f Filter, dryRun bool, cla
 		}
 	}
 	return snap.List(f), slices.Sorted(maps.Keys(marks)), release, nil
+}
+
+// fromArchive selects the records of a that f matches and that no event
+// of the live quarantine (read under the lock) marks replayed or purged:
+// an archive replayed twice sends each message once. A record the archive
+// says was resolved, or that is still in the stream and resolved there,
+// is not open; one that retention removed, or that the archive calls
+// expired, is open unless an event says otherwise.
+func fromArchive(snap *Snapshot, a *Archive, f Filter) ([]*Record, error) {
+	resolved := map[string]bool{}
+	for _, e := range snap.Events {
+		if !e.Ignored && (e.Kind == EventReplayed || e.Kind == EventPurged) {
+			for _, id := range e.IDs {
+				resolved[id] = true
+			}
+		}
+	}
+	for _, id := range f.IDs {
+		n := 0
+		for _, r := range a.Records {
+			if r.ID == id || len(id) >= 4 && strings.HasPrefix(r.ID, id) {
+				n++
+			}
+		}
+		if n > 1 {
+			return nil, fmt.Errorf("%w: %q", ErrAmbiguous, id)
+		}
+	}
+	var out []*Record
+	for _, r := range a.Records {
+		if resolved[r.ID] || r.State == StateReplayed || r.State == StatePurged {
+			continue
+		}
+		r.State = StateOpen
+		if f.Match(r) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 // claim writes a claimed event (the run's, under its lock) into the events
@@ -530,7 +757,7 @@ func (rp *Replayer) claim(ctx context.Context, sets []*quarantineSet, e Event) (
 	marks := map[string]string{}
 	for _, s := range sets {
 		stream := s.cfg.Quarantine.EventsStream()
-		if err := publishEvent(ctx, pub, stream, e); err != nil {
+		if err := publishEvent(ctx, pub, rp.Signer, stream, e); err != nil {
 			return nil, fmt.Errorf("claim %s: %w", stream, err)
 		}
 		marks[stream] = e.Run
@@ -627,6 +854,17 @@ func sortedKeys(m map[string][]string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// omitted counts the plan's records refused for a payload not kept.
+func omitted(plan []Planned) int {
+	n := 0
+	for _, p := range plan {
+		if strings.HasPrefix(p.Refused, "its payload") {
+			n++
+		}
+	}
+	return n
 }
 
 func boolInt(b bool) int {

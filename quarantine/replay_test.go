@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -479,7 +482,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead",
 		headers: amqp.Table{wire.HeaderOriginalExchange: "forged", wire.HeaderOriginalRoutingKey: "forged.key", "keep": "me"},
 	}
-	h := (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
+	h := (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders", nil, "run1").Headers
 	if h[wire.HeaderOriginalExchange] != "orders" || h[wire.HeaderOriginalRoutingKey] != "order.created" || h["keep"] != "me" {
 		t.Fatalf("replayed headers %v", h)
 	}
@@ -494,7 +497,7 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	env.Apply(eh)
 	signEnvelope(signer, eh, "orders.dead", "m-1", body)
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders", nil, "run1").Headers
 	if v := signer.Verify(sub, h, triage.SignedHeaders()); !v.Valid || h[wire.HeaderOriginalExchange] != "orders" {
 		t.Fatalf("verified envelope's origin: %s %v", v.Problem, h)
 	}
@@ -508,14 +511,57 @@ func TestReplaySignsOnlyAVerifiedEnvelopesOrigin(t *testing.T) {
 	forged[wire.HeaderOriginalExchange] = "payments"
 	r = &Record{Envelope: Envelope{Source: SourceBridge, Verified: true, OriginalExchange: "payments", OriginalRouting: "pay"},
 		Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: forged}
-	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders").Headers
+	h = (&Replayer{Signer: signer}).message(r, body, 0, "why", "orders", nil, "run1").Headers
 	if _, signed := h[wire.HeaderSignature]; signed {
 		t.Fatalf("an envelope that does not verify had its origin signed: %v", h)
 	}
 	// Signed with another key.
 	other, _ := triage.NewSigner([]byte("another key, at least 16 bytes"))
 	r = &Record{Envelope: env, Properties: Properties{MessageID: "m-1"}, Body: body, Exchange: "orders.dead", headers: eh}
-	if _, signed := (&Replayer{Signer: other}).message(r, body, 0, "why", "orders").Headers[wire.HeaderSignature]; signed {
+	if _, signed := (&Replayer{Signer: other}).message(r, body, 0, "why", "orders", nil, "run1").Headers[wire.HeaderSignature]; signed {
 		t.Fatal("another key signed the origin")
+	}
+}
+
+// A replay whose schema check meets a costly-but-allowed pattern on a long
+// value (seconds of CPU) stops when its context ends, promptly, sends
+// nothing and leaves the record open, its run refused in the audit trail.
+func TestReplayStopsInACostlySchemaCheck(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t, nil)
+	b.quarantineJobs(1, "fp-long", func(int) string { return `{"id":"` + strings.Repeat("a", 256<<10) + `","n":1}` })
+	b.keep(1)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "test.job"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	costly := `{"type": "object", "properties": {"id": {"type": "string", "pattern": "[a-z]{0,900}x"}}}`
+	if err := os.WriteFile(filepath.Join(dir, "test.job", "v1.json"), []byte(costly), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := schemas.Load(schemas.LoadOptions{Dir: dir, NoEmbedded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := b.replayer()
+	rp.Registry = reg
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	checking := time.AfterFunc(500*time.Millisecond, cancel)
+	defer checking.Stop()
+	begin := time.Now()
+	res, err := rp.Replay(ctx, ReplayOptions{Filter: Filter{Fingerprint: "fp-long"}})
+	if took := time.Since(begin); !errors.Is(err, schemas.ErrStopped) || res != nil || took > 10*time.Second {
+		t.Fatalf("after %s: %+v, %v; want the check stopped", took, res, err)
+	}
+	if b.depth(b.q.Name) != 0 {
+		t.Error("something was sent")
+	}
+	snap := b.snapshot(b.inspector())
+	if open := snap.List(Filter{Fingerprint: "fp-long"}); len(open) != 1 {
+		t.Errorf("%d open, want the record still open", len(open))
+	}
+	if last := snap.Events[len(snap.Events)-1]; last.Kind != EventReplayRefused {
+		t.Errorf("the stopped run's last event: %+v", last)
 	}
 }

@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -95,7 +97,7 @@ type recordMeta struct {
 	Version  string    `json:"version_header,omitempty"`
 }
 
-// RecordID is a quarantined message's stable, short id: the first 12 hex
+// recordID is a quarantined message's stable, short id: the first 12 hex
 // digits of a SHA-256 over what the message is (the exchange and routing
 // key it reached the intake with, its properties, its headers but the
 // delivery counts (x-delivery-count, and on 4.3 x-acquired-count), which a
@@ -103,7 +105,7 @@ type recordMeta struct {
 // written twice (a keeper that crashed between the stream's confirm and the
 // intake's ack) has the same id, and readers keep one. Unlike a stream
 // offset, it survives retention.
-func RecordID(d *amqp.Delivery) (string, error) {
+func recordID(d *amqp.Delivery) (string, error) {
 	h := amqp.Table{}
 	for k, v := range storable(d.Headers) {
 		if !wire.IsCountHeader(k) {
@@ -188,7 +190,7 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 		kept = redactUnverified(d, &env, red)
 		resignRedrives(kept, d, v, note == "")
 	}
-	id, err := RecordID(kept)
+	id, err := recordID(kept)
 	if err != nil {
 		return amqp.Publishing{}, "", err
 	}
@@ -201,11 +203,17 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	if omitted != nil {
 		payload = nil
 	}
-	meta := appendMeta(nil, &recordMeta{
+	return recordPublishing(&recordMeta{
 		ID: id, Intake: intake, StoredAt: now.UTC(), Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Props: propertiesOf(d), Envelope: &env,
 		Redrives: redriven, Version: wireval.Str(kept.Headers, versionHeader),
-	})
+	}, headers, payload), id, nil
+}
+
+// recordPublishing is the stream message of a record in layout 3: m, the
+// headers in their typed encoding and the payload.
+func recordPublishing(m *recordMeta, headers, payload []byte) amqp.Publishing {
+	meta := appendMeta(nil, m)
 	body := make([]byte, 0, len(recordMagic3)+8+len(meta)+len(headers)+len(payload))
 	body = append(body, recordMagic3...)
 	body = binary.BigEndian.AppendUint32(body, uint32(len(meta)))
@@ -214,12 +222,12 @@ func encodeKept(d *amqp.Delivery, intake string, now time.Time, v *triage.Signer
 	body = append(body, headers...)
 	body = append(body, payload...)
 	return amqp.Publishing{
-		Headers:      amqp.Table{wire.HeaderRecordID: id, wire.HeaderRecordIntake: intake},
+		Headers:      amqp.Table{wire.HeaderRecordID: m.ID, wire.HeaderRecordIntake: m.Intake},
 		ContentType:  "application/vnd.dlxbridge.record",
 		DeliveryMode: amqp.Persistent,
-		MessageId:    id,
+		MessageId:    m.ID,
 		Body:         body,
-	}, id, nil
+	}
 }
 
 // resignRedrives signs kept's redrive count again over its redacted body
@@ -365,9 +373,18 @@ type Keeper struct {
 	// as it arrived. The record's envelope says what was redacted, with a
 	// note starting "redacted by the quarantine keeper". Defaults to none.
 	Redaction Redaction
+	// Metrics, with Config (the file naming this intake's work queues),
+	// counts each record as it is stored, so that the open-records gauge
+	// moves at once rather than at the next Metrics.Refresh. Defaults to
+	// nil: nothing counted here.
+	Metrics *Metrics
+	Config  *config.Config
 	// kept, when set, is called after each record is acked (tests).
 	kept  func(id string)
 	moved atomic.Int64
+	// set is the config's quarantine set of Intake, found once (count).
+	setOnce sync.Once
+	set     *quarantineSet
 }
 
 // Run keeps records until ctx ends (then returns nil) or a channel fails (an
@@ -456,9 +473,30 @@ func (k *Keeper) Run(ctx context.Context) error {
 			return fmt.Errorf("keeper %s: ack: %w", k.Intake, err)
 		}
 		k.moved.Add(1)
+		k.count(msg.Body, now())
 		if k.kept != nil {
 			k.kept(id)
 		}
+	}
+}
+
+// count tells Metrics about a record just stored (its body as written).
+func (k *Keeper) count(body []byte, now time.Time) {
+	if k.Metrics == nil || k.Config == nil {
+		return
+	}
+	k.setOnce.Do(func() {
+		for _, set := range (&Inspector{Config: k.Config}).quarantines() {
+			if set.cfg.Quarantine.Queue == k.Intake {
+				k.set = set
+			}
+		}
+	})
+	if k.set == nil {
+		return
+	}
+	if r, err := recordFrom(body, 0, k.set); err == nil {
+		k.Metrics.stored(r, now)
 	}
 }
 

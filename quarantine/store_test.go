@@ -264,7 +264,7 @@ func TestRecordIDSurvivesAnIntakeRedelivery(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond) // polling the broker; no event to wait on
 		}
-		id, err := RecordID(&d)
+		id, err := recordID(&d)
 		if err != nil {
 			t.Fatal(err)
 		}

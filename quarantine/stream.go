@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,7 +143,7 @@ func consumeFrom(ctx context.Context, conn *amqp.Connection, name string, from a
 	tag := consumerTag("read")
 	deliveries, err := ch.Consume(name, tag, false, false, false, false, amqp.Table{"x-stream-offset": from})
 	if err != nil {
-		return fmt.Errorf("read %s (is it a stream? was the topology applied?): %w", name, err)
+		return consumeError(name, err)
 	}
 	defer func() { _ = ch.Cancel(tag, false) }()
 	n := 0
@@ -171,6 +172,58 @@ func consumeFrom(ctx context.Context, conn *amqp.Connection, name string, from a
 	}
 }
 
+// noLocalReplica is how the broker refuses to read a stream to a
+// connection on a node without a running member of it (4.3.6: a node of
+// the cluster that holds no replica, or one restarted and still catching
+// up, as seen for several seconds after a restart).
+const noLocalReplica = "does not have a running replica on the local node"
+
+// consumeError says why reading stream name could not start.
+func consumeError(name string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && strings.Contains(ae.Reason, noLocalReplica) {
+		return fmt.Errorf("read %s: the node this connection is on has no running replica of it (not a member, or catching up after a restart): try again shortly, or connect to another node: %w", name, err)
+	}
+	return fmt.Errorf("read %s (is it a stream? was the topology applied?): %w", name, err)
+}
+
+// readAt returns the first message of the stream at offset or after it.
+// The prefetch is one, so that the broker sends one message at a time
+// whatever their size (a broker may start at the chunk that holds offset:
+// those before it are acked and passed over).
+func readAt(ctx context.Context, conn *amqp.Connection, name string, offset int64) (*amqp.Delivery, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: open channel: %w", name, err)
+	}
+	defer ch.Close()
+	if err := ch.Qos(1, 0, false); err != nil {
+		return nil, fmt.Errorf("read %s: prefetch: %w", name, err)
+	}
+	tag := consumerTag("at")
+	deliveries, err := ch.Consume(name, tag, false, false, false, false, amqp.Table{"x-stream-offset": offset})
+	if err != nil {
+		return nil, consumeError(name, err)
+	}
+	defer func() { _ = ch.Cancel(tag, false) }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case d, ok := <-deliveries:
+			if !ok {
+				return nil, fmt.Errorf("read %s: channel closed", name)
+			}
+			if streamOffset(&d) >= offset {
+				return &d, nil
+			}
+			if err := d.Ack(false); err != nil {
+				return nil, fmt.Errorf("read %s: %w", name, err)
+			}
+		}
+	}
+}
+
 // lastOffset finds an offset at the end of the stream; found is false for
 // an empty stream.
 func lastOffset(ctx context.Context, conn *amqp.Connection, name string, waits streamWaits) (end int64, found bool, err error) {
@@ -185,7 +238,7 @@ func lastOffset(ctx context.Context, conn *amqp.Connection, name string, waits s
 	tag := consumerTag("last")
 	deliveries, err := ch.Consume(name, tag, false, false, false, false, amqp.Table{"x-stream-offset": "last"})
 	if err != nil {
-		return 0, false, fmt.Errorf("read %s (is it a stream? was the topology applied?): %w", name, err)
+		return 0, false, consumeError(name, err)
 	}
 	defer func() { _ = ch.Cancel(tag, false) }()
 	wait := time.NewTimer(waits.empty)
