@@ -9,6 +9,85 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// ackOutcome asks for o's ack and records o as result once it is written
+// (acks are coalesced, see ackWindow). An ack on a dead channel fails: the
+// broker will redeliver the message (a duplicate, which idempotency keys
+// are for), so it is recorded as OutcomeAckFailed.
+func (w *worker) ackOutcome(o outcome, result Outcome) {
+	o.a.Ack(func(err error) {
+		if err != nil {
+			w.done(&o, OutcomeAckFailed, err)
+			w.deps.log.Warn("ack failed; the broker will redeliver", "queue", o.settled.Queue, "message_id", o.settled.MessageID, "error", err)
+			return
+		}
+		w.done(&o, result, nil)
+	})
+}
+
+// sessionDelivery is a delivery settled through its session: acks and
+// rejects wait out the start of a stop (see queueSession.settle), and acks
+// are coalesced in the session's ack window.
+type sessionDelivery struct {
+	s *queueSession
+	d *amqp.Delivery
+}
+
+func (sd sessionDelivery) Ack(report func(error)) { sd.s.acks.ack(sd.d, report) }
+
+func (sd sessionDelivery) Requeue() error {
+	defer sd.s.acks.rejected(sd.d)
+	return sd.s.settle(func() error { return sd.d.Reject(true) })
+}
+
+func (sd sessionDelivery) Reject() error {
+	defer sd.s.acks.rejected(sd.d)
+	return sd.s.settle(func() error { return sd.d.Reject(false) })
+}
+
+// settle writes an ack or reject. Between the start of a stop and the
+// cancel-ok it waits (until the drain deadline at most): an ack or a
+// reject, with or without requeue, gives the consumer credit for one more
+// message, and a quorum queue can deliver it after the cancel-ok (the queue
+// and the channel settle the cancel separately), where the client drops it
+// as addressed to no consumer. It would sit unacked until the channel closes
+// and come back with a raised delivery count.
+//
+// A breaker's pause holds settlements the same way, until its cancel-ok.
+func (qs *queueSession) settle(write func() error) error {
+	qs.settleMu.RLock()
+	for qs.pausing != nil && !closed(qs.pausing) {
+		gate := qs.pausing
+		qs.settleMu.RUnlock()
+		select {
+		case <-gate:
+		case <-qs.handlerCtx.Done():
+			return write()
+		}
+		qs.settleMu.RLock()
+	}
+	select {
+	case <-qs.stopping:
+		qs.settleMu.RUnlock()
+		select {
+		case <-qs.cancelled:
+		case <-qs.handlerCtx.Done():
+		}
+		return write()
+	default:
+	}
+	defer qs.settleMu.RUnlock()
+	return write()
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // ackWindow coalesces the acks of one consume channel, since each ack frame
 // costs the broker a command: one ack with multiple set covers the settled
 // prefix of the delivery tags, never a tag still in a handler or awaiting
@@ -153,32 +232,6 @@ func (w *ackWindow) rejected(d *amqp.Delivery) {
 	w.mark(d.DeliveryTag)
 	w.advance()
 	w.mu.Unlock()
-}
-
-// received notes that the feeder took d up. A tag skipped is a delivery the
-// client dropped as addressed to a cancelled consumer: nothing else would
-// settle it, and it would pin the prefix until the channel closes, so it is
-// nacked with requeue. Only the feeder calls it; it returns the dropped
-// tags and the first nack's error.
-func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
-	// seen is the feeder's alone: no lock on the path of every delivery
-	// (a stop's flush holds the lock until the broker's cancel-ok).
-	from := w.seen + 1
-	w.seen = max(w.seen, d.DeliveryTag)
-	for tag := from; tag < d.DeliveryTag; tag++ {
-		// Marked only once written: no multiple ack covers it before.
-		// A nack, not a reject: no handler saw the message, and from
-		// RabbitMQ 4.3 a reject with requeue charges it a delivery.
-		if rerr := w.settle(func() error { return d.Acknowledger.Nack(tag, false, true) }); rerr != nil && err == nil {
-			err = rerr
-		}
-		dropped = append(dropped, tag)
-		w.mu.Lock()
-		w.mark(tag)
-		w.advance()
-		w.mu.Unlock()
-	}
-	return dropped, err
 }
 
 // flush writes one ack with multiple set for the settled prefix, if it holds

@@ -57,7 +57,7 @@ func TestResourceAlarmStallsSafelyAndStopsInTime(t *testing.T) {
 	blocked := make(chan bool, 16)
 	b.cfg.hooks.blocked = func(active bool) { blocked <- active }
 	var mu sync.Mutex
-	outcomes := map[string]int{}
+	outcomes := map[Outcome]int{}
 	b.cfg.OnSettled = func(s Settled) {
 		mu.Lock()
 		outcomes[s.Outcome]++

@@ -8,34 +8,13 @@ import (
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
-// The runtime side of the circuit breaker (docs/breaker.md). triage.Breaker
-// decides; this file carries its verdicts out:
-//
-//   - A queue session's deliveries pass through its feeder, one goroutine
-//     that asks the breaker (Admit) before it hands a delivery to a worker,
-//     and that owns the session's subscription (basic.consume).
-//   - Open: the feeder hands nothing out. The deliveries already
-//     prefetched but not started are held, unacked, in the process (see
-//     maxHold): no handler call, no attempt, no lane publish, no delivery
-//     count. Messages whose handlers are running are settled as today;
-//     their acks give the consumer credit for as many deliveries, which are
-//     held too, so at most the prefetch is held and what is left in the
-//     work queue waits there untouched. The subscription is not cancelled:
-//     a delivery that a quorum queue sent for credit given before a
-//     basic.cancel and that reaches the channel after it is returned by the
-//     broker with its delivery count raised (seen on 3.10.8 and 4.0.5, on
-//     most pauses with acks in flight), which is what the pause is for
-//     avoiding.
-//   - Half-open: the held deliveries provide the probes; on hold nothing is
-//     handed out until a probe reports.
-//   - Only a hold longer than maxHold cancels the subscription (basic.cancel,
-//     with settlements held until the cancel-ok, as at a stop) and hands the
-//     held deliveries over; the feeder consumes again once the breaker
-//     allows.
-//
-// The breaker lives in queueRuntime, so a reconnect keeps its state: a
-// session that starts while the breaker is open does not consume until the
-// open period is over.
+// The runtime side of the circuit breaker (docs/breaker.md): triage.Breaker
+// decides, and the session's feeder (receive.go) asks it before it hands a
+// delivery to a worker. While it is open the prefetched deliveries are held
+// unacked, without cancelling the subscription (a quorum queue returns what
+// it sent for credit given before a basic.cancel with a raised delivery
+// count), for at most maxHold. The breaker lives in queueRuntime, so its
+// state outlives a reconnect.
 
 // maxHold bounds how long a prefetched delivery is held in the process
 // while its queue is paused. The broker closes a channel whose delivery has
@@ -113,6 +92,7 @@ func (qb *queueBreaker) note(t triage.Transition) {
 	} else {
 		qb.deps.log.Info(t.String(), args...)
 	}
+	qb.deps.redrive.transition(qb.queue, t, qb.deps.cfg.Now())
 	if h := qb.deps.cfg.hooks; h != nil && h.breaker != nil {
 		h.breaker(qb.queue, t)
 	}
@@ -179,32 +159,6 @@ func (c *Consumer) Breakers() []BreakerStatus {
 		return 0
 	})
 	return out
-}
-
-// admission is the breaker ticket of the delivery a worker has in hand.
-type admission struct {
-	qb     *queueBreaker
-	ticket triage.Ticket
-	open   bool // not recorded yet
-	// again: recorded, and the delivery may be retried in process; that
-	// attempt's outcome is recorded with the same ticket.
-	again bool
-}
-
-// take starts the admission of f.
-func (a *admission) take(qb *queueBreaker, f fedDelivery) {
-	*a = admission{qb: qb, ticket: f.ticket, open: qb != nil && f.admitted}
-}
-
-// release records an admitted delivery that never reached its handler (the
-// crash-loop guard or the schema gate settled it, or the session ended) as
-// abandoned: it counts for nothing and frees a probe slot.
-func (a *admission) release() {
-	if !a.open {
-		return
-	}
-	a.open = false
-	a.qb.record(a.ticket, triage.Outcome{Abandoned: true})
 }
 
 type randFunc func() float64

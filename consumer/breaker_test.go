@@ -29,7 +29,7 @@ type outage struct {
 	handled   map[string]int // successful handler calls by message id
 	acked     map[string]int // OutcomeAcked by message id
 	maxTry    int            // the highest attempt a handler saw
-	outcomes  map[string]int
+	outcomes  map[Outcome]int
 	done      chan struct{} // closed once every message was acked
 	want      int
 	doneOnce  sync.Once
@@ -39,7 +39,7 @@ type outage struct {
 
 func newOutage(length time.Duration, want int, fail func() error) *outage {
 	return &outage{length: length, fail: fail, want: want, handled: map[string]int{}, acked: map[string]int{},
-		outcomes: map[string]int{}, done: make(chan struct{})}
+		outcomes: map[Outcome]int{}, done: make(chan struct{})}
 }
 
 func (o *outage) handle(_ context.Context, m *Message) error {

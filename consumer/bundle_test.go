@@ -54,7 +54,7 @@ type testBundle struct {
 	consumer  *Consumer
 	pubCh     *amqp.Channel
 	confirms  chan amqp.Confirmation
-	settled   chan string // outcomes, in order
+	settled   chan Outcome // in order
 	consuming chan struct{}
 }
 
@@ -133,7 +133,7 @@ func setupOn(t testing.TB, env *brokertest.Env, mutate func(q *config.Queue)) *t
 		reg:      prometheus.NewRegistry(),
 		pubCh:    pubCh,
 		confirms: pubCh.NotifyPublish(make(chan amqp.Confirmation, 2048)),
-		settled:  make(chan string, 4096),
+		settled:  make(chan Outcome, 4096),
 	}
 	b.cfg = &Config{
 		URL:            env.URL,
@@ -166,24 +166,7 @@ func (b *testBundle) start(register func(c *Consumer)) (stop func()) {
 	}
 	register(c)
 	b.consumer = c
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					b.t.Errorf("Run: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				b.t.Errorf("Run did not return after cancel")
-			}
-		})
-	}
-	b.t.Cleanup(stop)
+	stop = brokertest.Run(b.t, 15*time.Second, c.Run)
 	b.consuming = consuming
 	b.waitConsuming()
 	return stop
@@ -243,7 +226,7 @@ func (b *testBundle) publishJSON(v any, p amqp.Publishing) []byte {
 }
 
 // waitOutcome waits for the next settled outcome and checks it.
-func (b *testBundle) waitOutcome(want string, within time.Duration) {
+func (b *testBundle) waitOutcome(want Outcome, within time.Duration) {
 	b.t.Helper()
 	select {
 	case got := <-b.settled:

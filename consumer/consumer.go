@@ -9,9 +9,15 @@
 // is confirmed by the broker (with mandatory set) before the original is
 // acked. The confirm is not waited for in line: a worker goes on with its
 // next deliveries while up to 64 of its publishes await their confirms, and
-// acks are coalesced over the delivery tags already settled. If that publish fails the original is rejected with requeue,
-// so the broker redelivers it and the crash-loop guard (or the broker's
-// delivery limit, which dead-letters to the quarantine) bounds the loop.
+// acks are coalesced over the delivery tags already settled. If that
+// publish fails the original is rejected with requeue, so the broker
+// redelivers it and the crash-loop guard (or the broker's delivery limit,
+// which dead-letters to the quarantine) bounds the loop.
+//
+// A delivery passes the stages in this order, a file each: receive.go (the
+// feeder), worker.go (the checks), invoke.go (the handler), build.go (a
+// failure's copy), settle.go (the one settle step), publish.go (the copy's
+// publish and confirm), acks.go (the ack), outcome.go (recorded once).
 package consumer
 
 import (
@@ -39,7 +45,11 @@ import (
 
 // Config configures a Consumer.
 type Config struct {
-	// URL is the AMQP URL. Required.
+	// URL is the AMQP URL, or the URLs of several nodes of one cluster,
+	// comma separated ("amqp://u:p@n1:5672/,amqp://u:p@n2:5672/"; every
+	// one with the same vhost). Each connect tries the nodes in turn,
+	// starting after the node whose connection was lost, and logs which
+	// node it reached. Required.
 	URL string
 	// File is the configuration: from config.Load, or built in code and
 	// finished with its Complete method. Required.
@@ -134,7 +144,7 @@ func (c *Config) validate() error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("consumer.Config.URL is required"))
-	} else if _, err := amqpx.ParseAMQPURL(c.URL); err != nil {
+	} else if _, err := amqpx.ParseURLList(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("consumer.Config.URL: %w", err)) // quotes nothing of the URL
 	}
 	if c.File == nil {
@@ -213,6 +223,13 @@ type deps struct {
 	signer  *triage.Signer
 	// verifier is the quarantine keeper's (see keeperVerifier).
 	verifier *triage.Signer
+	// dialer connects to the nodes of cfg.URL.
+	dialer *amqpx.Dialer
+	// jobs records what became of replayed messages (nil without a
+	// configured key); redrive carries out automatic redrive (nil when no
+	// queue has it on). See autoredrive.go.
+	jobs    *jobRecorder
+	redrive *redriver
 }
 
 // Consumer runs handlers for the configured work queues.
@@ -225,6 +242,9 @@ type Consumer struct {
 	queues  map[string]*queueRuntime
 
 	ready atomic.Bool // see Ready
+	// node is the node the current session is connected to; nil between
+	// sessions (see Node).
+	node atomic.Pointer[amqpx.Node]
 }
 
 // New checks cfg and returns a Consumer. Register handlers, then call Run.
@@ -250,6 +270,10 @@ func New(cfg *Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	dialer, err := amqpx.NewDialer(cfg.URL) // validate parsed it
+	if err != nil {
+		return nil, err
+	}
 	c := &Consumer{
 		deps: &deps{
 			cfg:      cfg,
@@ -259,10 +283,12 @@ func New(cfg *Config) (*Consumer, error) {
 			host:     host,
 			signer:   signer,
 			verifier: keeperVerifier(signer, random),
+			dialer:   dialer,
 		},
 		routers: map[string]*router{},
 		queues:  map[string]*queueRuntime{},
 	}
+	dialer.Logger = c.log
 	for i := range cfg.File.Queues {
 		q := &cfg.File.Queues[i]
 		qr, err := newQueueRuntime(c.deps, q)
@@ -272,6 +298,8 @@ func New(cfg *Config) (*Consumer, error) {
 		c.queues[q.Name] = qr
 		c.routers[q.Name] = newRouter()
 	}
+	c.deps.jobs = newJobRecorder(c.deps.verifier)
+	c.deps.redrive = newRedriver(c.deps, c.deps.jobs, c.queues)
 	return c, nil
 }
 
@@ -397,7 +425,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if time.Since(started) > c.cfg.ReconnectMax {
 			backoff = c.cfg.ReconnectMin // it ran a good while: start over
 		}
-		wait := backoff/2 + time.Duration(c.cfg.Rand()*float64(backoff/2))
+		wait := amqpx.Jitter(backoff, c.cfg.Rand())
 		if amqpx.IsPermanent(err) {
 			if refusals == 0 {
 				refusedSince = started

@@ -71,7 +71,7 @@ func TestBrokerRestartAndCrashLoseNothing(t *testing.T) {
 		}
 	}
 	var outcomesMu sync.Mutex
-	outcomes := map[string]int{}
+	outcomes := map[Outcome]int{}
 	b.cfg.OnSettled = func(s Settled) {
 		outcomesMu.Lock()
 		outcomes[s.Outcome]++
@@ -229,16 +229,16 @@ type faultLedger struct {
 	accounted   map[string]bool
 	nCalls      int
 	nSuccess    int
-	gateAt      int           // handlers park once nSuccess reaches it...
-	gateCh      chan struct{} // ...on this channel, until it is closed (nil: no gate)
-	parked      int           // handlers that reached the current gate
-	changed     chan struct{} // one waiter: waitFor
+	gateAt      int                // handlers park once nSuccess reaches it...
+	gateCh      chan struct{}      // ...on this channel, until it is closed (nil: no gate)
+	parked      int                // handlers that reached the current gate
+	changed     brokertest.Changes // one waiter: waitFor
 }
 
 func newFaultLedger() *faultLedger {
 	return &faultLedger{
 		calls: map[string]int{}, successes: map[string]int{}, quarantined: map[string]int{},
-		classes: map[string][]string{}, accounted: map[string]bool{}, changed: make(chan struct{}, 1),
+		classes: map[string][]string{}, accounted: map[string]bool{}, changed: brokertest.NewChanges(),
 	}
 }
 
@@ -344,12 +344,7 @@ func (l *faultLedger) openGate() {
 	}
 }
 
-func (l *faultLedger) notifyLocked() {
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
-}
+func (l *faultLedger) notifyLocked() { l.changed.Notify() }
 
 func (l *faultLedger) successCount() int {
 	l.mu.Lock()
@@ -357,30 +352,11 @@ func (l *faultLedger) successCount() int {
 	return l.nSuccess
 }
 
-func (l *faultLedger) notify() {
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
-}
+func (l *faultLedger) notify() { l.changed.Notify() }
 
 // waitFor waits until cond (called with l.mu held) holds, or within passes.
 func (l *faultLedger) waitFor(cond func() bool, within time.Duration) bool {
-	deadline := time.NewTimer(within)
-	defer deadline.Stop()
-	for {
-		l.mu.Lock()
-		ok := cond()
-		l.mu.Unlock()
-		if ok {
-			return true
-		}
-		select {
-		case <-l.changed:
-		case <-deadline.C:
-			return false
-		}
-	}
+	return l.changed.WaitFor(&l.mu, cond, within)
 }
 
 func countNonZero(m map[string]int) int {
@@ -410,37 +386,10 @@ func faultMessage(i int) (string, amqp.Publishing) {
 // readQuarantine consumes the quarantine (acking) and records each message
 // until ctx ends.
 func readQuarantine(ctx context.Context, url, name, queue string, l *faultLedger) error {
-	conn, err := amqpx.Dial(url, name)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Qos(100, 0, false); err != nil {
-		return err
-	}
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case d, ok := <-deliveries:
-			if !ok {
-				return errors.New("quarantine consumer closed")
-			}
-			env, _ := quarantine.Read(&d)
-			l.inQuarantine(d.MessageId, env.Class)
-			if err := d.Ack(false); err != nil {
-				return err
-			}
-		}
-	}
+	return brokertest.Drain(ctx, url, name, queue, func(d *amqp.Delivery) {
+		env, _ := quarantine.Read(d)
+		l.inQuarantine(d.MessageId, env.Class)
+	})
 }
 
 type depths struct{ work, lanes int }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -70,10 +71,15 @@ func gated(f *config.Config) bool {
 	return false
 }
 
-// admit runs d through the queue's gate in the queue's mode. It returns the
-// message for the router, or (enforce mode only) the gate's
-// *schemas.ValidationError. Every failure is counted, by mode.
-func (qr *queueRuntime) admit(d *amqp.Delivery) (admitted, error) {
+// admit runs d through the queue's gate in the queue's mode, bounded by
+// ctx (see gateCtx). It returns the message for the router, or (enforce
+// mode only) the gate's *schemas.ValidationError. Every failure is
+// counted, by mode. In either mode, a check that ctx stopped (a costly
+// pattern on a long string, past the handler timeout) returns an error
+// wrapping context.DeadlineExceeded (or the session's cancellation): the
+// message was not found invalid, and settles as a handler that timed out
+// would.
+func (qr *queueRuntime) admit(ctx context.Context, d *amqp.Delivery) (admitted, error) {
 	in := schemas.Input{
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
@@ -86,7 +92,10 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (admitted, error) {
 		typ, version := schemas.ReadProperties(in, qr.cfg.Message.VersionHeader)
 		return admitted{Message: schemas.Message{Type: typ, Version: version}, raw: true}, nil
 	case config.GateReport:
-		msg, err := qr.gate.CheckReport(in)
+		msg, err := qr.gate.CheckReportContext(ctx, in)
+		if errors.Is(err, schemas.ErrStopped) {
+			return admitted{}, qr.gateStopped(err)
+		}
 		a := admitted{Message: *msg}
 		var verr *schemas.ValidationError
 		if errors.As(err, &verr) {
@@ -96,15 +105,47 @@ func (qr *queueRuntime) admit(d *amqp.Delivery) (admitted, error) {
 		}
 		return a, nil
 	}
-	msg, err := qr.gate.Check(in)
+	msg, err := qr.gate.CheckContext(ctx, in)
 	if err != nil {
 		var verr *schemas.ValidationError
 		if errors.As(err, &verr) {
 			qr.countViolation(verr)
 		}
+		if errors.Is(err, schemas.ErrStopped) {
+			err = qr.gateStopped(err)
+		}
 		return admitted{}, err
 	}
 	return admitted{Message: *msg}, nil
+}
+
+// gateStopped says what stopped the gate.
+func (qr *queueRuntime) gateStopped(err error) error {
+	return fmt.Errorf("schema gate: the check did not finish within the handler timeout (%s): %w", qr.cfg.Consumer.HandlerTimeout, err)
+}
+
+// gateCtx bounds one delivery's gate check: it has the deadline, the
+// delivery's handler context's values and its cancellation (the drain
+// deadline), and no timer of its own. Its Done closes only with the
+// session's; the gate also compares the time with Deadline as it goes
+// (schemas.Gate.CheckContext), so no timer per message is needed. A worker
+// keeps one and sets it for each delivery: only the gate, which keeps
+// nothing of it, is given it.
+type gateCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c *gateCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+func (c *gateCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 func (qr *queueRuntime) countViolation(verr *schemas.ValidationError) {

@@ -50,7 +50,7 @@ func TestReportModeDeliversWhatTheGateWouldRefuse(t *testing.T) {
 	b.publish([]byte(`{"unexpected": 1}`), amqp.Publishing{MessageId: "refuse"})
 
 	byID := collectByID(t, got, 5)
-	outcomes := map[string]int{}
+	outcomes := map[Outcome]int{}
 	for range 5 {
 		select {
 		case o := <-b.settled:
@@ -224,9 +224,12 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	type key struct{ id, outcome string }
+	type key struct {
+		id      string
+		outcome Outcome
+	}
 	byKey := map[key]Settled{}
-	perOutcome := map[string]float64{}
+	perOutcome := map[Outcome]float64{}
 	for _, s := range seen {
 		k := key{s.MessageID, s.Outcome}
 		if _, dup := byKey[k]; dup {
@@ -241,16 +244,17 @@ func TestOnSettledSeesEveryOutcome(t *testing.T) {
 	if len(seen) != 6 {
 		t.Errorf("%d reports, want 6: %+v", len(seen), seen)
 	}
-	for _, o := range []string{OutcomeAcked, OutcomeRetried, OutcomeQuarantined, OutcomeRequeued, OutcomeAckFailed, OutcomeAbandoned} {
-		if m := testutil.ToFloat64(b.consumer.metrics.deliveries.WithLabelValues(b.queue.Name, o)); m != perOutcome[o] {
+	for _, o := range []Outcome{OutcomeAcked, OutcomeRetried, OutcomeQuarantined, OutcomeRequeued, OutcomeAckFailed, OutcomeAbandoned} {
+		if m := testutil.ToFloat64(b.consumer.metrics.deliveries.WithLabelValues(b.queue.Name, string(o))); m != perOutcome[o] {
 			t.Errorf("%s: metric %v, reports %v", o, m, perOutcome[o])
 		}
 	}
 	want := []struct {
-		id, outcome string
-		class       triage.Class
-		attempt     int
-		check       func(Settled) bool
+		id      string
+		outcome Outcome
+		class   triage.Class
+		attempt int
+		check   func(Settled) bool
 	}{
 		{"ok", OutcomeAcked, "", 1, func(s Settled) bool { return s.Err == nil && s.Type == testType && s.Version == "1" }},
 		{"perm", OutcomeQuarantined, triage.ClassPermanent, 1, func(s Settled) bool {

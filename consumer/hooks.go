@@ -3,6 +3,7 @@ package consumer
 import (
 	"time"
 
+	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -27,4 +28,12 @@ type testHooks struct {
 	// abandonedReturned: the handler of an abandoned call returned, and
 	// its goroutine let go of it (slot freed, result discarded).
 	abandonedReturned func()
+	// redrive is told each automatic redrive's end, by queue.
+	redrive func(queue string, res *quarantine.ReplayResult, err error)
+	// adopted is told how each reading of the outage windows at a
+	// session's start ended.
+	adopted func(err error)
+	// redriveAfterFailedAdopt, if set, replaces how long the runtime
+	// waits to read the windows again after a failed read.
+	redriveAfterFailedAdopt time.Duration
 }

@@ -168,7 +168,7 @@ func TestMessageWhoseReadmissionCannotFitStillReachesItsHandler(t *testing.T) {
 	// Fits the upstream publish, the broker's dead-lettering and the
 	// delivery; not with the re-admission's headers on top.
 	b.upstreamRejectWith("big-up", 1, amqp.Table{"x-app-blob": strings.Repeat("b", 3500)})
-	var outcomes []string
+	var outcomes []Outcome
 	for done := false; !done; {
 		select {
 		case o := <-b.settled:

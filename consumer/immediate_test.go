@@ -103,7 +103,7 @@ func TestImmediateRetrySucceedsWithoutARetryLane(t *testing.T) {
 	if n := b.immediateRetries(); n != 1 {
 		t.Errorf("dlxbridge_immediate_retries_total = %v, want 1", n)
 	}
-	if got := testutil.ToFloat64(b.consumer.metrics.deliveries.WithLabelValues(b.queue.Name, OutcomeRetried)); got != 0 {
+	if got := testutil.ToFloat64(b.consumer.metrics.deliveries.WithLabelValues(b.queue.Name, string(OutcomeRetried))); got != 0 {
 		t.Errorf("%v deliveries settled as retried, want 0", got)
 	}
 	for _, q := range []string{b.queue.Name, b.wq.Quarantine} {

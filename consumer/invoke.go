@@ -8,17 +8,16 @@ import (
 	"maps"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlxbridge/dlxbridge/internal/frame"
-	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // abandonGrace is how long a handler that ignores its deadline gets before
@@ -52,6 +51,29 @@ type handlerCall struct {
 	// msg is a copy: a pointer would move process's to the heap.
 	msg      admitted
 	attempts triage.Attempts
+}
+
+// invoke calls the handler on d, on this goroutine, and again at once
+// while triage answers ActionRetryNow (queues[].retry.immediate_retries) and
+// the runtime can (see retryNowBlocked), and returns the delivery's
+// outcome. It reports false when a call was abandoned (or the handler
+// called runtime.Goexit): the goroutine that took over settles the delivery
+// and ends the span.
+func (w *worker) invoke(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg admitted, attempts triage.Attempts, now time.Time) (outcome, bool) {
+	timeout := w.q.cfg.Consumer.HandlerTimeout
+	for immediate := 0; ; immediate++ {
+		herr, ok := w.runHandler(ctx, span, d, &msg, attempts, now, timeout)
+		if !ok {
+			return outcome{}, false
+		}
+		o, again := w.handled(ctx, span, a, d, &msg, &attempts, immediate, herr, false)
+		if !again {
+			return o, true
+		}
+		// Checked by retryNowBlocked a moment ago: at least
+		// leastImmediateCall, unless the clock jumped since.
+		timeout = max(w.immediateTimeout(), w.q.leastImmediateCall())
+	}
 }
 
 // runHandler routes, upcasts and calls the handler with a deadline, on the
@@ -146,62 +168,6 @@ func (w *worker) runHandler(ctx context.Context, span trace.Span, d *amqp.Delive
 	return w.handlerReturned(c, herr), true
 }
 
-// handlerReturned ends call c with the handler's result herr (or the
-// abandonment's) and observes its duration; it returns herr as the
-// delivery's outcome: a handler that returns some error after its deadline
-// passed timed out.
-func (w *worker) handlerReturned(c *handlerCall, herr error) error {
-	qr := w.q
-	if herr != nil && !time.Now().Before(c.deadline) {
-		// Its deadline passed as it returned: the worker saw the result
-		// first, the handler may have seen its context end.
-		c.end(context.DeadlineExceeded)
-	}
-	if herr != nil && c.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
-		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, c.timeout, context.DeadlineExceeded)
-	}
-	c.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
-	took := time.Since(c.start).Seconds()
-	if herr != nil {
-		qr.metrics.handlerError.Observe(took)
-	} else {
-		qr.metrics.handlerOK.Observe(took)
-	}
-	return herr
-}
-
-// takeOver runs on the watchdog's goroutine once call c is abandoned (its
-// handler ignored its deadline for abandonGrace more): the worker's own
-// goroutine is still in the handler, so this one settles the delivery as a
-// timeout, as the worker would have, and then goes on as the worker.
-//
-// With exited set (a *triage.PanicError), the worker's goroutine did not
-// stay in the handler: it called runtime.Goexit, and is gone. The delivery
-// settles with exited as its failure.
-func (w *worker) takeOver(c *handlerCall, exited error) {
-	qr := w.q
-	herr := exited
-	if exited == nil {
-		w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
-		w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
-			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
-		herr = fmt.Errorf("handler did not return within %s: %w", c.timeout, context.DeadlineExceeded)
-	} else {
-		w.deps.log.Error("handler called runtime.Goexit; another goroutine goes on as the worker",
-			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
-		w.watch.finish()
-	}
-	herr = w.handlerReturned(c, herr)
-	// The delivery settles through its session, as process settles it.
-	// Abandoned: never retried in process (its handler still holds a slot).
-	o, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true)
-	w.settle(o)
-	w.admission.release()
-	if w.looping {
-		w.work()
-	}
-}
-
 // call runs the upcasters and the handler under recover, and frees the
 // concurrency slot when the handler returns.
 func (qr *queueRuntime) call(ctx context.Context, h Handler, m *Message, chain []upcaster) (err error) {
@@ -250,6 +216,151 @@ func (qr *queueRuntime) upcast(m *Message, chain []upcaster) error {
 	}
 	m.setData(data)
 	return nil
+}
+
+// handlerReturned ends call c with the handler's result herr (or the
+// abandonment's) and observes its duration; it returns herr as the
+// delivery's outcome: a handler that returns some error after its deadline
+// passed timed out.
+func (w *worker) handlerReturned(c *handlerCall, herr error) error {
+	qr := w.q
+	if herr != nil && !time.Now().Before(c.deadline) {
+		// Its deadline passed as it returned: the worker saw the result
+		// first, the handler may have seen its context end.
+		c.end(context.DeadlineExceeded)
+	}
+	if herr != nil && c.Err() == context.DeadlineExceeded && !errors.Is(herr, context.DeadlineExceeded) {
+		herr = fmt.Errorf("%w (after the %s deadline: %w)", herr, c.timeout, context.DeadlineExceeded)
+	}
+	c.end(context.Canceled) // it returned (or was abandoned): its context ends, as a cancel would end it
+	took := time.Since(c.start).Seconds()
+	if herr != nil {
+		qr.metrics.handlerError.Observe(took)
+	} else {
+		qr.metrics.handlerOK.Observe(took)
+	}
+	return herr
+}
+
+// handled decides a delivery's outcome after its handler returned herr, or
+// was abandoned (a timeout, settled by the goroutine that took over).
+// Unless it was abandoned, a failure triage would retry in process has no
+// outcome yet: handled counts the attempt in attempts, prepares msg for the
+// next call and reports again, and the caller calls the handler once more.
+func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (o outcome, again bool) {
+	qr := w.q
+	attempt := attempts.Failed + 1
+	breakerAllows := w.breakerOutcome(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		// Shutdown passed its deadline (or the connection is gone): don't
+		// start a retry or quarantine publish; leave the message unsettled
+		// and the broker requeues it when the channel closes. A handler that
+		// succeeded is still acked below if the channel is open.
+		w.settled.Err = herr
+		return outcome{kind: kindLeave, a: a, d: d, span: span, settled: w.settled}, false
+	}
+	if herr == nil {
+		w.settled.Attempt = attempt
+		return outcome{kind: kindAck, a: a, d: d, span: span, settled: w.settled}, false
+	}
+	f := qr.decide(herr, *attempts, immediate, msg.Type, msg.Version)
+	if f.verdict.Action == triage.ActionRetryNow {
+		lastNext := f.verdict.Attempt+1 >= qr.policy.MaxAttempts
+		if why := w.retryNowBlocked(herr, abandoned, breakerAllows, lastNext); why != "" {
+			// Decided again as if the immediate retries were spent: a
+			// delayed retry or, past a budget, the quarantine.
+			f = qr.decide(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
+			f.verdict.Reason += "; not retried in process: " + why
+		} else {
+			// The next attempt counts this one as failed, and the budgets
+			// run from the first failure, here if this was it.
+			attempts.Failed = f.verdict.Attempt
+			if attempts.FirstFailure.IsZero() {
+				attempts.FirstFailure = f.at
+			}
+			w.retryNow(span, span.IsRecording(), d, msg, f)
+			return outcome{}, true
+		}
+	}
+	o, _ = w.settlement(ctx, span, a, d, f)
+	return o, false
+}
+
+// breakerOutcome records the handler's result: herr's outcome, or
+// abandoned when the session is ending (a handler cancelled by shutdown
+// looks transient). Each handler call of a delivery is recorded, immediate
+// retries included: each one is a call to the dependency. It reports
+// whether the breaker lets a failed delivery be retried in process: with no
+// breaker, yes; else only a delivery it admitted as closed (not a probe:
+// its one outcome is the probe's answer) while it is still closed after
+// this outcome. An open breaker asks for the queue to wait; retrying in
+// process would call the dependency it paused for.
+func (w *worker) breakerOutcome(herr error) (again bool) {
+	a := &w.admission
+	if !a.open && !a.again {
+		return a.qb == nil
+	}
+	a.open, a.again = false, false
+	o := triage.OutcomeOf(herr)
+	if herr != nil && w.s.handlerCtx.Err() != nil {
+		o = triage.Outcome{Abandoned: true}
+	}
+	a.qb.record(a.ticket, o)
+	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.State() == triage.BreakerClosed
+	return a.again
+}
+
+// decide classifies a failed attempt with triage.Classify, the one path for
+// every class (the gate's *schemas.ValidationError is ClassSchema), and
+// decides what follows; immediate is how many immediate retries the
+// delivery had. typ and version default to the ones the gate's error names.
+func (qr *queueRuntime) decide(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
+	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
+	if errors.As(err, &f.validation) && typ == "" {
+		f.msgType, f.version = f.validation.Type, f.validation.Version
+	}
+	class, hint := triage.Classify(err)
+	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, ImmediateRetries: immediate, Now: f.at}, randFunc(qr.deps.cfg.Rand))
+	return f
+}
+
+// takeOver runs on the watchdog's goroutine once call c is abandoned (its
+// handler ignored its deadline for abandonGrace more): the worker's own
+// goroutine is still in the handler, so this one settles the delivery as a
+// timeout, as the worker would have, and then goes on as the worker.
+//
+// With exited set (a *triage.PanicError), the worker's goroutine did not
+// stay in the handler: it called runtime.Goexit, and is gone. The delivery
+// settles with exited as its failure.
+func (w *worker) takeOver(c *handlerCall, exited error) {
+	qr := w.q
+	herr := exited
+	if exited == nil {
+		w.deps.metrics.abandonedHandler.WithLabelValues(qr.cfg.Name).Inc()
+		w.deps.log.Error("handler ignored its deadline; abandoning it (it keeps its concurrency slot until it returns)",
+			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
+		herr = fmt.Errorf("handler did not return within %s: %w", c.timeout, context.DeadlineExceeded)
+	} else {
+		w.deps.log.Error("handler called runtime.Goexit; another goroutine goes on as the worker",
+			"queue", qr.cfg.Name, "type", c.msg.Type, "message_id", c.d.MessageId)
+		w.watch.finish()
+	}
+	herr = w.handlerReturned(c, herr)
+	// The delivery settles through its session, as process settles it.
+	// Abandoned: never retried in process (its handler still holds a slot).
+	o, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true)
+	w.settle(o)
+	w.admission.release()
+	if w.looping {
+		w.work()
+	}
+}
+
+func idempotencyKey(d *amqp.Delivery) string {
+	if k := wireval.Str(d.Headers, wire.HeaderIdempotencyKey); k != "" {
+		return k
+	}
+	return d.MessageId
 }
 
 // cloneGateError copies a report-mode gate's objection for one handler
@@ -311,43 +422,4 @@ func cloneHeaderValue(v any) any {
 		return bytes.Clone(v)
 	}
 	return v
-}
-
-// panicStack is the truncated stack of a handler or upcaster panic, or "".
-func panicStack(err error) string {
-	var pe *triage.PanicError
-	if !errors.As(err, &pe) {
-		return ""
-	}
-	return trimStack(pe.Stack)
-}
-
-// trimStack turns a stack captured in a deferred recover
-// (runtime/debug.Stack) into what the envelope and the log keep: the
-// goroutine line and the frames from the one that panicked down, without
-// the recovery frames above the panic call, cut at a line boundary to at
-// most quarantine.MaxStackBytes.
-func trimStack(stack []byte) string {
-	s := string(stack)
-	// debug.Stack lists the recovering frames first, then "panic(...)" and
-	// its source line, then the frame that panicked.
-	if i := strings.Index(s, "\npanic("); i >= 0 {
-		head, _, _ := strings.Cut(s, "\n")
-		rest := s[i+1:]
-		if _, after, ok := strings.Cut(rest, "\n"); ok { // the panic( line
-			if _, after, ok = strings.Cut(after, "\n"); ok { // its source line
-				s = head + "\n" + after
-			}
-		}
-	}
-	s = strings.TrimRight(s, "\n")
-	if len(s) <= quarantine.MaxStackBytes {
-		return s
-	}
-	const mark = "\n…[truncated]"
-	cut := strings.LastIndexByte(s[:quarantine.MaxStackBytes-len(mark)+1], '\n')
-	if cut < 0 {
-		return frame.Truncate(s, quarantine.MaxStackBytes)
-	}
-	return s[:cut] + mark
 }

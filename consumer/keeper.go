@@ -26,15 +26,22 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 	var wg sync.WaitGroup
 	rules := keeperRedactions(sessions)
 	seen := map[string]bool{}
+	var keepers []*quarantine.Keeper
 	for _, qs := range sessions {
 		if seen[qs.wq.Quarantine] {
 			continue
 		}
 		seen[qs.wq.Quarantine] = true
-		k := &quarantine.Keeper{
+		keepers = append(keepers, &quarantine.Keeper{
 			Consume: conn, Publish: pubConn, Intake: qs.wq.Quarantine, Records: qs.wq.Records,
 			Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.verifier, Redaction: rules[qs.wq.Quarantine],
-		}
+			Metrics: c.cfg.QuarantineMetrics, Config: c.cfg.File,
+		})
+	}
+	if k := c.unroutedKeeper(conn, pubConn, sessions); k != nil {
+		keepers = append(keepers, k)
+	}
+	for _, k := range keepers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -54,6 +61,26 @@ func (c *Consumer) startKeepers(ctx context.Context, conn, pubConn *amqp.Connect
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// unroutedKeeper keeps the shared tiers' catch-all (retries whose work
+// queue was gone when they came back) when one of the sessions' queues
+// retries through the shared tiers, with the union of their redactions;
+// nil otherwise.
+func (c *Consumer) unroutedKeeper(conn, pubConn *amqp.Connection, sessions []*queueSession) *quarantine.Keeper {
+	u, ok := c.cfg.File.UnroutedQuarantine()
+	served := false
+	for _, qs := range sessions {
+		served = served || qs.wq.Shared() // not while it retries into its own lanes (see retryRoute)
+	}
+	if !ok || !served {
+		return nil
+	}
+	return &quarantine.Keeper{
+		Consume: conn, Publish: pubConn, Intake: u.Quarantine.Queue, Records: u.Quarantine.RecordsStream(),
+		Now: c.cfg.Now, Logger: c.log, Verifier: c.deps.verifier,
+		Redaction: quarantine.Redaction{Headers: u.Quarantine.Redact.Headers, Fields: u.Quarantine.Redact.Fields, MaxBodyBytes: c.cfg.File.Schemas.MaxBodyBytes},
+	}
 }
 
 // keeperRedactions is, per quarantine queue, what its keeper redacts from
@@ -113,7 +140,10 @@ func superviseKeeper(ctx context.Context, run func(context.Context) (moved bool,
 // startQuarantineMetrics refreshes cfg.QuarantineMetrics over conn at once
 // and then every cfg.QuarantineRefresh until the session ends, and writes
 // an expired event for each record newly past its retention
-// (quarantine.Replayer.RecordExpiries). A failed
+// (quarantine.Replayer.RecordExpiries), carries open records forward
+// before retention deletes them (quarantine.Replayer.CarryForward) and, with a configured key, a
+// signing-started event into each events stream that has no signed event
+// yet (quarantine.Replayer.StartSigning). A failed
 // refresh is logged; the metrics keep the last snapshot. The returned stop
 // waits for the refresher.
 func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connection) (stop func()) {
@@ -125,17 +155,32 @@ func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connec
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		in := &quarantine.Inspector{Conn: conn, Config: c.cfg.File, Now: c.cfg.Now}
+		// Counting needs no payload: without them, a refresh of a large
+		// quarantine costs its records' meta, not a copy of every body.
+		// With the configured key (never a random one of this process's,
+		// which no other writer shares) the events are verified, and the
+		// runtime's own are signed: a forged "purged" event then moves no
+		// gauge.
+		key := c.deps.verifier
+		in := &quarantine.Inspector{Conn: conn, Config: c.cfg.File, Now: c.cfg.Now, OmitBodies: true, Verifier: key}
 		// Expiries are written as events at each refresh, so that they are
 		// still counted after the broker deletes the records.
-		rp := &quarantine.Replayer{Conn: conn, Config: c.cfg.File, Metrics: m, Now: c.cfg.Now}
+		rp := &quarantine.Replayer{Conn: conn, Config: c.cfg.File, Metrics: m, Now: c.cfg.Now, Signer: key}
 		tick := time.NewTicker(c.cfg.QuarantineRefresh)
 		defer tick.Stop()
 		for {
 			snap, err := in.Snapshot(ctx)
 			if err == nil {
 				m.Observe(snap)
-				_, err = rp.RecordExpiries(ctx, snap)
+				// The first refresh marks where each stream's signed
+				// events begin (see Replayer.StartSigning).
+				// Open records near their retention are carried forward
+				// first, so that expiry names only what was let go.
+				if _, err = rp.StartSigning(ctx, snap); err == nil {
+					if _, err = rp.CarryForward(ctx, snap); err == nil {
+						_, err = rp.RecordExpiries(ctx, snap)
+					}
+				}
 			}
 			if err != nil && ctx.Err() == nil {
 				c.log.Warn("quarantine metrics: refresh failed; keeping the last values", "error", err)

@@ -277,3 +277,98 @@ func TestKeeperBackoffResetsAfterARunThatMovedRecords(t *testing.T) {
 		t.Fatalf("waits %v, want %v", waits, want)
 	}
 }
+
+// The runtime with a configured key marks, at its first quarantine
+// refresh, where each events stream's signed events begin: from there on a
+// reader with the key ignores an unsigned event (one anyone who may
+// publish to amq.default could write), so a quarantine nobody has replayed
+// from yet is covered too. Its own expired events would be signed with the
+// same key.
+func TestRuntimeWithAKeyStartsSigningEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.cfg.hooks.keeper = true
+	b.cfg.QuarantineRefresh = 200 * time.Millisecond
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error { return nil })))
+	})
+	signer, err := triage.NewSigner([]byte(testSigningKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file, Verifier: signer}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		snap, err := in.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var started []quarantine.Event
+		for _, e := range snap.Events {
+			if e.Kind == quarantine.EventSigningStarted {
+				started = append(started, e)
+			}
+		}
+		if len(started) > 0 {
+			if len(started) != 1 || !started[0].Verified {
+				t.Fatalf("signing-started events: %+v", started)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no signing-started event within 20s (%d events)", len(snap.Events))
+		}
+		time.Sleep(100 * time.Millisecond) // the refresh is on a timer: no event to wait on
+	}
+}
+
+// The runtime's refresh carries an open record forward once it is older
+// than the retention minus the margin (7s minus 1s here): a signed
+// carried-forward event names it and readers still list it once, now at
+// the copy's offset.
+func TestRuntimeCarriesAnOpenRecordForward(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(q *config.Queue) { q.Quarantine.Retention = 7 * time.Second })
+	b.cfg.hooks.keeper = true
+	b.cfg.QuarantineRefresh = 200 * time.Millisecond
+	b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			return triage.Permanent(errors.New("refused"))
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "j-1"}, amqp.Publishing{MessageId: "m-old"})
+	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
+	signer, err := triage.NewSigner([]byte(testSigningKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &quarantine.Inspector{Conn: b.env.Dial("inspector"), Config: b.file, Verifier: signer}
+	var first *quarantine.Record
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		snap, err := in.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil && len(snap.Records) == 1 {
+			first = snap.Records[0]
+		}
+		var carried *quarantine.Event
+		for i := range snap.Events {
+			if snap.Events[i].Kind == quarantine.EventCarriedForward {
+				carried = &snap.Events[i]
+			}
+		}
+		if first != nil && carried != nil {
+			r := snap.Records[0]
+			if len(snap.Records) != 1 || r.ID != first.ID || r.Offset <= first.Offset || r.State != quarantine.StateOpen || !carried.Verified || carried.IDs[0] != r.ID {
+				t.Fatalf("after carrying: %d records, %s@%d %s (first %s@%d), event %+v", len(snap.Records), r.ID, r.Offset, r.State, first.ID, first.Offset, carried)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no carried-forward event within 30s (%d records, %d events)", len(snap.Records), len(snap.Events))
+		}
+		time.Sleep(200 * time.Millisecond) // the refresh is on a timer: no event to wait on
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/triage"
 )
 
@@ -109,15 +110,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Circuit breaker transitions, by queue, states and cause (consecutive, ratio, signal, timer, probe-failed, probes-succeeded).",
 		}, []string{"queue", "from", "to", "cause"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
+	if err := telemetry.Register(reg, m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
 		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.reconnects, m.publishingBlocked, m.abandonedHandler,
-		m.breakerState, m.breakerTransitions} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+		m.breakerState, m.breakerTransitions); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -138,7 +134,29 @@ type queueMetrics struct {
 	outcomes                                        sync.Map // outcome → prometheus.Counter
 }
 
-func (m *metrics) forQueue(queue string) *queueMetrics {
+// forQueue resolves queue's children. Every label set known at start (the
+// outcomes, classes, the queue's tiers, the kinds of copy) is created at 0
+// here, so that a dashboard or a rate() shows 0 rather than "No data" until
+// a first event, and an alert on increase() sees the first one.
+func (m *metrics) forQueue(queue string, tiers int) *queueMetrics {
+	for _, o := range []Outcome{OutcomeAcked, OutcomeRetried, OutcomeQuarantined, OutcomeRequeued, OutcomeAckFailed,
+		OutcomeAbandoned, OutcomeReadmitted, OutcomeDeadLettered} {
+		m.deliveries.WithLabelValues(queue, string(o))
+	}
+	for _, c := range triage.Classes() {
+		m.quarantined.WithLabelValues(queue, string(c))
+	}
+	for i := range tiers {
+		m.retries.WithLabelValues(queue, tierLabel(i))
+	}
+	for _, k := range []string{"retry", "quarantine", "readmit"} {
+		m.publishFailures.WithLabelValues(queue, k)
+	}
+	for _, r := range []string{deadLetterMaxMessageSize, deadLetterFrameMax} {
+		m.deadLettered.WithLabelValues(queue, r)
+	}
+	m.abandonedHandler.WithLabelValues(queue)
+	m.publishingBlocked.WithLabelValues(queue)
 	qm := &queueMetrics{
 		handlerOK:         m.handlerDuration.WithLabelValues(queue, "ok"),
 		handlerError:      m.handlerDuration.WithLabelValues(queue, "error"),
@@ -170,12 +188,12 @@ func (qm *queueMetrics) confirmWait(a triage.Action) prometheus.Observer {
 func (qm *queueMetrics) succeeded(attempt int) { qm.attemptsSuccess.Observe(float64(attempt)) }
 
 // settled counts one delivery settled with outcome.
-func (qm *queueMetrics) settled(outcome string) {
+func (qm *queueMetrics) settled(outcome Outcome) {
 	if c, ok := qm.outcomes.Load(outcome); ok {
 		c.(prometheus.Counter).Inc()
 		return
 	}
-	c := qm.deliveries.WithLabelValues(qm.queue, outcome)
+	c := qm.deliveries.WithLabelValues(qm.queue, string(outcome))
 	qm.outcomes.Store(outcome, c)
 	c.Inc()
 }

@@ -18,9 +18,9 @@ type Settled struct {
 	// crash-loop guard settled it before it was read, or when the message
 	// names none.
 	Type, Version string
-	// Outcome is what the runtime did, one of the Outcome constants (the
-	// outcome label of dlxbridge_deliveries_total).
-	Outcome string
+	// Outcome is what the runtime did (the outcome label of
+	// dlxbridge_deliveries_total).
+	Outcome Outcome
 	// Class is the failure's class: triage.Classify's for the gate's and
 	// the handler's errors, triage.ClassCrashLoop from the crash-loop
 	// guard; "" when the handler succeeded.
@@ -51,6 +51,74 @@ type Settled struct {
 	GateError *schemas.ValidationError
 }
 
+// Outcome is how a delivery was settled: one of the constants below, each
+// the outcome label of dlxbridge_deliveries_total.
+type Outcome string
+
+const (
+	OutcomeAcked       Outcome = "acked"       // the handler succeeded and the ack was sent
+	OutcomeRetried     Outcome = "retried"     // a delayed retry was confirmed, then the original acked
+	OutcomeQuarantined Outcome = "quarantined" // the envelope was confirmed, then the original acked
+	OutcomeRequeued    Outcome = "requeued"    // a publish failed: the original was rejected with requeue
+	OutcomeAckFailed   Outcome = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
+	OutcomeAbandoned   Outcome = "abandoned"   // shutdown passed its deadline with the message unsettled
+	OutcomeReadmitted  Outcome = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
+	// OutcomeDeadLettered: no retry or quarantine copy could be published
+	// (the body is over the broker's max message size, or not even the
+	// bare envelope fits one frame): the original was rejected without
+	// requeue, and the broker dead-letters it, as received, into the
+	// quarantine (dlxbridge_dead_lettered_total says why).
+	OutcomeDeadLettered Outcome = "dead_lettered"
+)
+
+// done records o as settled with result (settleErr: why it could not be
+// settled as decided): the deliveries counter, Config.OnSettled, then the
+// outcome's own counters and log line. It may run on another worker's
+// goroutine (an ack's report): it touches nothing of w's but its queue.
+func (w *worker) done(o *outcome, result Outcome, settleErr error) {
+	qr := w.q
+	st := o.settled
+	if settleErr != nil {
+		st.SettleErr = settleErr
+	}
+	qr.recordSettled(st, result)
+	w.deps.jobs.settled(qr.cfg.Name, o.d, result)
+	m := w.deps.metrics
+	switch result {
+	case OutcomeAcked:
+		qr.metrics.succeeded(st.Attempt)
+		return
+	case OutcomeRetried, OutcomeReadmitted, OutcomeQuarantined, OutcomeDeadLettered:
+	default:
+		return
+	}
+	fo := o.failed
+	v := fo.f.verdict
+	switch result {
+	case OutcomeRetried:
+		m.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+		fo.log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeReadmitted:
+		fo.log.Debug("re-admitted", "reason", v.Reason)
+	case OutcomeQuarantined:
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeDeadLettered:
+		m.deadLettered.WithLabelValues(qr.cfg.Name, fo.why).Inc()
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
+			"why", fo.why, "cause", fo.err, "action", v.Action, "reason", v.Reason, "error", errString(fo.f.err))
+	}
+}
+
+// recordSettled counts a settled delivery and reports it to
+// Config.OnSettled. Safe for concurrent use.
+func (qr *queueRuntime) recordSettled(st Settled, outcome Outcome) {
+	qr.metrics.settled(outcome)
+	st.Outcome = outcome
+	qr.deps.notifySettled(st)
+}
+
 // notifySettled hands s to Config.OnSettled, if set. A panic in it is
 // logged, never passed on: the delivery is settled already.
 func (d *deps) notifySettled(s Settled) {
@@ -64,40 +132,6 @@ func (d *deps) notifySettled(s Settled) {
 	}()
 	d.cfg.OnSettled(s)
 }
-
-// noteFailure notes a failure's verdict in w.settled; called again after the
-// verdict changes, it replaces what it noted.
-func (s *Settled) noteFailure(f failure) {
-	v := f.verdict
-	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
-	s.Tier, s.Delay = 0, 0
-	if v.Attempt > 0 {
-		s.Attempt = v.Attempt
-	}
-	if s.Type == "" {
-		s.Type, s.Version = f.msgType, f.version
-	}
-	if v.Action == triage.ActionRetry {
-		s.Tier, s.Delay = v.Tier, v.Delay
-	}
-}
-
-// Outcome labels of dlxbridge_deliveries_total.
-const (
-	OutcomeAcked       = "acked"       // the handler succeeded and the ack was sent
-	OutcomeRetried     = "retried"     // a delayed retry was confirmed, then the original acked
-	OutcomeQuarantined = "quarantined" // the envelope was confirmed, then the original acked
-	OutcomeRequeued    = "requeued"    // a publish failed: the original was rejected with requeue
-	OutcomeAckFailed   = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
-	OutcomeAbandoned   = "abandoned"   // shutdown passed its deadline with the message unsettled
-	OutcomeReadmitted  = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
-	// OutcomeDeadLettered: no retry or quarantine copy could be published
-	// (the body is over the broker's max message size, or not even the
-	// bare envelope fits one frame): the original was rejected without
-	// requeue, and the broker dead-letters it, as received, into the
-	// quarantine (dlxbridge_dead_lettered_total says why).
-	OutcomeDeadLettered = "dead_lettered"
-)
 
 // failure is everything known about a failed delivery when it is settled.
 type failure struct {

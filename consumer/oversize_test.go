@@ -77,7 +77,7 @@ func TestSettleDeadLettersWhatIsOverTheLearnedLimit(t *testing.T) {
 		b.w.s.maxSize.learn(body - 1)
 		a := &fakeAcker{}
 		b.settle(context.Background(), a, delivery(), f)
-		if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeDeadLettered {
+		if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) {
 			t.Fatalf("%s: calls %q, sent %d, outcomes %v", f.verdict.Action, a.log(), len(b.out.sent), b.outcomes())
 		}
 		var ol *overLimitError
@@ -128,7 +128,7 @@ func TestSettleLearnsTheLimitFromTheBrokersRefusal(t *testing.T) {
 	b.out.fail = func(published) error { return refusal }
 	a := &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), retryFailure())
-	if a.log() != "reject" || len(b.out.sent) != 1 || strings.Join(b.outcomes(), ",") != OutcomeDeadLettered || !errors.Is(b.settled[0].SettleErr, refusal) {
+	if a.log() != "reject" || len(b.out.sent) != 1 || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) || !errors.Is(b.settled[0].SettleErr, refusal) {
 		t.Fatalf("calls %q, sent %d, settled %+v", a.log(), len(b.out.sent), b.settled)
 	}
 	if got := b.w.s.maxSize.get(); got != body-1 {
@@ -136,7 +136,7 @@ func TestSettleLearnsTheLimitFromTheBrokersRefusal(t *testing.T) {
 	}
 	a = &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), quarantineFailure())
-	if a.log() != "reject" || len(b.out.sent) != 1 || strings.Join(b.outcomes(), ",") != OutcomeDeadLettered+","+OutcomeDeadLettered {
+	if a.log() != "reject" || len(b.out.sent) != 1 || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered+","+OutcomeDeadLettered) {
 		t.Fatalf("after learning: calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
 	}
 
@@ -144,7 +144,7 @@ func TestSettleLearnsTheLimitFromTheBrokersRefusal(t *testing.T) {
 	b.out.fail = func(published) error { return refusal }
 	a = &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), failure{verdict: triage.Verdict{Action: triage.ActionReadmit, Class: triage.ClassCrashLoop, Reason: "re-admitted"}})
-	if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != OutcomeRequeued || b.w.s.maxSize.get() != body-1 {
+	if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != string(OutcomeRequeued) || b.w.s.maxSize.get() != body-1 {
 		t.Fatalf("re-admission: calls %q, outcomes %v, limit %d", a.log(), b.outcomes(), b.w.s.maxSize.get())
 	}
 }
@@ -263,7 +263,7 @@ func TestRetryOverTheBrokersMaxMessageSizeIsDeadLetteredNotLooped(t *testing.T) 
 
 	var mu sync.Mutex
 	calls := map[string]int{}
-	outcomes := map[string][]string{}
+	outcomes := map[string][]Outcome{}
 	changed := make(chan struct{}, 64)
 	b.cfg.OnSettled = func(s Settled) {
 		mu.Lock()
@@ -308,7 +308,7 @@ func TestRetryOverTheBrokersMaxMessageSizeIsDeadLetteredNotLooped(t *testing.T) 
 	for _, m := range msgs {
 		o := outcomes[m.id]
 		if strings.HasPrefix(m.id, "big") {
-			if !slices.Equal(o, []string{OutcomeDeadLettered}) {
+			if !slices.Equal(o, []Outcome{OutcomeDeadLettered}) {
 				t.Errorf("%s: outcomes %v, want only %s (handler ran %d times)", m.id, o, OutcomeDeadLettered, calls[m.id])
 			}
 			continue
@@ -316,7 +316,7 @@ func TestRetryOverTheBrokersMaxMessageSizeIsDeadLetteredNotLooped(t *testing.T) 
 		// A retry copy written before the refused one may have reached its
 		// lane unconfirmed: sent again, it comes back twice (at least
 		// once). Never a requeue.
-		if o[0] != OutcomeRetried || slices.ContainsFunc(o[1:], func(s string) bool { return s != OutcomeAcked }) {
+		if o[0] != OutcomeRetried || slices.ContainsFunc(o[1:], func(s Outcome) bool { return s != OutcomeAcked }) {
 			t.Errorf("%s: outcomes %v, want %s and then %s (handler ran %d times)", m.id, o, OutcomeRetried, OutcomeAcked, calls[m.id])
 		} else if len(o) > 2 {
 			t.Logf("%s: a duplicate (outcomes %v)", m.id, o)

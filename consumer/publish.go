@@ -5,56 +5,68 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
-	"github.com/dlxbridge/dlxbridge/internal/frame"
 )
 
-// A retry or quarantine copy whose body is over the broker's max message
-// size (max_message_size) is refused: the broker closes the publishing
-// channel with 406 PRECONDITION_FAILED (amqpx.TooLargeError). It counts the
-// body alone, on 3.x and 4.x alike, and AMQP 0-9-1 offers no way to read
-// the limit, so the runtime learns it from the first refusal on a
-// publishing connection (sizeLimit) and from then on checks each failure's
-// copy before sending it (overLimit): what cannot be sent is rejected
-// without requeue, and the broker, whose dead-lettering checks no size,
-// moves it as received into the quarantine (at-least-once dead-lettering,
-// see topology). The success path never looks at a size.
+// A retry, re-admission or quarantine copy is published here: sendCopy
+// hands it to the worker's confirmer (sessionPublisher: a confirm pipeline,
+// mandatory set), and the worker's settler takes the confirms as they come:
+// the original is acked once its copy is confirmed, or rejected with
+// requeue when the publish failed.
 
-// sizeLimit is a publishing connection's max message size as the broker
-// named it in a refusal, 0 until then. Safe for concurrent use; a nil
-// *sizeLimit knows none.
-type sizeLimit struct{ n atomic.Int64 }
+// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
+// their confirms: past it the worker waits for one before it takes the next
+// delivery.
+const pipelineDepth = 64
 
-func (l *sizeLimit) get() int64 {
-	if l == nil {
-		return 0
+// sendCopy publishes o's copy without waiting for its confirm: the worker
+// goes on with its next deliveries, and the settler finishes o when the
+// confirm arrives. With pipelineDepth copies awaiting confirms it first
+// waits for one; past the drain deadline o is left unsettled, for the
+// channel close to requeue.
+func (w *worker) sendCopy(o outcome) {
+	select {
+	case w.awaiting <- struct{}{}:
+	case <-w.s.handlerCtx.Done():
+		o.failed.out.span.End()
+		o.span.End()
+		w.done(&o, OutcomeAbandoned, nil)
+		return
 	}
-	return l.n.Load()
+	w.settling.Add(1)
+	fo := o.failed
+	wait := w.q.metrics.confirmWait(fo.f.verdict.Action)
+	sent := time.Now()
+	confirmed := func(err error) {
+		c := confirmation{o: o, err: err}
+		if err == nil {
+			wait.Observe(time.Since(sent).Seconds())
+		} else {
+			c.at = time.Now()
+		}
+		w.confirmed <- c
+	}
+	if fo.err != nil { // not built: settled as a failed publish
+		confirmed(fo.err)
+		return
+	}
+	w.out.Publish(fo.out.ctx, fo.out.b.exchange, fo.out.b.key, fo.out.b.p, confirmed)
 }
 
-func (l *sizeLimit) learn(n int64) {
-	if l != nil && n > 0 {
-		l.n.Store(n)
-	}
-}
-
-// overLimit reports whether a body of size bytes is over limit, the
-// broker's max message size (0: not known yet, never over). Only the body
-// counts: a body of exactly limit bytes passes with any headers (seen on
-// 3.10.8 and 4.0.5).
-func overLimit(size int, limit int64) bool { return limit > 0 && int64(size) > limit }
-
-// overLimitError: a copy was not sent, its body being over the broker's
-// max message size as learned on this connection.
-type overLimitError struct{ size, limit int64 }
-
-func (e *overLimitError) Error() string {
-	return fmt.Sprintf("body of %d bytes is over the broker's max message size %d (learned from its refusal on this connection)", e.size, e.limit)
+// settleInOrder returns once every settlement the worker has in flight is
+// finished and its ack written. A re-admission waits for it: its copy goes
+// to this same queue and can be delivered before its confirm reaches the
+// publishing connection, and handled while the original is unacked, a
+// crash would requeue the original and re-admit it once more.
+func (w *worker) settleInOrder() {
+	w.settling.Wait()
+	w.s.acks.flush(true)
 }
 
 // sessionPublisher is a worker's confirmer: a confirm pipeline on the
@@ -64,50 +76,6 @@ type sessionPublisher struct {
 	s    *queueSession
 	mu   sync.Mutex
 	pipe *amqpx.Pipeline
-}
-
-// close fails what still awaits a confirm and closes the pipeline's
-// channel (without waiting for the close-ok: during a resource alarm none
-// comes, and the channel closes with the publishing connection, which the
-// session closes next).
-func (sp *sessionPublisher) close() {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		sp.pipe.Close()
-		sp.pipe = nil
-	}
-}
-
-// retire closes pipe, broken by a publish, unless a re-send has replaced it
-// already (then the one in use stays).
-func (sp *sessionPublisher) retire(pipe *amqpx.Pipeline) {
-	sp.mu.Lock()
-	if sp.pipe == pipe {
-		sp.pipe = nil
-	}
-	sp.mu.Unlock()
-	pipe.Close()
-}
-
-// pipeline returns the confirm pipeline, opening one if needed: one whose
-// channel died is replaced.
-func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.pipe != nil {
-		if !sp.pipe.Broken() {
-			return sp.pipe, nil
-		}
-		sp.pipe = nil // it ends by itself once it has failed what it held
-	}
-	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
-	if err != nil {
-		return nil, err
-	}
-	sp.pipe = p
-	go sp.s.watchConfirms(p)
-	return p, nil
 }
 
 // Publish sends with confirm + mandatory on the pipeline.
@@ -179,6 +147,50 @@ func (sp *sessionPublisher) publish(ctx context.Context, exchange, key string, p
 	}
 }
 
+// pipeline returns the confirm pipeline, opening one if needed: one whose
+// channel died is replaced.
+func (sp *sessionPublisher) pipeline() (*amqpx.Pipeline, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.pipe != nil {
+		if !sp.pipe.Broken() {
+			return sp.pipe, nil
+		}
+		sp.pipe = nil // it ends by itself once it has failed what it held
+	}
+	p, err := amqpx.NewPipeline(sp.s.handlerCtx, sp.s.pubConn, pipelineDepth)
+	if err != nil {
+		return nil, err
+	}
+	sp.pipe = p
+	go sp.s.watchConfirms(p)
+	return p, nil
+}
+
+// retire closes pipe, broken by a publish, unless a re-send has replaced it
+// already (then the one in use stays).
+func (sp *sessionPublisher) retire(pipe *amqpx.Pipeline) {
+	sp.mu.Lock()
+	if sp.pipe == pipe {
+		sp.pipe = nil
+	}
+	sp.mu.Unlock()
+	pipe.Close()
+}
+
+// close fails what still awaits a confirm and closes the pipeline's
+// channel (without waiting for the close-ok: during a resource alarm none
+// comes, and the channel closes with the publishing connection, which the
+// session closes next).
+func (sp *sessionPublisher) close() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.pipe != nil {
+		sp.pipe.Close()
+		sp.pipe = nil
+	}
+}
+
 // publishTimeout bounds the wait for a publisher confirm while the
 // publishing connection is not blocked.
 const publishTimeout = 30 * time.Second
@@ -223,25 +235,129 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// unsendable reports whether err says a copy cannot be published at all
-// (no retry could help), and why, as a dead_lettered reason: it does not
-// fit one frame (frame.ErrNoFit), or its body is over the broker's
-// max message size.
-func unsendable(err error) (reason string, ok bool) {
-	var ol *overLimitError
-	switch {
-	case errors.As(err, &ol):
-		return deadLetterMaxMessageSize, true
-	case errors.Is(err, frame.ErrNoFit):
-		return deadLetterFrameMax, true
-	}
-	if _, ok := amqpx.IsTooLarge(err); ok {
-		return deadLetterMaxMessageSize, true
-	}
-	return "", false
+// confirmation is a copy's confirm (err nil) or failure (at at), for the
+// settler.
+type confirmation struct {
+	o   outcome
+	err error
+	at  time.Time
 }
 
-// pipelineDepth bounds a worker's retry and quarantine publishes awaiting
-// their confirms: past it the worker waits for one before it takes the next
-// delivery.
-const pipelineDepth = 64
+// settler finishes, one at a time and in the order their confirms came,
+// the settlements whose publishes were confirmed or failed.
+func (w *worker) settler() {
+	defer close(w.settlerDone)
+	for c := range w.confirmed {
+		w.afterConfirm(c.o, c.err, c.at)
+		<-w.awaiting
+		w.settling.Done()
+		if len(w.confirmed) == 0 {
+			// About to wait: its acks must not wait for a worker that may
+			// itself be waiting for a delivery.
+			w.s.acks.flush(false)
+		}
+	}
+}
+
+// afterConfirm settles o once its copy was confirmed (err nil) or failed
+// (at failedAt): the ack, or the requeue. It runs on the settler.
+func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
+	defer o.span.End()
+	fo := o.failed
+	if err != nil {
+		fo.out.span.RecordError(err)
+		fo.out.span.SetStatus(codes.Error, err.Error())
+	}
+	fo.out.span.End()
+	result, _ := o.kind.labels()
+	if err != nil && w.s.handlerCtx.Err() != nil {
+		// The drain deadline passed while the publish waited (typically on
+		// a connection blocked by a resource alarm). Whether the broker has
+		// the copy is unknown: the original is left unsettled, and the
+		// channel close requeues it. Not a failure of the message's.
+		w.done(&o, OutcomeAbandoned, nil)
+		o.span.SetStatus(codes.Error, "shutdown before settle")
+		fo.log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", fo.f.verdict.Action, "error", err)
+		return
+	}
+	if err != nil {
+		w.requeue(o, err, failedAt)
+		return
+	}
+	w.pubFailures = 0
+	o.span.SetAttributes(attribute.String("dlxbridge.outcome", string(result)))
+	if o.kind == kindQuarantine {
+		o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
+	}
+	w.ackOutcome(o, result)
+}
+
+// labels names a copy's kind: its outcome once acked, and its label in
+// dlxbridge_publish_failures_total.
+func (k outcomeKind) labels() (result Outcome, copyKind string) {
+	switch k {
+	case kindRetry:
+		return OutcomeRetried, "retry"
+	case kindReadmit:
+		return OutcomeReadmitted, "readmit"
+	}
+	return OutcomeQuarantined, "quarantine"
+}
+
+// requeue settles o after its copy's publish failed with err: the
+// original is rejected with requeue (the broker keeps it, and the
+// crash-loop guard bounds the loop), after a pause of this worker's; a
+// copy no retry could send is dead-lettered instead.
+func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
+	fo := o.failed
+	v := fo.f.verdict
+	_, kind := o.kind.labels()
+	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
+	if max, ok := amqpx.IsTooLarge(err); ok {
+		// The broker refused this copy for its body's size (before routing
+		// it: no queue has it) and named its limit, which the connection's
+		// later copies are checked against before they are sent.
+		w.s.maxSize.learn(max)
+	}
+	if why, no := unsendable(err); no && o.kind != kindReadmit {
+		// No copy of this body can be sent: refused by the broker, or held
+		// back by the publisher (*overLimitError) once it knew the limit.
+		fo.why, fo.err = why, err
+		w.deadLetter(o)
+		return
+	}
+	// A re-admission's handler never ran: requeued below, it comes back
+	// and, the limit known now, is handled in place.
+	w.q.publishFailures.add(o.d.MessageId, err.Error())
+	// Requeued messages come straight back: the pause (this worker takes
+	// no delivery until then) keeps a broker that can't take publishes
+	// from burning their deliveries in a hot loop. Failures that come
+	// together, as a lost channel's do, join one pause rather than add up.
+	until := time.Unix(0, w.pauseUntil.Load())
+	if !failedAt.Before(until) {
+		until = time.Now().Add(w.publishBackoff())
+		w.pauseUntil.Store(until.UnixNano())
+	}
+	fo.log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
+	o.span.SetStatus(codes.Error, kind+" publish failed")
+	t := time.NewTimer(time.Until(until))
+	select {
+	case <-t.C:
+	case <-w.s.handlerCtx.Done():
+	}
+	t.Stop()
+	// reject, not nack: from RabbitMQ 4.3 only reject with requeue raises
+	// the delivery count the crash-loop guard relies on.
+	if rerr := o.a.Requeue(); rerr != nil {
+		fo.log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+	}
+	w.done(&o, OutcomeRequeued, err)
+}
+
+// publishBackoff is the pause after the n-th consecutive failed publish:
+// 100ms doubling up to 10s, with full jitter on the upper half.
+func (w *worker) publishBackoff() time.Duration {
+	w.pubFailures++
+	d := min(100*time.Millisecond<<min(w.pubFailures-1, 10), 10*time.Second)
+	return d/2 + time.Duration(w.deps.cfg.Rand()*float64(d/2))
+}

@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/triage"
@@ -70,7 +72,52 @@ func newQueueRuntime(d *deps, q *config.Queue) (*queueRuntime, error) {
 		redact:      quarantine.Redaction{Headers: q.Quarantine.Redact.Headers, Fields: q.Quarantine.Redact.Fields, MaxBodyBytes: d.cfg.File.Schemas.MaxBodyBytes},
 		accepts:     acceptSet,
 		slots:       make(chan struct{}, q.Consumer.Concurrency),
-		metrics:     d.metrics.forQueue(q.Name),
+		metrics:     d.metrics.forQueue(q.Name, len(policy.Tiers)),
 		processSpan: q.Name + " process",
 	}, nil
+}
+
+// failureMemo is a small bounded map from message id to the last publish
+// failure and how many there were. Safe for concurrent use.
+type failureMemo struct {
+	mu sync.Mutex
+	m  map[string]memoEntry
+}
+
+type memoEntry struct {
+	last  string
+	count int
+}
+
+const failureMemoSize = 1024
+
+func (f *failureMemo) add(id, why string) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]memoEntry{}
+	}
+	if _, ok := f.m[id]; !ok && len(f.m) >= failureMemoSize {
+		for k := range f.m { // evict an arbitrary entry: it only enriches a note
+			delete(f.m, k)
+			break
+		}
+	}
+	e := f.m[id]
+	f.m[id] = memoEntry{last: frame.Truncate(why, 256), count: e.count + 1}
+}
+
+// take returns and forgets what is known about id.
+func (f *failureMemo) take(id string) (string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, ok := f.m[id]
+	if !ok {
+		return "", 0
+	}
+	delete(f.m, id)
+	return e.last, e.count
 }

@@ -98,7 +98,7 @@ func (s *subscription) state() (active, stopped bool) {
 	return s.tag != "", s.stopped
 }
 
-// feed runs the session's feeder (see breaker.go) until the
+// feed runs the session's feeder (docs/breaker.md) until the
 // session stops: it hands every delivery of the subscription to the
 // workers on qs.fed, admitted by the breaker when the queue has one, and
 // closes qs.fed when the last subscription has ended. src is the first
@@ -300,4 +300,30 @@ func (qs *queueSession) received(d *amqp.Delivery) {
 	if len(dropped) > 0 {
 		qs.deps.log.Warn("deliveries the client dropped (addressed to a cancelled consumer) were requeued", "queue", qs.q.cfg.Name, "tags", dropped, "error", err)
 	}
+}
+
+// received notes that the feeder took d up. A tag skipped is a delivery the
+// client dropped as addressed to a cancelled consumer: nothing else would
+// settle it, and it would pin the prefix until the channel closes, so it is
+// nacked with requeue. Only the feeder calls it; it returns the dropped
+// tags and the first nack's error.
+func (w *ackWindow) received(d *amqp.Delivery) (dropped []uint64, err error) {
+	// seen is the feeder's alone: no lock on the path of every delivery
+	// (a stop's flush holds the lock until the broker's cancel-ok).
+	from := w.seen + 1
+	w.seen = max(w.seen, d.DeliveryTag)
+	for tag := from; tag < d.DeliveryTag; tag++ {
+		// Marked only once written: no multiple ack covers it before.
+		// A nack, not a reject: no handler saw the message, and from
+		// RabbitMQ 4.3 a reject with requeue charges it a delivery.
+		if rerr := w.settle(func() error { return d.Acknowledger.Nack(tag, false, true) }); rerr != nil && err == nil {
+			err = rerr
+		}
+		dropped = append(dropped, tag)
+		w.mu.Lock()
+		w.mark(tag)
+		w.advance()
+		w.mu.Unlock()
+	}
+	return dropped, err
 }

@@ -92,9 +92,9 @@ func TestReplayedCountSurvivesAnotherQuarantine(t *testing.T) {
 			b, signer := setupRedrive(t, redact...)
 			// In the runtime the message is retried first: the count and its
 			// signature travel through the retry copies.
-			fail, failed := triage.Permanent(errors.New("customer unknown")), []string{OutcomeQuarantined}
+			fail, failed := triage.Permanent(errors.New("customer unknown")), []Outcome{OutcomeQuarantined}
 			if by == "runtime" {
-				fail, failed = errors.New("customer service down"), []string{OutcomeRetried, OutcomeRetried, OutcomeQuarantined}
+				fail, failed = errors.New("customer service down"), []Outcome{OutcomeRetried, OutcomeRetried, OutcomeQuarantined}
 			}
 			b.start(func(c *Consumer) {
 				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error { return fail })))

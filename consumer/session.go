@@ -26,12 +26,22 @@ import (
 // drain deadline, and closes are abandoned (the socket is closed) after
 // amqpx.CloseTimeout, or at once when the connection is known to be blocked.
 func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
-	conn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName)
+	conn, node, err := c.dialer.Dial(ctx, c.cfg.ConnectionName)
 	if err != nil {
 		return err
 	}
 	defer amqpx.CloseConnection(conn, amqpx.CloseTimeout)
-	pubConn, err := amqpx.Dial(c.cfg.URL, c.cfg.ConnectionName+"/publish")
+	// Whatever ends the session, the next one starts at the next node:
+	// when this one is down, that saves a timeout; when it is not, any node
+	// of the cluster serves the queues as well.
+	defer func() {
+		if ctx.Err() == nil {
+			c.dialer.Lost(node)
+		}
+	}()
+	// The publishing connection goes to the same node (the dialer starts
+	// where it last succeeded), unless that node fails in between.
+	pubConn, _, err := c.dialer.Dial(ctx, c.cfg.ConnectionName+"/publish")
 	if err != nil {
 		return err
 	}
@@ -98,7 +108,11 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	stopKeepers := c.startKeepers(ctx, conn, pubConn, runners)
 	defer stopKeepers()
 	defer c.startQuarantineMetrics(ctx, conn)()
-	c.log.Info("consuming", "queues", len(runners), "broker", version.String())
+	defer c.startJobRecorder(ctx, pubConn)()
+	defer c.startRedriver(ctx, conn)()
+	c.log.Info("consuming", "queues", len(runners), "broker", version.String(), "node", node.Addr(), "cluster", node.ClusterName)
+	c.node.Store(&node)
+	defer c.node.Store(nil)
 	if h := c.cfg.hooks; h != nil && h.consuming != nil {
 		h.consuming()
 	}
@@ -196,7 +210,8 @@ type queueSession struct {
 	// wq is the queue's topology; its names depend only on the config, but
 	// the broker version is read on connect.
 	wq *topology.WorkQueue
-	// isRetry holds wq's retry lane queues.
+	// isRetry holds the queues whose expiries return wq's retries (see
+	// retryQueues).
 	isRetry map[string]bool
 	// carriedCounts: the broker may carry a delivery count across
 	// dead-lettering (triage.DeliveryInput.CarriedCounts).
@@ -237,7 +252,7 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	}
 	tag := fmt.Sprintf("dlxbridge-%s-%s-%d", qr.deps.host, qr.cfg.Name, time.Now().UnixNano())
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	qs := &queueSession{deps: qr.deps, q: qr, wq: wq, isRetry: map[string]bool{}, carriedCounts: carriedCounts,
+	qs := &queueSession{deps: qr.deps, q: qr, wq: retryRoute(conn, wq, qr.deps.log), isRetry: retryQueues(wq), carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, maxSize: maxSize, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
 	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch, qr.cfg.Consumer.Concurrency)
@@ -249,11 +264,6 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 		if deliveries, err = qs.sub.start(ctx, qr.cfg.Consumer.Prefetch); err != nil {
 			cancel()
 			return nil, err
-		}
-	}
-	for _, t := range wq.Tiers {
-		for _, l := range t.Lanes {
-			qs.isRetry[l.Queue] = true
 		}
 	}
 	qs.frameMax = pubConn.Config.FrameSize
@@ -293,50 +303,6 @@ func (qs *queueSession) beginStop() {
 		defer close(qs.cancelled)
 		qs.sub.stop()
 	}()
-}
-
-// settle writes an ack or reject. Between the start of a stop and the
-// cancel-ok it waits (until the drain deadline at most): an ack or a
-// reject, with or without requeue, gives the consumer credit for one more
-// message, and a quorum queue can deliver it after the cancel-ok (the queue
-// and the channel settle the cancel separately), where the client drops it
-// as addressed to no consumer. It would sit unacked until the channel closes
-// and come back with a raised delivery count.
-//
-// A breaker's pause holds settlements the same way, until its cancel-ok.
-func (qs *queueSession) settle(write func() error) error {
-	qs.settleMu.RLock()
-	for qs.pausing != nil && !closed(qs.pausing) {
-		gate := qs.pausing
-		qs.settleMu.RUnlock()
-		select {
-		case <-gate:
-		case <-qs.handlerCtx.Done():
-			return write()
-		}
-		qs.settleMu.RLock()
-	}
-	select {
-	case <-qs.stopping:
-		qs.settleMu.RUnlock()
-		select {
-		case <-qs.cancelled:
-		case <-qs.handlerCtx.Done():
-		}
-		return write()
-	default:
-	}
-	defer qs.settleMu.RUnlock()
-	return write()
-}
-
-func closed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 // report hands a session-ending error to the session without blocking: the

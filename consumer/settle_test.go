@@ -163,7 +163,7 @@ func (b *settleBundle) settle(ctx context.Context, a acker, d *amqp.Delivery, f 
 func (b *settleBundle) outcomes() []string {
 	var out []string
 	for _, s := range b.settled {
-		out = append(out, s.Outcome)
+		out = append(out, string(s.Outcome))
 	}
 	return out
 }
@@ -342,7 +342,7 @@ func TestSettleAcksOnlyAfterConfirm(t *testing.T) {
 		}
 	}
 	b.settle(context.Background(), a, delivery(), retryFailure())
-	if a.log() != "ack" || strings.Join(b.outcomes(), ",") != OutcomeRetried {
+	if a.log() != "ack" || strings.Join(b.outcomes(), ",") != string(OutcomeRetried) {
 		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
 	}
 	if b.out.sent[0].exchange != "orders.retry" {
@@ -362,7 +362,7 @@ func TestSettleRequeuesWhenThePublishFails(t *testing.T) {
 		b.out.fail = func(published) error { return cause }
 		a := &fakeAcker{}
 		b.settle(context.Background(), a, delivery(), quarantineFailure())
-		if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != OutcomeRequeued || !errors.Is(b.settled[0].SettleErr, cause) {
+		if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != string(OutcomeRequeued) || !errors.Is(b.settled[0].SettleErr, cause) {
 			t.Errorf("%v: calls %q, settled %+v", cause, a.log(), b.settled)
 		}
 		if why, n := b.w.q.publishFailures.take("m-1"); n != 1 || why == "" {
@@ -389,7 +389,7 @@ func TestSettleNeverAcksWhatCouldNotBeParked(t *testing.T) {
 	b = newSettleBundle(t, 600) // not even the bare envelope fits
 	a = &fakeAcker{}
 	b.settle(context.Background(), a, delivery(), quarantineFailure())
-	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != OutcomeDeadLettered {
+	if a.log() != "reject" || len(b.out.sent) != 0 || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) {
 		t.Fatalf("calls %q, sent %d, outcomes %v", a.log(), len(b.out.sent), b.outcomes())
 	}
 	if n := testutil.ToFloat64(b.w.deps.metrics.deadLettered.WithLabelValues(settleQueue, deadLetterFrameMax)); n != 1 {
@@ -419,7 +419,7 @@ func TestSettleLeavesItUnsettledOnShutdownMidPublish(t *testing.T) {
 	}()
 	a := &fakeAcker{}
 	b.settle(ctx, a, delivery(), quarantineFailure())
-	if a.log() != "" || strings.Join(b.outcomes(), ",") != OutcomeAbandoned {
+	if a.log() != "" || strings.Join(b.outcomes(), ",") != string(OutcomeAbandoned) {
 		t.Fatalf("calls %q, outcomes %v", a.log(), b.outcomes())
 	}
 }
@@ -431,7 +431,7 @@ func TestSettleReportsAFailedAck(t *testing.T) {
 	b := newSettleBundle(t, frame.DefaultFrameSize)
 	a := &fakeAcker{ackErr: amqp.ErrClosed}
 	b.settle(context.Background(), a, delivery(), retryFailure())
-	if strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
+	if strings.Join(b.outcomes(), ",") != string(OutcomeAckFailed) || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
 		t.Fatalf("outcomes %v, settled %+v", b.outcomes(), b.settled)
 	}
 }
@@ -443,7 +443,7 @@ func TestSettleReportsAFailedReject(t *testing.T) {
 	b := newSettleBundle(t, 600) // not even the bare envelope fits
 	a := &fakeAcker{rejectErr: amqp.ErrClosed}
 	b.settle(context.Background(), a, delivery(), quarantineFailure())
-	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != OutcomeAckFailed || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
+	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != string(OutcomeAckFailed) || !errors.Is(b.settled[0].SettleErr, amqp.ErrClosed) {
 		t.Fatalf("calls %q, settled %+v", a.log(), b.settled)
 	}
 }
@@ -607,11 +607,11 @@ func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 		}
 	}
 	b.w.settling.Wait()
-	got := map[string]string{}
+	got := map[string]Outcome{}
 	for _, s := range b.settled {
 		got[s.MessageID] = s.Outcome
 	}
-	want := map[string]string{"m-1": OutcomeRetried, "m-2": OutcomeRequeued, "m-3": OutcomeRetried, "m-4": OutcomeRequeued, "m-5": OutcomeRequeued}
+	want := map[string]Outcome{"m-1": OutcomeRetried, "m-2": OutcomeRequeued, "m-3": OutcomeRetried, "m-4": OutcomeRequeued, "m-5": OutcomeRequeued}
 	for id, o := range want {
 		if got[id] != o {
 			t.Errorf("%s: outcome %q, want %q (all: %v)", id, got[id], o, got)

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -34,7 +35,8 @@ func newSigner(cfg *Config) (s *triage.Signer, random bool, err error) {
 		_, _ = rand.Read(key)
 		cfg.Logger.Warn("no signing key: $"+env+" is unset, so this process signs its retry headers with a random key of its own. "+
 			"Retries in flight are not trusted after a restart, nor by another consumer process: their attempt count and time budget start over; "+
-			"quarantine envelopes are recorded as unverified claims (marked ?): no process can check another's signature. "+
+			"quarantine envelopes are recorded as unverified claims (marked ?): no process can check another's signature; "+
+			"nor are the quarantine's events checked: anyone who may publish to amq.default can mark records replayed or purged. "+
 			"Set the same key (at least 16 random bytes) in $"+env+" for every consumer of these queues.",
 			"component", "dlxbridge.consumer")
 	}
@@ -134,4 +136,28 @@ func unverifiedOrigin(h amqp.Table, problem string) string {
 	}
 	return fmt.Sprintf("origin not verified: %s %s (%s); the recorded origin is where this delivery came from",
 		who, strings.Join(claim, ", "), why)
+}
+
+// priorNotes are the notes an earlier hop recorded, if its signature vouches
+// for them (signed): unsigned ones were written by someone else.
+func priorNotes(d *amqp.Delivery, signed bool) []string {
+	if !signed {
+		return nil
+	}
+	notes, _ := wireval.StringList(d.Headers[wire.HeaderNotes])
+	return notes
+}
+
+// mergeNotes appends the lists, dropping exact repeats (a note carried
+// through several hops is recorded once).
+func mergeNotes(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, n := range l {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }

@@ -283,7 +283,7 @@ func TestUpstreamDeadLetterIsHandledOnce(t *testing.T) {
 			})
 			b.upstreamReject("m-up", tc.upstreamK)
 
-			var outcomes []string
+			var outcomes []Outcome
 			for done := false; !done; {
 				select {
 				case o := <-b.settled:
@@ -551,7 +551,7 @@ func TestCrashLoopOfAKilledConsumerIsCaughtAtTheConfiguredCount(t *testing.T) {
 				handlerRuns++
 				continue
 			}
-			if last != "settled "+OutcomeQuarantined {
+			if last != "settled "+string(OutcomeQuarantined) {
 				t.Fatalf("%s: consumer process ended with %q", sc.id, said)
 			}
 			break

@@ -1,8 +1,6 @@
 package consumer
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -35,7 +33,7 @@ type worker struct {
 	// received is when process took the delivery in hand up (its clock's
 	// Now): immediate retries hold it unacked from then on.
 	received time.Time
-	// admission is the delivery's breaker ticket (breaker.go).
+	// admission is the delivery's breaker ticket (see take).
 	admission admission
 	// The settlements awaiting a confirm: awaiting holds a token for each
 	// (at most pipelineDepth), confirmed carries each one's confirmation to
@@ -56,6 +54,8 @@ type worker struct {
 	watch *watchdog
 	// isRetry says whether a queue is one of the session's retry queues.
 	isRetry func(queue string) bool
+	// gate bounds the delivery in hand's schema gate (see gateCtx).
+	gate gateCtx
 }
 
 func newWorker(qs *queueSession, out confirmer) *worker {
@@ -93,16 +93,6 @@ func (w *worker) work() {
 	}
 	w.close()
 	qs.workers.Done()
-}
-
-// handle processes d and settles it; false when its handler call was
-// abandoned (see process).
-func (w *worker) handle(d amqp.Delivery) bool {
-	o, ok := w.process(d)
-	if ok {
-		w.settle(o)
-	}
-	return ok
 }
 
 // next returns the next delivery to process; false when there is none to
@@ -158,21 +148,40 @@ func (w *worker) next(deliveries <-chan fedDelivery) (fedDelivery, bool) {
 	}
 }
 
-// close finishes what the worker started: the settlements awaiting
-// confirms (the pipeline fails them at the drain deadline, see
-// watchConfirms), then the acks waiting in the window; then it ends its
-// settler, watchdog and publisher.
-func (w *worker) close() {
-	w.settling.Wait()
-	close(w.confirmed)
-	<-w.settlerDone
-	w.s.acks.flush(true)
-	if w.watch != nil {
-		w.watch.stop()
+// admission is the breaker ticket of the delivery a worker has in hand.
+type admission struct {
+	qb     *queueBreaker
+	ticket triage.Ticket
+	open   bool // not recorded yet
+	// again: recorded, and the delivery may be retried in process; that
+	// attempt's outcome is recorded with the same ticket.
+	again bool
+}
+
+// take starts the admission of f.
+func (a *admission) take(qb *queueBreaker, f fedDelivery) {
+	*a = admission{qb: qb, ticket: f.ticket, open: qb != nil && f.admitted}
+}
+
+// release records an admitted delivery that never reached its handler (the
+// crash-loop guard or the schema gate settled it, or the session ended) as
+// abandoned: it counts for nothing and frees a probe slot.
+func (a *admission) release() {
+	if !a.open {
+		return
 	}
-	if sp, ok := w.out.(*sessionPublisher); ok {
-		sp.close()
+	a.open = false
+	a.qb.record(a.ticket, triage.Outcome{Abandoned: true})
+}
+
+// handle processes d and settles it; false when its handler call was
+// abandoned (see process).
+func (w *worker) handle(d amqp.Delivery) bool {
+	o, ok := w.process(d)
+	if ok {
+		w.settle(o)
 	}
+	return ok
 }
 
 // process takes one delivery from receipt to its outcome, in order: the
@@ -245,7 +254,9 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	}
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
-	msg, err := qr.admit(&d)
+	w.gate = gateCtx{Context: ctx, deadline: time.Now().Add(qr.cfg.Consumer.HandlerTimeout)}
+	msg, err := qr.admit(&w.gate, &d)
+	w.gate = gateCtx{} // nothing of the delivery stays
 	if err != nil {
 		o, _ := w.settlement(ctx, span, a, &d, qr.decide(err, attempts, 0, "", ""))
 		return o, true
@@ -255,165 +266,26 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 		span.SetAttributes(attribute.String("dlxbridge.message.type", msg.Type), attribute.String("dlxbridge.schema.version", msg.Version))
 	}
 
-	// 3. The handler, on this goroutine, called again at once on the same
-	// delivery while triage answers ActionRetryNow
-	// (queues[].retry.immediate_retries) and the runtime can (see
-	// retryNowBlocked). If a call is abandoned (or the handler calls
-	// runtime.Goexit), the goroutine that takes over settles the delivery
-	// and ends the span.
-	timeout := qr.cfg.Consumer.HandlerTimeout
-	for immediate := 0; ; immediate++ {
-		herr, ok := w.runHandler(ctx, span, &d, &msg, attempts, now, timeout)
-		if !ok {
-			return outcome{}, false
-		}
-		o, again := w.handled(ctx, span, a, &d, &msg, &attempts, immediate, herr, false)
-		if !again {
-			return o, true
-		}
-		// Checked by retryNowBlocked a moment ago: at least
-		// leastImmediateCall, unless the clock jumped since.
-		timeout = max(w.immediateTimeout(), w.q.leastImmediateCall())
-	}
-}
-
-// handled decides a delivery's outcome after its handler returned herr, or
-// was abandoned (a timeout, settled by the goroutine that took over).
-// Unless it was abandoned, a failure triage would retry in process has no
-// outcome yet: handled counts the attempt in attempts, prepares msg for the
-// next call and reports again, and the caller calls the handler once more.
-func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, msg *admitted, attempts *triage.Attempts, immediate int, herr error, abandoned bool) (o outcome, again bool) {
-	qr := w.q
-	attempt := attempts.Failed + 1
-	breakerAllows := w.breakerOutcome(herr)
-	if herr != nil && w.s.handlerCtx.Err() != nil {
-		// Shutdown passed its deadline (or the connection is gone): don't
-		// start a retry or quarantine publish; leave the message unsettled
-		// and the broker requeues it when the channel closes. A handler that
-		// succeeded is still acked below if the channel is open.
-		w.settled.Err = herr
-		return outcome{kind: kindLeave, a: a, d: d, span: span, settled: w.settled}, false
-	}
-	if herr == nil {
-		w.settled.Attempt = attempt
-		return outcome{kind: kindAck, a: a, d: d, span: span, settled: w.settled}, false
-	}
-	f := qr.decide(herr, *attempts, immediate, msg.Type, msg.Version)
-	if f.verdict.Action == triage.ActionRetryNow {
-		lastNext := f.verdict.Attempt+1 >= qr.policy.MaxAttempts
-		if why := w.retryNowBlocked(herr, abandoned, breakerAllows, lastNext); why != "" {
-			// Decided again as if the immediate retries were spent: a
-			// delayed retry or, past a budget, the quarantine.
-			f = qr.decide(herr, *attempts, qr.policy.ImmediateRetries, msg.Type, msg.Version)
-			f.verdict.Reason += "; not retried in process: " + why
-		} else {
-			// The next attempt counts this one as failed, and the budgets
-			// run from the first failure, here if this was it.
-			attempts.Failed = f.verdict.Attempt
-			if attempts.FirstFailure.IsZero() {
-				attempts.FirstFailure = f.at
-			}
-			w.retryNow(span, span.IsRecording(), d, msg, f)
-			return outcome{}, true
-		}
-	}
-	o, _ = w.settlement(ctx, span, a, d, f)
-	return o, false
+	// 3. The handler (invoke.go).
+	return w.invoke(ctx, span, a, &d, msg, attempts, now)
 }
 
 // consumerSpan starts a process span (one slice for every message).
 var consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
-// decide classifies a failed attempt with triage.Classify, the one path for
-// every class (the gate's *schemas.ValidationError is ClassSchema), and
-// decides what follows; immediate is how many immediate retries the
-// delivery had. typ and version default to the ones the gate's error names.
-func (qr *queueRuntime) decide(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
-	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
-	if errors.As(err, &f.validation) && typ == "" {
-		f.msgType, f.version = f.validation.Type, f.validation.Version
+// close finishes what the worker started: the settlements awaiting
+// confirms (the pipeline fails them at the drain deadline, see
+// watchConfirms), then the acks waiting in the window; then it ends its
+// settler, watchdog and publisher.
+func (w *worker) close() {
+	w.settling.Wait()
+	close(w.confirmed)
+	<-w.settlerDone
+	w.s.acks.flush(true)
+	if w.watch != nil {
+		w.watch.stop()
 	}
-	class, hint := triage.Classify(err)
-	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, ImmediateRetries: immediate, Now: f.at}, randFunc(qr.deps.cfg.Rand))
-	return f
-}
-
-// settlement is the outcome of a retry, re-admission or quarantine
-// verdict: its copy, built (build.go) to be published with confirm +
-// mandatory before the original is acked. A copy that cannot be published
-// at all (see unsendable: over one frame, or a body over the broker's max
-// message size) is not sent: a retry is parked in the quarantine instead,
-// and what even the quarantine cannot take is dead-lettered. It reports
-// false for a re-admission that cannot be sent, w.settled untouched: the
-// caller delivers the message instead, since rejecting it would quarantine
-// a message whose handler never ran.
-func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) (outcome, bool) {
-	qr := w.q
-	v := f.verdict
-	span.SetAttributes(
-		attribute.String("dlxbridge.class", string(v.Class)),
-		attribute.String("dlxbridge.action", string(v.Action)),
-	)
-	if f.err != nil {
-		span.RecordError(f.err)
+	if sp, ok := w.out.(*sessionPublisher); ok {
+		sp.close()
 	}
-	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
-	if st := panicStack(f.err); st != "" {
-		log = log.With("stack", st)
-	}
-	out, err := w.prepare(ctx, span, d, f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
-		return outcome{}, false
-	}
-	w.settled.noteFailure(f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
-		// A retry may not drop the producer's headers (see frame.RetryRank):
-		// park it instead, where they may give way (and redaction may
-		// shrink the body).
-		f.verdict.Action = triage.ActionQuarantine
-		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
-		v = f.verdict
-		w.settled.noteFailure(f)
-		out, err = w.prepare(ctx, span, d, f)
-	}
-	o := outcome{kind: kindQuarantine, a: a, d: d, span: span, settled: w.settled,
-		failed: &failedOutcome{f: f, out: out, err: err, log: log}}
-	switch v.Action {
-	case triage.ActionRetry:
-		o.kind = kindRetry
-	case triage.ActionReadmit:
-		o.kind = kindReadmit
-	}
-	if why, no := unsendable(err); no {
-		// Not even the bare envelope fits (a frame_max far below the
-		// default), or the body is over the broker's max message size:
-		// nothing can be sent. The broker dead-letters the message as
-		// received into the quarantine, with x-death as its record.
-		o.kind, o.failed.why = kindDeadLetter, why
-	}
-	return o, true
-}
-
-// breakerOutcome records the handler's result: herr's outcome, or
-// abandoned when the session is ending (a handler cancelled by shutdown
-// looks transient). Each handler call of a delivery is recorded, immediate
-// retries included: each one is a call to the dependency. It reports
-// whether the breaker lets a failed delivery be retried in process: with no
-// breaker, yes; else only a delivery it admitted as closed (not a probe:
-// its one outcome is the probe's answer) while it is still closed after
-// this outcome. An open breaker asks for the queue to wait; retrying in
-// process would call the dependency it paused for.
-func (w *worker) breakerOutcome(herr error) (again bool) {
-	a := &w.admission
-	if !a.open && !a.again {
-		return a.qb == nil
-	}
-	a.open, a.again = false, false
-	o := triage.OutcomeOf(herr)
-	if herr != nil && w.s.handlerCtx.Err() != nil {
-		o = triage.Outcome{Abandoned: true}
-	}
-	a.qb.record(a.ticket, o)
-	a.again = herr != nil && !a.ticket.Probe() && a.qb.b.State() == triage.BreakerClosed
-	return a.again
 }
