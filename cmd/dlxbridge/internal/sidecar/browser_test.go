@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -79,10 +80,13 @@ func startBrowser(t *testing.T) *browser {
 		"browserName": "chrome",
 		"goog:chromeOptions": map[string]any{
 			"binary": chromium,
-			"args": []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"args": []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--window-size=1280,900",
+				"--hide-scrollbars", "--force-device-scale-factor=1",
 				"--disable-background-networking", "--disable-component-update", "--disable-sync",
 				"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir()},
 		},
+		// The browser's console, for the page's CSP reports.
+		"goog:loggingPrefs": map[string]string{"browser": "ALL"},
 	}}}
 	var session struct {
 		Value struct {
@@ -94,7 +98,22 @@ func startBrowser(t *testing.T) *browser {
 	}
 	b := &browser{t: t, base: root + "/session/" + session.Value.SessionID, timeout: 15 * time.Second}
 	t.Cleanup(func() { _ = call(http.MethodDelete, b.base, nil, nil) })
+	b.viewport(1280, 900)
 	return b
+}
+
+// viewport sizes the window so that the page gets width × height pixels
+// (the window's own frame, if any, comes on top).
+func (b *browser) viewport(width, height int) {
+	b.t.Helper()
+	var frame struct{ W, H int }
+	b.execute(`return {W: window.outerWidth - window.innerWidth, H: window.outerHeight - window.innerHeight}`, &frame)
+	b.do(http.MethodPost, "/window/rect", map[string]int{"width": width + frame.W, "height": height + frame.H}, nil)
+	var got struct{ W, H int }
+	b.execute(`return {W: window.innerWidth, H: window.innerHeight}`, &got)
+	if got.W != width || got.H != height {
+		b.t.Fatalf("the viewport is %d × %d, want %d × %d", got.W, got.H, width, height)
+	}
 }
 
 // call sends one WebDriver command and decodes its answer into out.
@@ -236,6 +255,107 @@ func (b *browser) typeInto(css, s string) {
 	b.do(http.MethodPost, "/element/"+id+"/value", map[string]string{"text": s}, nil)
 }
 
+// execute runs script in the page (WebDriver's, not the page's: the
+// page's CSP does not govern it) and decodes its value into out.
+func (b *browser) execute(script string, out any, args ...any) {
+	b.t.Helper()
+	if args == nil {
+		args = []any{}
+	}
+	var res struct {
+		Value json.RawMessage `json:"value"`
+	}
+	b.do(http.MethodPost, "/execute/sync", map[string]any{"script": script, "args": args}, &res)
+	if out != nil {
+		if err := json.Unmarshal(res.Value, out); err != nil {
+			b.t.Fatalf("execute: %v in %s", err, res.Value)
+		}
+	}
+}
+
+// property is a DOM property of the first element matching css (a
+// field's current value, a checkbox's checked).
+func (b *browser) property(css, name string) string {
+	b.t.Helper()
+	var res struct {
+		Value any `json:"value"`
+	}
+	b.do(http.MethodGet, "/element/"+b.find(css)+"/property/"+name, nil, &res)
+	return fmt.Sprint(res.Value)
+}
+
+// fitsWidth fails the test when the loaded page scrolls sideways at the
+// browser's width (1280 px).
+func (b *browser) fitsWidth(what string) {
+	b.t.Helper()
+	var m struct{ Scroll, Inner, Client int }
+	b.execute(`return {Scroll: document.documentElement.scrollWidth, Inner: window.innerWidth, Client: document.documentElement.clientWidth}`, &m)
+	if m.Inner != 1280 {
+		b.t.Errorf("%s: the window is %d px wide, want 1280", what, m.Inner)
+	}
+	if m.Scroll > m.Inner {
+		var wide []string
+		b.execute(`return [...document.querySelectorAll("body *")].filter(e => e.getBoundingClientRect().right > window.innerWidth).slice(0, 5).map(e => e.tagName + (e.id ? "#" + e.id : "") + " " + Math.round(e.getBoundingClientRect().right))`, &wide)
+		b.t.Errorf("%s: scrolls sideways at %d px: scrollWidth %d; widest: %v", what, m.Inner, m.Scroll, wide)
+	}
+}
+
+// consoleErrors are the browser's console messages since the last call
+// at level SEVERE (a CSP refusal is one).
+func (b *browser) consoleErrors() []string {
+	b.t.Helper()
+	var res struct {
+		Value []struct {
+			Level   string `json:"level"`
+			Message string `json:"message"`
+		} `json:"value"`
+	}
+	b.do(http.MethodPost, "/se/log", map[string]string{"type": "browser"}, &res)
+	var out []string
+	for _, e := range res.Value {
+		// The browser asks every site for a favicon; the page has none.
+		if e.Level == "SEVERE" && !strings.Contains(e.Message, "favicon.ico") {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// Keys of the WebDriver actions API.
+const (
+	keyTab   = "\uE004"
+	keyEnter = "\uE007"
+	keySpace = "\uE00D"
+)
+
+// focus gives the first element matching css the keyboard focus.
+func (b *browser) focus(css string) {
+	b.t.Helper()
+	b.execute(`arguments[0].focus(); return document.activeElement === arguments[0]`, nil, map[string]string{webElementKey: b.find(css)})
+}
+
+// press types one key into whatever has the focus, as a keyboard does.
+func (b *browser) press(key string) {
+	b.t.Helper()
+	b.do(http.MethodPost, "/actions", map[string]any{"actions": []any{map[string]any{"type": "key", "id": "keyboard",
+		"actions": []any{map[string]string{"type": "keyDown", "value": key}, map[string]string{"type": "keyUp", "value": key}}}}}, nil)
+	b.do(http.MethodDelete, "/actions", nil, nil)
+}
+
+// screenshot is a PNG of the viewport.
+func (b *browser) screenshot() []byte {
+	b.t.Helper()
+	var res struct {
+		Value string `json:"value"`
+	}
+	b.do(http.MethodGet, "/screenshot", nil, &res)
+	png, err := base64.StdEncoding.DecodeString(res.Value)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return png
+}
+
 // In a real browser: the page shows the groups of a seeded quarantine; an
 // operator with the token replays one group through a dry run and its
 // confirmation, which moves exactly that group (its records replayed, the
@@ -267,6 +387,11 @@ func TestBrowserQuarantinePage(t *testing.T) {
 	if got := br.text(`tr.group[data-fingerprint="fp-b"] td.open`); got != "2" {
 		t.Errorf("fp-b open count %q, want 2", got)
 	}
+	// The seeded envelopes were stored without the consumers' key: the
+	// page says they are claims, as the CLI's "?" does.
+	if got := br.text(`tr.group[data-fingerprint="fp-a"] td.envelopes`); !strings.Contains(got, "3 claimed, not verified") {
+		t.Errorf("fp-a envelopes %q, want them marked claimed", got)
+	}
 	if len(br.all("script")) != 0 {
 		t.Errorf("the page holds a script element")
 	}
@@ -278,10 +403,14 @@ func TestBrowserQuarantinePage(t *testing.T) {
 	if n := len(br.all("tr.record")); n != 3 {
 		t.Fatalf("group page lists %d records, want 3", n)
 	}
-	br.typeInto(`#replay-form input[name="token"]`, "s3cret")
-	br.typeInto(`#replay-form input[name="by"]`, "alice")
-	br.typeInto(`#replay-form input[name="rate"]`, "0")
-	br.typeInto(`#replay-form input[name="reason"]`, "fixed the handler")
+	if n := len(br.all("tr.record td.verdict.claimed")); n != 3 {
+		t.Errorf("group page marks %d records claimed, want 3", n)
+	}
+	br.click("#scope-group")
+	br.typeInto(`#act-form input[name="token"]`, "s3cret")
+	br.typeInto(`#act-form input[name="by"]`, "alice")
+	br.typeInto(`#act-form input[name="rate"]`, "0")
+	br.typeInto(`#act-form input[name="reason"]`, "fixed the handler")
 	br.click("#replay-dry-run")
 	summary := br.text("#summary")
 	if n := len(br.all("tr.planned")); n != 3 || !strings.Contains(summary, "Nothing has changed") {
@@ -289,6 +418,9 @@ func TestBrowserQuarantinePage(t *testing.T) {
 	}
 	if o, _, _ := openIn(b.snapshot(), "fp-a"); o != 3 {
 		t.Fatalf("the dry run moved records: %d open", o)
+	}
+	if note := br.text("#unverified-note"); !strings.HasPrefix(note, "3 of the record(s)") {
+		t.Errorf("the dry run's note on unverified envelopes: %q", note)
 	}
 	br.click("#confirm")
 	br.waitText("#summary", "Replayed 3 of 3")

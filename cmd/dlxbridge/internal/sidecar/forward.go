@@ -54,6 +54,7 @@ type Forwarder struct {
 	url     string
 	target  string // scheme://host/path, for errors (no query: it may carry secrets)
 	timeout time.Duration
+	action  func(code int) config.ForwardAction
 	client  *http.Client
 	metrics *Metrics
 }
@@ -82,6 +83,7 @@ func NewForwarder(cfg *config.Config, q *config.Queue, m *Metrics) (*Forwarder, 
 		url:     q.Forward.URL,
 		target:  (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String(),
 		timeout: q.ForwardTimeout(),
+		action:  q.ForwardActionFor,
 		client: &http.Client{
 			Transport: transport,
 			// A redirect could lead off the allowed hosts: the answer is
@@ -95,18 +97,20 @@ func NewForwarder(cfg *config.Config, q *config.Queue, m *Metrics) (*Forwarder, 
 // Close drops idle connections.
 func (f *Forwarder) Close() { f.client.CloseIdleConnections() }
 
-// Handle forwards m and maps the answer to a verdict:
-//   - 2xx: nil (ack);
-//   - 429 or 503: triage.DependencyDown with the Retry-After (seconds or an
-//     HTTP date) if given: the queue's circuit breaker pauses consumption
-//     for that long (without one, for its own backoff), and the message is
-//     retried after it (docs/breaker.md);
-//   - a refused connection: triage.DependencyDown without a Retry-After
-//     (nothing listens at the endpoint);
-//   - any other 5xx, a timeout, a reset connection: a plain (transient)
-//     error, retried with backoff;
-//   - any other 4xx, and 3xx (redirects are not followed): triage.Permanent,
-//     quarantined now.
+// Handle forwards m and maps the answer to a verdict by the queue's
+// forward.status (config.Queue.ForwardActionFor):
+//   - ack: nil;
+//   - pause (by default 429, 503, 401, 403): triage.DependencyDown with the
+//     Retry-After (seconds or an HTTP date) if given: the queue's circuit
+//     breaker pauses consumption for that long (without one, for its own
+//     backoff), and the message is retried after it (docs/breaker.md);
+//   - retry (by default the other 5xx): a transient error, retried with
+//     backoff, or after the Retry-After if given;
+//   - quarantine (by default 1xx, 3xx and the other 4xx; redirects are not
+//     followed): triage.Permanent, quarantined now.
+//
+// A refused connection is a pause without a Retry-After (nothing listens at
+// the endpoint); a timeout or a reset connection is a retry.
 //
 // Errors name the endpoint without its query and carry at most MaxErrorText
 // bytes of the answer.
@@ -183,17 +187,21 @@ func (f *Forwarder) forward(ctx context.Context, m *consumer.Message) (status in
 		return code, nil
 	}
 	answer := fmt.Errorf("forward to %s: %s%s", f.target, resp.Status, quote(text))
-	switch {
-	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
-		// The endpoint says it is overloaded or down, not that this
-		// message is bad: a dependency signal, which opens the queue's
-		// breaker for the Retry-After (without one, for the breaker's own
-		// backoff) and retries the message after it.
-		d, _ := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	d, _ := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	switch f.action(code) {
+	case config.ForwardAck:
+		return code, nil
+	case config.ForwardPause:
+		// The endpoint says it (or what it depends on) is down, not that
+		// this message is bad: pausing the queue keeps the messages still
+		// queued untouched until it is back.
 		return code, triage.DependencyDown(d, answer)
-	case code >= 500:
+	case config.ForwardRetry:
+		if d > 0 {
+			return code, triage.RetryAfter(d, answer)
+		}
 		return code, answer
-	default: // 1xx, 3xx, 4xx
+	default:
 		return code, triage.Permanent(answer)
 	}
 }

@@ -82,6 +82,12 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 		{name: "302 is not followed", status: 302, class: triage.ClassPermanent},
 		{name: "500", status: 500, body: "database down", class: triage.ClassTransient},
 		{name: "502", status: 502, class: triage.ClassTransient},
+		{name: "500 with Retry-After retries this message only", status: 500, retryAfter: "3", class: triage.ClassTransient, delay: 3 * time.Second},
+		// The application's own credentials were revoked downstream: every
+		// message would fail alike, so the queue pauses rather than
+		// quarantining them all.
+		{name: "401 pauses the queue", status: 401, class: triage.ClassTransient, down: true},
+		{name: "403 pauses the queue", status: 403, retryAfter: "5", class: triage.ClassTransient, delay: 5 * time.Second, down: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,7 +117,7 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 			if class != tc.class || delay != tc.delay {
 				t.Errorf("classified %s after %s, want %s after %s (%v)", class, delay, tc.class, tc.delay, err)
 			}
-			if after, down := triage.IsDependencyDown(err); down != tc.down || after != tc.delay {
+			if after, down := triage.IsDependencyDown(err); down != tc.down || down && after != tc.delay {
 				t.Errorf("dependency signal %v after %s, want %v after %s", down, after, tc.down, tc.delay)
 			}
 			if tc.body != "" && !strings.Contains(err.Error(), tc.body) {
@@ -121,6 +127,92 @@ func TestForwardMapsAnswersToVerdicts(t *testing.T) {
 				t.Errorf("error %q quotes the URL's query", err)
 			}
 		})
+	}
+}
+
+// forward.status overrides the defaults, a code before its class, and what
+// it does not list keeps its default.
+func TestForwardStatusOverridesTheDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 5s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+    forward:
+      url: "http://127.0.0.1:8080/x"
+      status: {409: ack, 4xx: retry, "503": retry, 500: quarantine, 3xx: pause}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &cfg.Queues[0]
+	for code, want := range map[int]config.ForwardAction{
+		204: config.ForwardAck, 409: config.ForwardAck, 400: config.ForwardRetry, 401: config.ForwardRetry,
+		503: config.ForwardRetry, 429: config.ForwardRetry, // what the queue writes wins, its class over a default code
+		500: config.ForwardQuarantine, 502: config.ForwardRetry,
+		302: config.ForwardPause, 101: config.ForwardQuarantine,
+	} {
+		if got := q.ForwardActionFor(code); got != want {
+			t.Errorf("%d: %s, want %s", code, got, want)
+		}
+	}
+
+	var code atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(code.Load()))
+	}))
+	defer srv.Close()
+	q.Forward.URL = srv.URL
+	f, err := NewForwarder(cfg, q, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	code.Store(409)
+	if err := f.Handle(context.Background(), message()); err != nil {
+		t.Errorf("409 mapped to ack: got %v, want nil", err)
+	}
+	code.Store(503)
+	err = f.Handle(context.Background(), message())
+	if c, _ := triage.Classify(err); c != triage.ClassTransient {
+		t.Errorf("503 mapped to retry: classified %s (%v)", c, err)
+	}
+	if _, down := triage.IsDependencyDown(err); down {
+		t.Errorf("503 mapped to retry still pauses the queue: %v", err)
+	}
+	code.Store(500)
+	if c, _ := triage.Classify(f.Handle(context.Background(), message())); c != triage.ClassPermanent {
+		t.Errorf("500 mapped to quarantine: classified %s", c)
+	}
+}
+
+// A status key must be a code or class outside 2xx, and an action one of
+// the four.
+func TestForwardStatusIsChecked(t *testing.T) {
+	t.Parallel()
+	_, err := config.Parse([]byte(`queues:
+  - name: orders
+    exchange: {name: orders}
+    consumer: {handler_timeout: 5s}
+    accepts: [{type: orders.created, versions: ["1"]}]
+    forward:
+      url: "http://127.0.0.1:8080/x"
+      status: {200: quarantine, 2xx: retry, 600: ack, 45: ack, 4x1: ack, " 500": ack, 404: drop, 418: ""}
+`))
+	for _, want := range []string{
+		`queues[0].forward.status: "200" is not a status code`,
+		`queues[0].forward.status: "2xx" is not a status code`,
+		`queues[0].forward.status: "600" is not a status code`,
+		`queues[0].forward.status: "45" is not a status code`,
+		`queues[0].forward.status: "4x1" is not a status code`,
+		`queues[0].forward.status: " 500" is not a status code`,
+		`queues[0].forward.status.404: "drop" is not ack, retry, pause or quarantine`,
+		`queues[0].forward.status.418: "" is not ack, retry, pause or quarantine`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want %q", err, want)
+		}
 	}
 }
 

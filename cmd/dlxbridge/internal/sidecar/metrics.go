@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -43,10 +44,8 @@ func NewMetrics(reg prometheus.Registerer, cfg *config.Config) (*Metrics, error)
 			Help: "Always 1; names each work queue's owner (queues[].owner, else \"unknown\") for alerts to join on.",
 		}, []string{"queue", "owner"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.info} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := telemetry.Register(reg, m.requests, m.duration, m.info); err != nil {
+		return nil, err
 	}
 	for _, q := range cfg.Queues {
 		owner := q.Owner.Team
@@ -102,6 +101,9 @@ func NewBrokerCollector(mgmt *topology.Management, cfg *config.Config) *BrokerCo
 	for _, q := range cfg.Queues {
 		bq := brokerQueue{name: q.Name}
 		for ti, d := range q.Retry.Tiers {
+			if q.Retry.Shared() {
+				break // a shared tier holds every queue's retries: none is this queue's alone
+			}
 			for l := 0; l < q.Retry.Lanes; l++ {
 				bq.lanes = append(bq.lanes, lane{config.RetryQueueName(q.Name, d, l), strconv.Itoa(ti), strconv.Itoa(l)})
 			}
@@ -160,7 +162,11 @@ func (b *BrokerCollector) read(ctx context.Context) (map[string]queueStats, erro
 		return nil, errors.New("management URL: no request can be made to it")
 	}
 	req.SetBasicAuth(b.mgmt.User, b.mgmt.Password)
-	resp, err := managementClient.Do(req)
+	client := managementClient
+	if b.mgmt.Client != nil {
+		client = b.mgmt.Client // with several nodes, the one that fails over
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

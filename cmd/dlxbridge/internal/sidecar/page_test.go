@@ -23,6 +23,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/topology"
+	"github.com/dlxbridge/dlxbridge/triage"
 )
 
 // hostile is what a producer could put in a payload, a header or an error.
@@ -43,6 +44,20 @@ type pageBundle struct {
 
 func setupPage(t *testing.T) *pageBundle {
 	t.Helper()
+	return setupPageQueues(t, pageQueue{"work", config.Owner{Team: "payments", Contact: "#payments-oncall"}})
+}
+
+// pageQueue is a work queue of a page test, named under the test's
+// prefix.
+type pageQueue struct {
+	Name  string
+	Owner config.Owner
+}
+
+// setupPageQueues declares the queues (the first is b.q) with their
+// quarantines.
+func setupPageQueues(t *testing.T, queues ...pageQueue) *pageBundle {
+	t.Helper()
 	env := brokertest.Require(t)
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "test.job"), 0o755); err != nil {
@@ -55,14 +70,20 @@ func setupPage(t *testing.T) *pageBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{Broker: config.Broker{ConnectionName: env.Prefix}, Queues: []config.Queue{{
-		Name:     env.Name("work"),
-		Exchange: config.Exchange{Name: env.Name("ex"), Type: "direct"},
-		Bindings: []string{"k"},
-		Retry:    config.Retry{Tiers: []time.Duration{200 * time.Millisecond}},
-		Accepts:  []config.Accept{{Type: "test.job", Versions: []string{"1"}}},
-		Owner:    config.Owner{Team: "payments", Contact: "#payments-oncall"},
-	}}}
+	cfg := &config.Config{Broker: config.Broker{ConnectionName: env.Prefix}}
+	for _, q := range queues {
+		cfg.Queues = append(cfg.Queues, config.Queue{
+			Name:     env.Name(q.Name),
+			Exchange: config.Exchange{Name: env.Name(q.Name + "-ex"), Type: "direct"},
+			Bindings: []string{"k"},
+			Retry:    config.Retry{Tiers: []time.Duration{200 * time.Millisecond}},
+			Accepts:  []config.Accept{{Type: "test.job", Versions: []string{"1"}}},
+			Owner:    q.Owner,
+		})
+	}
+	if len(queues) == 1 {
+		cfg.Queues[0].Exchange.Name = env.Name("ex")
+	}
 	if err := cfg.Complete(); err != nil {
 		t.Fatal(err)
 	}
@@ -86,19 +107,51 @@ func setupPage(t *testing.T) *pageBundle {
 // extra headers.
 func (b *pageBundle) quarantine(n int, fingerprint, errText string, body func(i int) string, extra amqp.Table) {
 	b.t.Helper()
+	b.seed(b.q, seedSpec{N: n, Fingerprint: fingerprint, Error: errText, Body: body, Headers: extra})
+}
+
+// seedSpec is a run of records for seed: N messages of one group.
+type seedSpec struct {
+	N                  int
+	Fingerprint, Error string
+	Class, Reason      string                    // default permanent, "handler refused it"
+	Body               func(i int) string        // the payload
+	MessageID          func(i int) string        // default FINGERPRINT-i
+	Ago                func(i int) time.Duration // how long ago it was quarantined; default 0
+	Headers            amqp.Table
+}
+
+// seed puts spec's messages on q's intake with the envelope the runtime
+// writes; a keeper (keep) stores them.
+func (b *pageBundle) seed(q *config.Queue, spec seedSpec) {
+	b.t.Helper()
 	now := time.Now().UTC()
-	for i := 0; i < n; i++ {
+	if spec.Class == "" {
+		spec.Class = "permanent"
+	}
+	if spec.Reason == "" {
+		spec.Reason = "handler refused it"
+	}
+	for i := 0; i < spec.N; i++ {
 		h := amqp.Table{"schema-version": "1"}
-		for k, v := range extra {
+		for k, v := range spec.Headers {
 			h[k] = v
 		}
-		e := quarantine.Envelope{Source: quarantine.SourceBridge, Class: "permanent", Reason: "handler refused it", Error: errText,
-			Fingerprint: fingerprint, Attempts: 1, QuarantinedAt: now, OriginalQueue: b.q.Name, OriginalExchange: b.q.Exchange.Name,
+		at := now
+		if spec.Ago != nil {
+			at = now.Add(-spec.Ago(i))
+		}
+		id := fmt.Sprintf("%s-%d", spec.Fingerprint, i)
+		if spec.MessageID != nil {
+			id = spec.MessageID(i)
+		}
+		e := quarantine.Envelope{Source: quarantine.SourceBridge, Class: triage.Class(spec.Class), Reason: spec.Reason, Error: spec.Error,
+			Fingerprint: spec.Fingerprint, Attempts: 1, QuarantinedAt: at, OriginalQueue: q.Name, OriginalExchange: q.Exchange.Name,
 			OriginalRouting: "k", MessageType: "test.job", SchemaVersion: "1"}
 		e.Apply(h)
-		conf, err := b.pub.PublishWithDeferredConfirmWithContext(context.Background(), "", b.q.Quarantine.Queue, true, false, amqp.Publishing{
-			MessageId: fmt.Sprintf("%s-%d", fingerprint, i), Type: "test.job", ContentType: "application/json",
-			Headers: h, Body: []byte(body(i)),
+		conf, err := b.pub.PublishWithDeferredConfirmWithContext(context.Background(), "", q.Quarantine.Queue, true, false, amqp.Publishing{
+			MessageId: id, Type: "test.job", ContentType: "application/json",
+			Headers: h, Body: []byte(spec.Body(i)),
 		})
 		if err != nil {
 			b.t.Fatal(err)
@@ -109,19 +162,25 @@ func (b *pageBundle) quarantine(n int, fingerprint, errText string, body func(i 
 	}
 }
 
-// keep runs a quarantine.Keeper until the records stream holds want
-// records, then stops it.
+// keep runs a quarantine.Keeper per quarantine until the records streams
+// hold want records, then stops them.
 func (b *pageBundle) keep(want int) {
 	b.t.Helper()
-	k := &quarantine.Keeper{Consume: b.env.Dial("page-keeper"), Publish: b.env.Dial("page-keeper-pub"),
-		Intake: b.q.Quarantine.Queue, Records: b.q.Quarantine.RecordsStream()}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
+	done := make(chan error, len(b.cfg.Queues))
+	for i := range b.cfg.Queues {
+		q := &b.cfg.Queues[i]
+		k := &quarantine.Keeper{Consume: b.env.Dial("page-keeper"), Publish: b.env.Dial("page-keeper-pub"),
+			Intake: q.Quarantine.Queue, Records: q.Quarantine.RecordsStream()}
+		go func() { done <- k.Run(ctx) }()
+	}
+	running := len(b.cfg.Queues)
 	defer func() {
 		cancel()
-		if err := <-done; err != nil {
-			b.t.Errorf("keeper: %v", err)
+		for ; running > 0; running-- {
+			if err := <-done; err != nil {
+				b.t.Errorf("keeper: %v", err)
+			}
 		}
 	}()
 	deadline := time.Now().Add(30 * time.Second)
@@ -134,6 +193,7 @@ func (b *pageBundle) keep(want int) {
 		}
 		select {
 		case err := <-done:
+			running--
 			b.t.Fatalf("keeper stopped: %v", err)
 		case <-time.After(100 * time.Millisecond):
 		}
@@ -276,7 +336,7 @@ func TestPageEscapesWhatProducersSent(t *testing.T) {
 		}
 	}
 	_, body := get(t, srv.URL+"/quarantine/record/"+hostileID)
-	for _, want := range []string{"<th>x-note</th><td>" + escaped, `<pre id="payload">{&#34;id&#34;:&#34;b-`, `<pre id="error-text">boom ` + escaped} {
+	for _, want := range []string{`<th scope="row">x-note</th><td>` + escaped, `<pre id="payload">{&#34;id&#34;:&#34;b-`, `<pre id="error-text">boom ` + escaped} {
 		if !strings.Contains(body, want) {
 			t.Errorf("record page lacks %q:\n%s", want, body)
 		}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -58,12 +59,25 @@ func splitHost(hp string) (host, port string) {
 	return strings.TrimSuffix(strings.TrimPrefix(hp, "["), "]"), ""
 }
 
-// guarded refuses a request whose Host the page does not answer to.
+// crossOrigin refuses a browser's POST that another origin's page made
+// (its Sec-Fetch-Site, or else its Origin, says so); a client without
+// those headers (curl, a script) is not a browser another site can drive.
+var crossOrigin http.CrossOriginProtection
+
+// guarded refuses a request whose Host the page does not answer to, and a
+// form another site's page had the browser send: such a form cannot know
+// the token or a confirmation, but its guesses would use up the tries of
+// the operator's own address (every local browser is 127.0.0.1) and lock
+// them out.
 func (p *Page) guarded(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !hostAllowed(r, p.AllowedHosts) {
 			p.log().Warn("quarantine page: refused a request for another host", "host", r.Host, "remote", r.RemoteAddr)
 			http.Error(w, "misdirected request: this page answers only to the address it listens on (and localhost on loopback); add the name you use to run.allowed_hosts", http.StatusMisdirectedRequest)
+			return
+		}
+		if err := crossOrigin.Check(r); err != nil {
+			http.Error(w, "forbidden: a cross-origin request (a form another site's page sent): open the quarantine page itself and act there", http.StatusForbidden)
 			return
 		}
 		h(w, r)
@@ -77,9 +91,9 @@ func tokenMatches(got, want string) bool {
 	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
-// Failed authorizations are limited per client address: a bucket of
+// Failed authorizations are limited per client (see clientKey): a bucket of
 // failBurst tries, refilled one per failRefill. At most failClients
-// addresses are tracked; past that, the new ones share one bucket, so a
+// clients are tracked; past that, the new ones share one bucket, so a
 // flood of addresses slows down together rather than growing the map.
 const (
 	failBurst   = 5
@@ -103,12 +117,24 @@ type failLimiter struct {
 	unlogged int
 }
 
-// clientKey is the address a bucket belongs to: the IP, without the port.
+// clientKey is the client a bucket belongs to: its IPv4 address, or the
+// /64 of its IPv6 address. One host is routinely given a whole /64 and
+// may use any address in it, so keying by the address would give it 2^64
+// buckets to rotate through. (An IPv4-mapped address is its IPv4 one.)
 func clientKey(remote string) string {
+	host := remote
 	if h, _, err := net.SplitHostPort(remote); err == nil {
-		return h
+		host = h
 	}
-	return remote
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	ip = ip.Unmap().WithZone("")
+	if ip.Is4() {
+		return ip.String()
+	}
+	return netip.PrefixFrom(ip, 64).Masked().String()
 }
 
 // bucket returns the client's bucket refilled to now. Call with mu held.
@@ -220,6 +246,15 @@ func (c *confirmations) issue(kind string, sel selection, ids []string, now time
 	c.byID[id] = &pending{kind: kind, sel: sel, ids: append([]string(nil), ids...), expires: now.Add(confirmTTL)}
 	c.order = append(c.order, id)
 	return id
+}
+
+// has reports whether id is a live confirmation for kind, and leaves it
+// for take.
+func (c *confirmations) has(id, kind string, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pd, ok := c.byID[id]
+	return ok && pd.kind == kind && !now.After(pd.expires)
 }
 
 // take returns the dry run of id for kind and forgets it: a confirmation

@@ -3,11 +3,13 @@ package sidecar
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -84,9 +86,9 @@ func TestPageSlowsDownTokenGuessing(t *testing.T) {
 		t.Errorf("the right token while slowed down: %d, want 429", code)
 	}
 	mu.Lock()
-	lines := strings.Count(logs.String(), "refused an action")
+	lines := strings.Count(logs.String(), "refused an operator token")
 	mu.Unlock()
-	if lines > 1 {
+	if lines != 1 {
 		t.Errorf("%d WARN lines for one burst of refusals, want 1", lines)
 	}
 	now = now.Add(failRefill)
@@ -133,13 +135,13 @@ func TestConfirmationsAreSingleUseAndBounded(t *testing.T) {
 	t.Parallel()
 	var c confirmations
 	now := time.Unix(1e9, 0)
-	sel := selection{Queue: "q"}
+	sel := selection{Queue: "q", Picked: []string{"a", "b"}}
 	id := c.issue("replay", sel, []string{"a", "b"}, now)
 	if _, ok := c.take(id, "purge", now); ok {
 		t.Error("a replay's confirmation confirmed a purge")
 	}
 	id = c.issue("replay", sel, []string{"a"}, now)
-	if pd, ok := c.take(id, "replay", now); !ok || pd.sel != sel || len(pd.ids) != 1 {
+	if pd, ok := c.take(id, "replay", now); !ok || !reflect.DeepEqual(pd.sel, sel) || len(pd.ids) != 1 {
 		t.Errorf("take: %+v %v", pd, ok)
 	}
 	if _, ok := c.take(id, "replay", now); ok {
@@ -199,5 +201,101 @@ func TestPageConfirmsWithoutTheToken(t *testing.T) {
 	b.replayed(b.snapshot(), 0, 3)
 	if code, _ := post(t, rw.URL+"/quarantine/replay", confirm); code != http.StatusForbidden {
 		t.Errorf("the confirmation used twice: %d, want 403", code)
+	}
+}
+
+// An IPv6 client is limited by its /64: one host can pick any address in
+// it, so wrong tokens from one /64 share a bucket however they rotate,
+// while another /64, and every IPv4 address, has its own.
+func TestFailLimiterKeysIPv6ByItsSlash64(t *testing.T) {
+	t.Parallel()
+	for remote, want := range map[string]string{
+		"[2001:db8:1:2::1]:1234":      "2001:db8:1:2::/64",
+		"[2001:db8:1:2:ffff::9]:80":   "2001:db8:1:2::/64",
+		"[2001:db8:1:3::1]:1":         "2001:db8:1:3::/64",
+		"[fe80::1%eth0]:1":            "fe80::/64",
+		"[::ffff:192.0.2.7]:5":        "192.0.2.7",
+		"192.0.2.7:5":                 "192.0.2.7",
+		"192.0.2.8:5":                 "192.0.2.8",
+		"not an address":              "not an address",
+		"2001:db8:1:2:aaaa:bbbb:cc:d": "2001:db8:1:2::/64",
+	} {
+		if got := clientKey(remote); got != want {
+			t.Errorf("clientKey(%q) = %q, want %q", remote, got, want)
+		}
+	}
+
+	p := unreachable("0123456789abcdef-right")
+	now := time.Unix(1e9, 0)
+	p.now = func() time.Time { return now }
+	h := p.Handler()
+	try := func(remote string) int {
+		form := url.Values{"queue": {"q"}, "token": {"guess"}}
+		req := httptest.NewRequest(http.MethodPost, "http://page.example/quarantine/replay", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.RemoteAddr = remote
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	p.AllowedHosts = []string{"page.example"}
+	for i := range failBurst {
+		if code := try(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1)); code != http.StatusForbidden {
+			t.Fatalf("guess %d: %d, want 403", i, code)
+		}
+	}
+	if code := try("[2001:db8:1:2:dead:beef:0:1]:4000"); code != http.StatusTooManyRequests {
+		t.Errorf("a new address in the same /64: %d, want 429", code)
+	}
+	if code := try("[2001:db8:1:3::1]:4000"); code != http.StatusForbidden {
+		t.Errorf("another /64: %d, want 403 (checked, not slowed down)", code)
+	}
+}
+
+// A form another site's page makes an operator's browser send (a hidden
+// form posted to 127.0.0.1:9180, with made-up tokens) is refused before
+// its token is looked at: it must not use up the tries of the operator's
+// own address (every local browser shares 127.0.0.1) and lock them out.
+// A request without the browser's Origin and Sec-Fetch-Site headers (curl,
+// a script) and a same-origin form are checked as before.
+func TestPageRefusesCrossSiteForms(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-right"
+	p := unreachable(token)
+	srv := httptest.NewServer(p.Handler())
+	defer srv.Close()
+	send := func(tok string, h map[string]string) (int, string) {
+		form := url.Values{"queue": {"q"}, "token": {tok}}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/quarantine/replay", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, h := range []map[string]string{
+		{"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
+		{"Origin": "https://evil.example"},
+		{"Sec-Fetch-Site": "same-site", "Origin": "http://other.localhost:9180"},
+	} {
+		for range 2 * failBurst {
+			if code, body := send("guess-0123456789abcdef", h); code != http.StatusForbidden || !strings.Contains(body, "cross-origin") {
+				t.Fatalf("a cross-site form %v: %d %q, want 403 saying cross-origin", h, code, body)
+			}
+		}
+	}
+	// The operator's own form is not slowed down by what the other site sent.
+	u, _ := url.Parse(srv.URL)
+	if code, body := send(token, map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://" + u.Host}); code == http.StatusTooManyRequests || code == http.StatusForbidden {
+		t.Errorf("the operator's own form after the other site's: %d %s", code, body)
+	}
+	if code, _ := send(token, nil); code == http.StatusTooManyRequests || code == http.StatusForbidden {
+		t.Errorf("a form from a client without browser headers: %d", code)
 	}
 }

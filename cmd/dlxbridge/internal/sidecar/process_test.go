@@ -35,6 +35,9 @@ var (
 
 func binary(t *testing.T) string {
 	t.Helper()
+	if b := os.Getenv("DLXBRIDGE_MEASURE_BINARY"); b != "" && os.Getenv("DLXBRIDGE_MEASURE_PAGE") != "" {
+		return b // TestMeasurePageMemory measuring another build
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "dlxbridge-run-test")
 		if err != nil {
@@ -133,12 +136,33 @@ queues:
 	return cfgPath
 }
 
-// startSidecarOn starts `dlxbridge run --apply` on the config at cfgPath.
-func startSidecarOn(t *testing.T, env *brokertest.Env, cfgPath string) *sidecarProc {
+// startSidecarOn starts `dlxbridge run --apply` on the config at cfgPath;
+// args are added last (a flag given again overrides the default).
+func startSidecarOn(t *testing.T, env *brokertest.Env, cfgPath string, args ...string) *sidecarProc {
+	t.Helper()
+	return startSidecarAs(t, env, env.URL, cfgPath, args...)
+}
+
+// startSidecarURL is startSidecarOn with --url url.
+func startSidecarURL(t *testing.T, env *brokertest.Env, cfgPath, url string) *sidecarProc {
+	t.Helper()
+	return startSidecarAs(t, env, url, cfgPath)
+}
+
+// startSidecarAs is startSidecarOn logged in with the AMQP URL url (one
+// or a list of nodes).
+func startSidecarAs(t *testing.T, env *brokertest.Env, url, cfgPath string, args ...string) *sidecarProc {
+	t.Helper()
+	return startSidecarWithin(t, env, url, cfgPath, 30*time.Second, args...)
+}
+
+// startSidecarWithin is startSidecarAs, waiting up to within for the
+// process to serve and turn ready (an apply of many queues takes minutes).
+func startSidecarWithin(t *testing.T, env *brokertest.Env, url, cfgPath string, within time.Duration, args ...string) *sidecarProc {
 	t.Helper()
 	p := &sidecarProc{t: t, env: env, queue: env.Name("work"), quar: env.Name("work.quarantine"),
 		stderr: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(binary(t), "run", "--config", cfgPath, "--url", env.URL, "--apply", "--quarantine-refresh", "1s")
+	p.cmd = exec.Command(binary(t), append([]string{"run", "--config", cfgPath, "--url", url, "--apply", "--quarantine-refresh", "1s"}, args...)...)
 	pr, pw := io.Pipe()
 	p.cmd.Stderr = io.MultiWriter(p.stderr, pw)
 	if err := p.cmd.Start(); err != nil {
@@ -173,15 +197,19 @@ func startSidecarOn(t *testing.T, env *brokertest.Env, cfgPath string) *sidecarP
 				}
 			}
 		}
+		// A line longer than the scanner takes ends the loop: the pipe
+		// must still be read, or the process blocks writing its log and
+		// never exits (seen with 100 queues).
+		_, _ = io.Copy(io.Discard, pr)
 	}()
 	select {
 	case p.addr = <-found:
 	case <-p.exited:
 		t.Fatalf("dlxbridge run exited before serving: %v\n%s", p.err, p.stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("dlxbridge run did not serve within 30s:\n%s", p.stderr.String())
+	case <-time.After(within):
+		t.Fatalf("dlxbridge run did not serve within %s:\n%s", within, p.stderr.String())
 	}
-	p.waitReady(true, 30*time.Second)
+	p.waitReady(true, within)
 	return p
 }
 
@@ -504,5 +532,50 @@ func TestRunReadinessFollowsTheConnection(t *testing.T) {
 	p.waitReady(true, 30*time.Second)
 	if got := p.counter("dlxbridge_reconnects_total"); got < 1 {
 		t.Errorf("dlxbridge_reconnects_total = %v after a reconnect", got)
+	}
+}
+
+// While it drains after SIGTERM, /readyz says it is stopping (not that it
+// lost its connection), and --apply said at start what it declared.
+func TestRunSaysWhatItAppliedAndThatItIsStopping(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	inFlight, release := make(chan struct{}, 10), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inFlight <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	p := startSidecar(t, env, srv.URL, 1)
+	if log := p.stderr.String(); !strings.Contains(log, "topology applied") || !strings.Contains(log, "queue '"+p.queue+"'") {
+		t.Errorf("run --apply does not log what it declared:\n%s", log)
+	}
+	publish(t, env, env.Name("ex"), map[string]string{"m-1": `{"id":"m-1"}`})
+	<-inFlight
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := p.get("/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "stopping") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz while draining: %d %q, want 503 saying it is stopping", code, body)
+		}
+		time.Sleep(20 * time.Millisecond) // polling an HTTP endpoint: no event to wait on
+	}
+	close(release)
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			t.Fatalf("exit %v after SIGTERM, want 0\n%s", p.err, p.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("dlxbridge run did not exit within 30s of SIGTERM")
 	}
 }

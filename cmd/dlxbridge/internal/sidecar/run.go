@@ -40,7 +40,8 @@ const (
 
 // Options configure Run.
 type Options struct {
-	// URL is the AMQP URL. Required.
+	// URL is the AMQP URL, or several nodes' URLs comma separated (see
+	// consumer.Config.URL). Required.
 	URL string
 	// Config is a completed config in which every queue has forward.url.
 	// Required.
@@ -61,6 +62,11 @@ type Options struct {
 	// takes every record; the oldest record's age is computed at each
 	// scrape regardless. Defaults to 30s.
 	QuarantineRefresh time.Duration
+	// ReplicaRefresh is how often /readyz's view of the queues' replicas
+	// is read from the management API (only with broker.management_url):
+	// a queue or stream of the config below quorum makes /readyz answer
+	// 503. Defaults to 10s.
+	ReplicaRefresh time.Duration
 	// Page, if set, serves the quarantine page under /quarantine (see
 	// Page). Defaults to none.
 	Page *Page
@@ -143,6 +149,25 @@ func Run(ctx context.Context, o Options) error {
 	}
 
 	h := &health{c: c}
+	stopAfter := context.AfterFunc(ctx, func() { h.stopping.Store(true) })
+	defer stopAfter()
+	if mgmt != nil {
+		h.replicas = newReplicaWatch(mgmt, cfg)
+		refresh := o.ReplicaRefresh
+		if refresh <= 0 {
+			refresh = 10 * time.Second
+		}
+		wctx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			h.replicas.run(wctx, refresh)
+		}()
+		defer func() {
+			stopWatch()
+			<-watched
+		}()
+	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "dlxbridge_ready",
 		Help: "1 while /readyz answers ready: topology verified, connected and consuming.",
@@ -165,7 +190,7 @@ func Run(ctx context.Context, o Options) error {
 		o.Page.Mount(mux)
 		paths += " /quarantine"
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := newServer(mux, defaultTimeouts)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	stopServer := func() error {
@@ -197,13 +222,19 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // checkTopology verifies (after applying, in TopologyApply) the topology
-// over a connection of its own.
+// over a connection of its own, and then warns if the runtime's user may
+// write the quarantine's streams by name (see warnStreamWriters).
 func checkTopology(ctx context.Context, o Options, mgmt *topology.Management, log *slog.Logger) error {
 	mode := o.Topology
 	if mode == "" {
 		mode = TopologyVerify
 	}
-	conn, err := amqpx.Dial(o.URL, o.Config.Broker.ConnectionName+"/run-topology")
+	d, err := amqpx.NewDialer(o.URL)
+	if err != nil {
+		return err
+	}
+	d.Logger = log
+	conn, _, err := d.DialRetry(ctx, o.Config.Broker.ConnectionName+"/run-topology", amqpx.Retry{})
 	if err != nil {
 		return err
 	}
@@ -219,24 +250,42 @@ func checkTopology(ctx context.Context, o Options, mgmt *topology.Management, lo
 		return err
 	}
 	if mode == TopologyApply {
-		if _, err := in.Apply(ctx, topo); err != nil {
+		p, err := in.Apply(ctx, topo)
+		if err != nil {
 			return fmt.Errorf("topology apply: %w", err)
 		}
+		logApplied(log, p)
 	}
 	r, err := in.Verify(ctx, topo)
 	if err != nil {
 		return fmt.Errorf("topology verify: %w", err)
 	}
+	// A queue below quorum is the cluster's state, not drift: refusing to
+	// start would only add a restart loop to the outage. /readyz reports it.
+	drift := r.Problems[:0:0]
+	for _, p := range r.Problems {
+		if p.Issue == topology.IssueBelowQuorum {
+			log.Warn("queue below quorum; starting anyway (/readyz reports it)", "problem", p.String())
+			continue
+		}
+		drift = append(drift, p)
+	}
+	r.Problems = drift
+	for _, n := range r.Notes {
+		log.Info("topology note", "note", n.String())
+	}
 	if !r.Complete() {
 		log.Warn("topology only partly verified (no management API)", "not_checked", strings.Join(r.NotChecked, "; "))
 	}
 	if r.OK() {
+		warnStreamWriters(conn, o.URL, o.Config, log)
 		return nil
 	}
 	var b strings.Builder
 	_ = r.WriteText(&b)
 	if mode == TopologyAllowDrift {
 		log.Warn("topology drift; starting anyway (--allow-drift)", "report", b.String())
+		warnStreamWriters(conn, o.URL, o.Config, log)
 		return nil
 	}
 	return fmt.Errorf("%w (start with --apply to declare what is missing, or --allow-drift):\n%s", ErrDrift, b.String())
@@ -246,6 +295,8 @@ func checkTopology(ctx context.Context, o Options, mgmt *topology.Management, lo
 type health struct {
 	c          *consumer.Consumer
 	topologyOK atomic.Bool
+	stopping   atomic.Bool
+	replicas   *replicaWatch // nil without the management API
 }
 
 func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
@@ -261,12 +312,26 @@ func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
+		// Which node of the list the runtime is on: after a failover,
+		// the one that took over.
+		if n := h.c.Node(); n != "" {
+			_, _ = fmt.Fprintf(w, "node: %s\n", n)
+		}
 		// A queue whose breaker paused it is the bridge working as
 		// intended (its dependency is down): listed, still ready.
 		for _, b := range h.c.Breakers() {
 			if b.Paused() {
 				_, _ = fmt.Fprintf(w, "paused: %s (circuit breaker %s%s)\n", b.Queue, b.State, pausedUntil(b))
 			}
+		}
+		// Members offline with a majority online: still served, one
+		// node short of stopping.
+		_, offline, err := h.replicas.status()
+		for _, o := range offline {
+			_, _ = fmt.Fprintf(w, "replicas offline: %s\n", o)
+		}
+		if err != nil {
+			_, _ = fmt.Fprintf(w, "replicas unknown: the management API did not answer: %v\n", err)
 		}
 	})
 	return mux
@@ -282,10 +347,52 @@ func pausedUntil(b consumer.BreakerStatus) string {
 
 func (h *health) notReady() string {
 	switch {
+	case h.stopping.Load():
+		return "stopping: finishing the messages in flight"
 	case !h.topologyOK.Load():
 		return "topology not verified"
-	case !h.c.Ready():
-		return "not connected and consuming"
 	}
-	return ""
+	// Both reasons when both hold: a queue below quorum is usually why
+	// the runtime lost its consumer.
+	var why []string
+	if !h.c.Ready() {
+		why = append(why, "not connected and consuming")
+	}
+	if below := h.replicas.belowQuorum(); below != "" {
+		why = append(why, below)
+	}
+	return strings.Join(why, "; ")
 }
+
+// logApplied says what --apply changed on the broker, object by object: an
+// operator reading the log after a deploy must not need a plan. The
+// objects come maxObjectsLine bytes to a line at most, so that a first
+// apply of many queues (840 objects for 100, one line of 97 KB) stays in
+// lines a log pipeline keeps whole.
+func logApplied(log *slog.Logger, p *topology.Plan) {
+	var lines []string
+	var b strings.Builder
+	created := 0
+	for _, s := range p.Steps {
+		if s.Action != topology.ActionCreate {
+			continue
+		}
+		created++
+		if b.Len() > 0 && b.Len()+2+len(s.Object) > maxObjectsLine {
+			lines, b = append(lines, b.String()), strings.Builder{}
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(s.Object)
+	}
+	lines = append(lines, b.String())
+	log.Info("topology applied", "created", created, "unchanged", p.Summary.Unchanged, "ensured", p.Summary.Ensure,
+		"objects", lines[0])
+	for i, l := range lines[1:] {
+		log.Info("topology applied, more objects created", "part", fmt.Sprintf("%d/%d", i+2, len(lines)), "objects", l)
+	}
+}
+
+// maxObjectsLine bounds the object list of one line of logApplied.
+const maxObjectsLine = 4 << 10

@@ -1,0 +1,135 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/dlxbridge/dlxbridge/quarantine"
+)
+
+// pageReplayWait is how long a replay confirmed on the page is waited for
+// before the answer says it runs on in the background.
+const pageReplayWait = 3 * time.Second
+
+// replayDetached runs a confirmed replay on a connection of its own,
+// detached from the request: closing the page, or the request timing out,
+// does not stop it (its job can be followed and cancelled on
+// /quarantine/jobs). It waits up to pageReplayWait: a replay done by then
+// is answered in full, else with its plan and running true.
+func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine.ReplayOptions) (*quarantine.ReplayResult, bool, error) {
+	conn, err := p.Dial()
+	if err != nil {
+		return nil, false, err
+	}
+	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, Registry: p.Registry, By: by, LockWait: lockWait, Signer: p.Signer}
+	started := make(chan *quarantine.ReplayResult, 1)
+	opts.Started = func(r *quarantine.ReplayResult) {
+		// A copy of what no longer changes: the goroutine goes on
+		// appending to r.Sent.
+		started <- &quarantine.ReplayResult{Run: r.Run, Selected: r.Selected, Plan: r.Plan, Sent: []string{},
+			Invalid: r.Invalid, OverBudget: r.OverBudget}
+	}
+	var res *quarantine.ReplayResult
+	var rerr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer conn.Close()
+		defer p.changed()
+		res, rerr = rp.Replay(context.Background(), opts)
+		if res != nil {
+			p.log().Info("quarantine page: replay ended", "by", by, "run", res.Run, "selected", res.Selected,
+				"sent", len(res.Sent), "stopped", res.Stopped, "stop", res.Stop, "error", rerr)
+		}
+	}()
+	select {
+	case <-done:
+		return res, false, rerr
+	case plan := <-started:
+		// Its job shows on the jobs page at once, not after the shared
+		// snapshot's age.
+		p.changed()
+		select {
+		case <-done:
+			return res, false, rerr
+		case <-time.After(pageReplayWait):
+			return plan, true, nil
+		}
+	}
+}
+
+// jobsView is the replay jobs, newest first, or one job.
+type jobsView struct {
+	Jobs []quarantine.Job
+	Job  *quarantine.Job
+	// Running: some job runs (the page then reloads itself).
+	Running bool
+}
+
+// jobs serves /quarantine/jobs (every replay job: state, counts,
+// progress) and /quarantine/jobs?id=ID (one job and each message's
+// outcome), from the shared snapshot's events (Page.sharedJobs).
+func (p *Page) jobs(w http.ResponseWriter, r *http.Request) {
+	jobs, err := p.sharedJobs(r.Context())
+	if err != nil {
+		p.fail(w, http.StatusBadGateway, err)
+		return
+	}
+	jv := &jobsView{}
+	if id := r.URL.Query().Get("id"); id != "" {
+		j, err := quarantine.FindJob(jobs, id)
+		if err != nil {
+			p.fail(w, http.StatusNotFound, err)
+			return
+		}
+		jv.Job, jv.Running = j, j.State == quarantine.JobRunning
+	} else {
+		const shown = 100
+		jv.Jobs = jobs[:min(len(jobs), shown)]
+		for _, j := range jv.Jobs {
+			jv.Running = jv.Running || j.State == quarantine.JobRunning
+		}
+	}
+	v := &view{Title: "Replay jobs", Actions: p.Token != "", Jobs: jv}
+	if jv.Running {
+		v.Refresh = 5
+	}
+	p.render(w, http.StatusOK, v)
+}
+
+// cancelJob serves POST /quarantine/jobs/cancel: with the operator token,
+// it asks the running job "id" to stop after the message in flight.
+func (p *Page) cancelJob(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxForm) // read by limited, when mounted
+	client, now := clientKey(r.RemoteAddr), p.clock()
+	if p.Token != "" && p.tooManyGuesses(w, client, now) {
+		return
+	}
+	if err := p.checkToken(r); err != nil {
+		p.guessed(r, client, now, err)
+		p.fail(w, http.StatusForbidden, err)
+		return
+	}
+	id := strings.TrimSpace(r.PostFormValue("id"))
+	conn, err := p.Dial()
+	if err != nil {
+		p.fail(w, http.StatusBadGateway, err)
+		return
+	}
+	defer conn.Close()
+	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, By: "web", Signer: p.Signer}
+	j, err := rp.CancelJob(r.Context(), id, "cancelled on the quarantine page")
+	switch {
+	case errors.Is(err, quarantine.ErrNoJob):
+		p.fail(w, http.StatusNotFound, err)
+		return
+	case err != nil:
+		p.fail(w, http.StatusConflict, err)
+		return
+	}
+	p.log().Info("quarantine page: asked a replay job to stop", "job", j.ID, "remote", r.RemoteAddr)
+	http.Redirect(w, r, "/quarantine/jobs?id="+j.ID, http.StatusSeeOther)
+}
