@@ -117,6 +117,10 @@ type Options struct {
 	// Floor adds a third side, floor (see drainFloor): the least failure
 	// handling that loses nothing, to read the bridge's storm against.
 	Floor bool
+	// Shared adds a side, shared: the bridge retrying through shared
+	// delay tiers, beside the bridge on per-queue lanes, in the same
+	// rounds.
+	Shared bool
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
@@ -189,6 +193,8 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 	fs.BoolVar(&o.Floor, "floor", false, "also run a third side, floor: hand-written, the least failure handling that loses nothing "+
 		"(decode, an in-process second call, a confirmed publish of what fails to the quarantine, acks after confirms; no gate, envelope or retry delays), "+
 		"to read the bridge's storm against what any consumer pays on this machine and broker")
+	fs.BoolVar(&o.Shared, "shared-tiers", false, "also run a side \"shared\": the bridge retrying through shared delay tiers (queues[].retry.tier_queues: shared) "+
+		"beside the bridge on per-queue lanes, in the same rounds")
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
 	fs.IntVar(&o.dup, "test-dup", 0, "")   // hidden: see Options.dup
 	fs.Usage = func() {
@@ -262,7 +268,7 @@ environment:
 	if o.URL == "" {
 		o.URL = amqpx.DefaultURL
 	}
-	if _, err := amqpx.ParseAMQPURL(o.URL); err != nil {
+	if _, err := amqpx.ParseURLList(o.URL); err != nil {
 		return usage("--url: %v", err) // quotes nothing of the URL
 	}
 	if o.Prefix == "" {
@@ -284,7 +290,7 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	// compared with the bridge's own clean rate (bridge_storm_vs_clean),
 	// which on a shared machine drifts over minutes.
 	for r := range o.Rounds {
-		order := sideOrder(o.Floor, r)
+		order := sideOrder(o.Floor, o.Shared, r)
 		for _, sc := range o.Scenarios {
 			msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
 			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
@@ -302,15 +308,15 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 }
 
 // sideOrder is round r's order of the sides: who goes first alternates
-// (raw and bridge), or rotates (with floor).
-func sideOrder(floor bool, r int) []string {
-	if !floor {
-		if r%2 == 1 {
-			return []string{Bridge, Raw}
-		}
-		return []string{Raw, Bridge}
+// (raw and bridge), or rotates (with floor or shared).
+func sideOrder(floor, shared bool, r int) []string {
+	all := []string{Raw, Bridge}
+	if floor {
+		all = append(all, Floor)
 	}
-	all := []string{Raw, Bridge, Floor}
+	if shared {
+		all = append(all, Shared)
+	}
 	k := r % len(all)
 	return append(all[k:], all[:k]...)
 }
@@ -328,7 +334,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	var exchanges []string
 	for _, s := range order {
 		prefix := fmt.Sprintf("%s-%s-r%d-%s", o.Prefix, sc, round, s)
-		cfg, err := (&sideSpec{Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}).config()
+		cfg, err := (&sideSpec{Side: s, Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}).config()
 		if err != nil {
 			return nil, err
 		}
@@ -466,10 +472,16 @@ func (s *sideSpec) config() (*config.Config, error) {
 		tiers = defaultTiers
 	}
 	cfg, err := ConfigTiers(s.Prefix, s.Prefetch, s.Concurrency, tiers)
-	if err != nil || s.ImmediateRetries == 0 {
+	if err != nil || s.ImmediateRetries == 0 && s.Side != Shared {
 		return cfg, err
 	}
 	cfg.Queues[0].Retry.ImmediateRetries = s.ImmediateRetries
+	if s.Side == Shared {
+		// Tiers of its own, named from the side's prefix: declared and
+		// deleted with the round, like the others' lanes.
+		cfg.Queues[0].Retry.TierQueues = config.TierQueuesShared
+		cfg.SharedTiers.Prefix = s.Prefix
+	}
 	if err := cfg.Complete(); err != nil {
 		return nil, err
 	}

@@ -421,3 +421,41 @@ func TestDeclareFailureReturnsTheTopology(t *testing.T) {
 		t.Errorf("delete what a failed declaration may have left: %v", err)
 	}
 }
+
+// --shared-tiers adds a side "shared" to every round, rotating with the
+// others: the bridge's config with retry.tier_queues shared and tiers named
+// from the side's own prefix (declared and deleted with the round); the
+// bridge side keeps per-queue lanes. Its summary is read against the
+// bridge's rounds.
+func TestSharedTiersFlag(t *testing.T) {
+	t.Parallel()
+	var errs bytes.Buffer
+	o, _, ok := parseFlags([]string{"--shared-tiers"}, &errs, func(string) string { return "" })
+	if !ok || !o.Shared {
+		t.Fatalf("refused or ignored: %s", errs.String())
+	}
+	for r := range 3 {
+		if order := sideOrder(false, true, r); len(order) != 3 || !slices.Contains(order, Shared) || order[0] == sideOrder(false, true, r+1)[0] {
+			t.Errorf("round %d: order %v", r, order)
+		}
+	}
+	shared, err := (&sideSpec{Side: Shared, Prefix: "p-shared"}).config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := shared.Queues[0]; !q.Retry.Shared() || shared.SharedTiers.Prefix != "p-shared" {
+		t.Errorf("shared side's config: %+v, prefix %q", q.Retry, shared.SharedTiers.Prefix)
+	}
+	if own, _ := (&sideSpec{Side: Bridge, Prefix: "p"}).config(); own.Queues[0].Retry.Shared() {
+		t.Error("the bridge side retries through shared tiers")
+	}
+	sc := &scenarioReport{rounds: []*roundResult{
+		{Sides: map[string]*sideReport{Bridge: {Rate: 100}, Shared: {Rate: 110}}},
+		{Sides: map[string]*sideReport{Bridge: {Rate: 200}, Shared: {Rate: 180}}},
+		{Sides: map[string]*sideReport{Bridge: {Rate: 100}, Shared: {Rate: 100}}},
+	}}
+	sc.finishShared()
+	if sc.Shared == nil || !slices.Equal(sc.SharedRatios, []float64{1.1, 0.9, 1}) || sc.SharedVsBridge != 1 || sc.Shared.Rate != 110 {
+		t.Errorf("shared summary %+v, ratios %v, median %v", sc.Shared, sc.SharedRatios, sc.SharedVsBridge)
+	}
+}

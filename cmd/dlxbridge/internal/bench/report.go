@@ -83,10 +83,11 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 		return nil, fmt.Errorf("read the quarantine: %w", err)
 	}
 	left := make([]int, s.Count)
-	for _, n := range q.Names() {
+	for _, n := range q.Names(cfg.SharedTiers) {
 		switch {
 		case n.Kind != config.KindQueue, n.Role == config.RoleQuarantine,
-			n.Role == config.RoleRecordsStream, n.Role == config.RoleEventsStream: // streams: the runtime keeps the intake (KeepQuarantineIntake)
+			n.Role == config.RoleRecordsStream, n.Role == config.RoleEventsStream, // streams: the runtime keeps the intake (KeepQuarantineIntake)
+			n.Role == config.RoleSharedCatchAll && n.Name != cfg.SharedTiers.Unrouted():
 			continue
 		}
 		err := Drain(conn, n.Name, func(d *amqp.Delivery) {
@@ -173,9 +174,15 @@ type scenarioReport struct {
 	Bridge   sideSummary `json:"bridge"`
 	// Floor is the floor side's summary (--floor), and BridgeVsFloor the
 	// bridge's median rate ÷ the floor's.
-	Floor         *sideSummary   `json:"floor,omitempty"`
-	BridgeVsFloor float64        `json:"bridge_vs_floor,omitempty"`
-	rounds        []*roundResult // for the text table
+	Floor         *sideSummary `json:"floor,omitempty"`
+	BridgeVsFloor float64      `json:"bridge_vs_floor,omitempty"`
+	// Shared is the shared side's summary (--shared-tiers); SharedRatios
+	// are its rate ÷ the bridge's, one per round, and SharedVsBridge
+	// their median.
+	Shared         *sideSummary   `json:"shared,omitempty"`
+	SharedRatios   []float64      `json:"shared_ratios,omitempty"`
+	SharedVsBridge float64        `json:"shared_vs_bridge,omitempty"`
+	rounds         []*roundResult // for the text table
 }
 
 type sideSummary struct {
@@ -263,6 +270,9 @@ func (rep *Report) finish() {
 			}
 		}
 	}
+	for i := range rep.Scenarios {
+		rep.Scenarios[i].finishShared()
+	}
 	rep.StormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 { return sc.Bridge.Rate })
 	rep.FloorStormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 {
 		if sc.Floor == nil {
@@ -270,6 +280,33 @@ func (rep *Report) finish() {
 		}
 		return sc.Floor.Rate
 	})
+}
+
+// finishShared summarises the shared side's rounds, if it ran, beside the
+// bridge's of the same rounds.
+func (sc *scenarioReport) finishShared() {
+	sc.Shared, sc.SharedRatios, sc.SharedVsBridge = nil, nil, 0
+	var rate, cpu, wait []float64
+	var rss int64
+	for _, r := range sc.rounds {
+		sh, b := r.Sides[Shared], r.Sides[Bridge]
+		if sh == nil {
+			continue
+		}
+		rate, cpu = append(rate, sh.Rate), append(cpu, sh.CPUPerMsgUS)
+		rss = max(rss, sh.MaxRSSKB)
+		if sh.ConfirmWaitMS > 0 {
+			wait = append(wait, sh.ConfirmWaitMS)
+		}
+		if b != nil && b.Rate > 0 {
+			sc.SharedRatios = append(sc.SharedRatios, round3(sh.Rate/b.Rate))
+		}
+	}
+	if len(rate) == 0 {
+		return
+	}
+	sc.Shared = &sideSummary{Rate: round3(median(rate)), CPUPerMsgUS: round3(median(cpu)), MaxRSSKB: rss, ConfirmWaitMS: round3(median(wait))}
+	sc.SharedVsBridge = round3(median(sc.SharedRatios))
 }
 
 // stormVsClean is a side's storm rate ÷ its clean rate, or 0 unless both
@@ -293,7 +330,7 @@ func stormVsClean(scs []scenarioReport, rate func(*scenarioReport) float64) floa
 // sideNames are the sides a round ran, in a fixed order.
 func sideNames(r *roundResult) []string {
 	var names []string
-	for _, n := range []string{Raw, Bridge, Floor} {
+	for _, n := range []string{Raw, Bridge, Shared, Floor} {
 		if r.Sides[n] != nil {
 			names = append(names, n)
 		}
@@ -380,6 +417,14 @@ func (rep *Report) writeText(w io.Writer) {
 	for _, sc := range rep.Scenarios {
 		if sc.Floor != nil {
 			fmt.Fprintf(w, "%s: floor %.0f msg/s, %.1f CPU µs/msg; the bridge's rate is %.2f× the floor's\n", sc.Scenario, sc.Floor.Rate, sc.Floor.CPUPerMsgUS, sc.BridgeVsFloor)
+		}
+		if sc.Shared != nil {
+			var ratios []string
+			for _, r := range sc.SharedRatios {
+				ratios = append(ratios, fmt.Sprintf("%.2f", r))
+			}
+			fmt.Fprintf(w, "%s: on shared delay tiers the bridge ran at %.0f msg/s, %.1f CPU µs/msg: %.2f× its rate on per-queue lanes (per round: %s)\n",
+				sc.Scenario, sc.Shared.Rate, sc.Shared.CPUPerMsgUS, sc.SharedVsBridge, strings.Join(ratios, " "))
 		}
 		if sc.Bridge.ConfirmWaitMS > 0 {
 			fmt.Fprintf(w, "%s: a retry or quarantine copy waited %.1f ms for the broker's confirm (bridge, mean)", sc.Scenario, sc.Bridge.ConfirmWaitMS)

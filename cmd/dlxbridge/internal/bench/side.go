@@ -30,6 +30,10 @@ const (
 	Raw    = "raw"    // plain amqp091-go: consume, json.Unmarshal, ack, one at a time
 	Bridge = "bridge" // the dlxbridge runtime with a handler that binds the body
 	Floor  = "floor"  // hand-written, the least failure handling that loses nothing (see drainFloor)
+	// Shared is the bridge side's runtime and handler, retrying through
+	// shared delay tiers (retry.tier_queues: shared) instead of per-queue
+	// lanes (see Options.Shared).
+	Shared = "shared"
 )
 
 // sideSpec is what one side's process is told: where its queue is and what
@@ -323,7 +327,7 @@ func runSide(ctx context.Context, s *sideSpec, recordsOut io.Writer, enough <-ch
 	switch s.Side {
 	case Raw:
 		err = drainRaw(ctx, s, rep, enough, &r)
-	case Bridge:
+	case Bridge, Shared:
 		err = drainBridge(ctx, s, rep, enough, wantQuarantined, &r, stderr)
 	case Floor:
 		err = drainFloor(ctx, s, rep, enough, wantQuarantined, &r)

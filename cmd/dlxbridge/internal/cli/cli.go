@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
@@ -45,6 +48,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"topology":   {"plan, apply, verify or delete the broker topology", runTopology},
+		"audit":      {"the dead-letter safety of every queue on a broker (read-only, management API)", runAudit},
 		"schemas":    {"list, lint and validate against the schema registry", runSchemas},
 		"quarantine": {"list, show, stats, replay, purge and audit quarantined messages", runQuarantine},
 		"bench":      {"the runtime beside a plain amqp091-go consumer, every id reconciled", runBench},
@@ -103,20 +107,39 @@ type common struct {
 func (c *common) register(fs *flag.FlagSet, env *Env) {
 	fs.StringVar(&c.configPath, "config", "config.yaml", "path to the config file")
 	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
-	fs.StringVar(&c.url, "url", "", "AMQP URL (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
+	fs.StringVar(&c.url, "url", "", "AMQP URL, or several nodes' URLs comma separated (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
 	fs.StringVar(&c.output, "output", "text", "output format: text or json")
 }
 
-// checkedURL is brokerURL, checked the way amqp091-go will read it. A URL
-// that does not parse is reported on stderr under cmd (its error quotes
-// nothing of the URL) and ok is false: the command exits ExitUsage.
+// checkedURL is brokerURL, checked the way amqp091-go will read it (one
+// URL, or several nodes' comma separated). A URL that does not parse is
+// reported on stderr under cmd (its error quotes nothing of the URL) and ok
+// is false: the command exits ExitUsage.
 func (c *common) checkedURL(env *Env, cmd string) (url string, ok bool) {
 	url, from := c.brokerURL(env)
-	if _, err := amqpx.ParseAMQPURL(url); err != nil {
+	if _, err := amqpx.ParseURLList(url); err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge %s: %s: %v\n", cmd, from, err)
 		return "", false
 	}
 	return url, true
+}
+
+// dial connects a command to the first node of url (checked by
+// checkedURL) that answers, riding out a few seconds in which none does
+// (a node restarting). With several nodes it says on stderr which node it
+// reached, and each node it passed over; with one, only why it waits.
+func dial(ctx context.Context, env *Env, url, name string) (*amqp.Connection, error) {
+	d, err := amqpx.NewDialer(url)
+	if err != nil {
+		return nil, err
+	}
+	level := slog.LevelWarn
+	if len(d.Endpoints()) > 1 {
+		level = slog.LevelInfo
+	}
+	d.Logger = slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))
+	conn, _, err := d.DialRetry(ctx, name, amqpx.Retry{})
+	return conn, err
 }
 
 // brokerURL resolves --url, then RABBITMQ_URL, then the default, and says
@@ -224,4 +247,28 @@ func groupUsage(w io.Writer, group string, subs []subcmd) {
 		fmt.Fprintf(w, "  %-9s %s\n", s.name, s.summary)
 	}
 	fmt.Fprintf(w, "\nRun 'dlxbridge %s <subcommand> -h' for its flags.\n", group)
+}
+
+// parseFlags parses args and reports the exit code to return, if any.
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK, false
+		}
+		return ExitUsage, false
+	}
+	return 0, true
+}
+
+// parseCommand is parseFlags for a command that takes no arguments beside
+// its flags.
+func parseCommand(env *Env, fs *flag.FlagSet, cmd string, args []string) (int, bool) {
+	if code, ok := parseFlags(fs, args); !ok {
+		return code, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.Stderr, "dlxbridge %s: unexpected argument %q\n", cmd, fs.Arg(0))
+		return ExitUsage, false
+	}
+	return 0, true
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -191,11 +190,8 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 	keep := fs.Bool("keep", false, "leave the demo's queues and exchanges (and the quarantined messages) on the broker")
 	prefix := fs.String("prefix", "", "name prefix of everything the demo declares (default dlxbridge-demo-<random>)")
 	timeout := fs.Duration("timeout", 50*time.Second, "give up if the messages have not settled by then")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
 	}
 	c := common{url: *urlFlag}
 	url, ok := c.checkedURL(env, "demo")
@@ -235,7 +231,7 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	if err != nil {
 		return err
 	}
-	conn, err := amqpx.Dial(url, prefix+"/demo")
+	conn, err := dial(ctx, env, url, prefix+"/demo")
 	if err != nil {
 		return err
 	}
@@ -275,7 +271,7 @@ func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout 
 	// One signing key for the runtime and the replay, as in production
 	// (security.signing_key_env): the replayed message's origin is then
 	// one the runtime trusts. Without the variable set, a key for this run.
-	signer, err := envSigner(cfg)
+	signer, err := envSigner(os.Getenv, cfg)
 	if err != nil {
 		return err
 	}
@@ -469,7 +465,7 @@ func demoQuarantineTail(ctx context.Context, out io.Writer, in *quarantine.Inspe
 			return err
 		}
 		fmt.Fprintln(out, "\n$ dlxbridge quarantine stats")
-		return writeStats(out, snap.Stats(quarantine.Filter{}), snap)
+		return writeStats(out, snap.Stats(quarantine.Filter{}), snap, false)
 	}
 	if err := stats(); err != nil {
 		return err

@@ -100,8 +100,8 @@ func demoStats(view string) string {
 		if len(f) < 5 || f[0] == "QUEUE" || !strings.HasSuffix(f[0], ".orders") {
 			continue
 		}
-		o, _ := strconv.Atoi(f[3])
-		r, _ := strconv.Atoi(f[4])
+		o, _ := strconv.Atoi(f[2]) // QUEUE CLASS OPEN REPLAYED …
+		r, _ := strconv.Atoi(f[3])
 		open[f[1]] += o
 		replayed[f[1]] += r
 	}

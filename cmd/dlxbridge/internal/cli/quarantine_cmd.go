@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -28,7 +28,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// runQuarantine: dlxbridge quarantine list|show|stats|replay|purge|audit.
+// runQuarantine: dlxbridge quarantine list|show|stats|replay|purge|audit|export.
 //
 // list, show, stats and audit only read (the records and events streams,
 // by offset): they change nothing on the broker. Exit 1: the broker could
@@ -42,17 +42,23 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		subcmd{"stats", "records grouped by queue, class and fingerprint, with ages and owners"},
 		subcmd{"replay", "send selected records back through the normal path: filtered, paced, audited"},
 		subcmd{"purge", "mark selected records resolved without sending them (--reason required)"},
-		subcmd{"audit", "who replayed or purged what, when and why"})
+		subcmd{"audit", "who replayed or purged what, when and why"},
+		subcmd{"export", "write selected records to an archive directory (JSON lines and a manifest of digests); changes nothing"},
+		subcmd{"jobs", "replays as jobs: state, counts, each message's outcome; jobs cancel ID stops one"})
 	if !ok {
 		return code
+	}
+	if sub == "jobs" {
+		return runJobs(ctx, env, rest)
 	}
 	usage := map[string]string{
 		"list":   "quarantine list [filters] [--state open|replayed|purged|expired|all] [--limit N]",
 		"show":   "quarantine show ID",
 		"stats":  "quarantine stats [filters] [--state ...]",
-		"replay": "quarantine replay FILTERS [--to-queue Q] [--dry-run] [--max N] [--rate R] [--reason TEXT] [--skip-invalid] [--patch FILE | --replace-body FILE] [--lock-wait 10s]",
+		"replay": "quarantine replay FILTERS [--from-archive DIR] [--to-queue Q] [--dry-run] [--max N] [--rate R] [--reason TEXT] [--skip-invalid] [--patch FILE | --replace-body FILE] [--set-header NAME=VALUE] [--set-type T] [--set-version V] [--lock-wait 10s]",
 		"purge":  "quarantine purge FILTERS --reason TEXT [--dry-run] [--max N]",
 		"audit":  "quarantine audit [--all]",
+		"export": "quarantine export --to DIR [filters] [--state ...]",
 	}[sub]
 	fs := newFlagSet(env, "quarantine "+sub, usage+" [--config config.yaml] [--url amqp://...] [--output text|json]")
 	if sub == "list" {
@@ -63,10 +69,16 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	c.register(fs, env)
 	var f filterFlags
 	if sub != "show" && sub != "audit" {
-		f.register(fs, sub == "list" || sub == "stats")
+		f.register(fs, sub == "list" || sub == "stats" || sub == "export")
 	}
 	// Each subcommand registers only its own flags, so -h lists what it takes.
-	limit, all := new(int), new(bool)
+	limit, all, wide, raw := new(int), new(bool), new(bool), new(bool)
+	if sub == "list" || sub == "stats" || sub == "audit" {
+		fs.BoolVar(wide, "wide", false, fmt.Sprintf("show every column, uncut (by default the table fits %d columns)", tableWidth))
+	}
+	if sub == "show" {
+		fs.BoolVar(raw, "raw", false, "print the payload as stored (by default a JSON payload is indented)")
+	}
 	if sub == "list" {
 		fs.IntVar(limit, "limit", 50, "show at most N records (0: all)")
 	}
@@ -77,15 +89,16 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	if sub == "audit" {
 		fs.BoolVar(all, "all", false, "include the per-record replayed events")
 	}
+	exportTo := new(string)
+	if sub == "export" {
+		fs.StringVar(exportTo, "to", "", "the archive directory (required; created if missing, refused unless empty)")
+	}
 	var id string
 	if sub == "show" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		id, rest = rest[0], rest[1:] // show ID [flags]
 	}
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
+	if code, ok := parseFlags(fs, rest); !ok {
+		return code
 	}
 	switch {
 	case sub == "show" && id == "" && fs.NArg() == 1:
@@ -123,6 +136,10 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %v\n", sub, quarantine.ErrNoSelector)
 		return ExitUsage
 	}
+	if sub == "export" && *exportTo == "" {
+		fmt.Fprintln(env.Stderr, "dlxbridge quarantine export: --to DIR is required")
+		return ExitUsage
+	}
 	if sub == "purge" && strings.TrimSpace(ro.reason) == "" {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine purge: %v (--reason)\n", quarantine.ErrNoReason)
 		return ExitUsage
@@ -131,7 +148,7 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	conn, err := amqpx.Dial(url, cfg.Broker.ConnectionName+"/quarantine-"+sub)
+	conn, err := dial(ctx, env, url, cfg.Broker.ConnectionName+"/quarantine-"+sub)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -141,7 +158,24 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	case "replay", "purge":
 		return runRedrive(ctx, env, sub, &c, &ro, cfg, filter, conn, fail)
 	}
-	in := &quarantine.Inspector{Conn: conn, Config: cfg}
+	// With the key, an event that no valid signature vouches for changes
+	// nothing once its stream holds a signed one (audit marks it);
+	// without, every event counts and none is verified.
+	verifier, err := envSigner(env.Getenv, cfg)
+	if err != nil {
+		return fail("%v", err)
+	}
+	in := &quarantine.Inspector{Conn: conn, Config: cfg, Verifier: verifier}
+	if sub == "export" {
+		m, err := in.Export(ctx, quarantine.ExportOptions{Dir: *exportTo, Filter: filter, Vhost: vhostOf(url)})
+		if err != nil {
+			return fail("%v", err)
+		}
+		return renderOr(env, c.output, fail, m, func(w io.Writer) error {
+			_, err := fmt.Fprintf(w, "exported %d record(s) to %s (sha256 %s)\n", m.Count, *exportTo, m.SHA256)
+			return err
+		})
+	}
 	snap, err := in.Snapshot(ctx)
 	if err != nil {
 		return fail("%v", err)
@@ -154,7 +188,7 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 			recs = recs[:*limit]
 		}
 		return renderOr(env, c.output, fail, map[string]any{"total": total, "records": nonNil(recs)}, func(w io.Writer) error {
-			if err := writeList(w, recs, total, snap.At); err != nil {
+			if err := writeList(w, recs, total, snap.At, *wide); err != nil {
 				return err
 			}
 			return writeIntakeWaiting(w, snap)
@@ -166,12 +200,12 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		}
 		hist := snap.History(r)
 		return renderOr(env, c.output, fail, map[string]any{"record": r, "history": nonNil(hist)}, func(w io.Writer) error {
-			return writeRecord(w, r, hist, snap.At)
+			return writeRecord(w, r, hist, snap.At, *raw)
 		})
 	case "stats":
 		groups := snap.Stats(filter)
 		return renderOr(env, c.output, fail, map[string]any{"groups": groups, "intake_waiting": snap.Intake, "undecodable": snap.Undecodable}, func(w io.Writer) error {
-			return writeStats(w, groups, snap)
+			return writeStats(w, groups, snap, *wide)
 		})
 	default: // audit
 		var events []quarantine.Event
@@ -181,7 +215,7 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 			}
 		}
 		return renderOr(env, c.output, fail, map[string]any{"events": nonNil(events)}, func(w io.Writer) error {
-			return writeAudit(w, events)
+			return writeAudit(w, events, *wide, verifier != nil, cfg.Security.SigningKeyEnv)
 		})
 	}
 }
@@ -271,10 +305,17 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 // replayFlags are replay's and purge's own flags.
 type replayFlags struct {
 	toQueue, reason, patch, replace string
-	dryRun, skipInvalid             bool
-	max                             int
-	rate                            float64
-	lockWait                        time.Duration
+	// fromArchive is an archive directory that quarantine export wrote.
+	fromArchive string
+	// setHeaders, typ and version repair a message's identity (see
+	// quarantine.Patch): the commonest producer bug is a missing or wrong
+	// schema-version header, which no body patch can fix.
+	setHeaders          map[string]string
+	typ, version        string
+	dryRun, skipInvalid bool
+	max                 int
+	rate                float64
+	lockWait            time.Duration
 }
 
 func (r *replayFlags) register(fs *flag.FlagSet, sub string) {
@@ -286,11 +327,28 @@ func (r *replayFlags) register(fs *flag.FlagSet, sub string) {
 		return
 	}
 	fs.StringVar(&r.reason, "reason", "", "why (recorded in each message and the audit trail)")
+	fs.StringVar(&r.fromArchive, "from-archive", "", "replay the records of this archive (quarantine export --to) instead of the stream's; every digest is checked first")
 	fs.StringVar(&r.toQueue, "to-queue", "", "send to this queue instead of each record's own work queue")
 	fs.Float64Var(&r.rate, "rate", 0, "messages per second (0: unpaced)")
 	fs.BoolVar(&r.skipInvalid, "skip-invalid", false, "leave out messages that fail the current schema instead of refusing")
 	fs.StringVar(&r.patch, "patch", "", "JSON merge patch FILE applied to each payload (the result must pass the schema)")
 	fs.StringVar(&r.replace, "replace-body", "", "FILE replacing each payload (it must pass the schema)")
+	fs.Func("set-header", "set header NAME=VALUE on each message (repeatable; not x-…, CC, BCC or dlxbridge-…; the result must pass the schema)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return errors.New("want NAME=VALUE")
+		}
+		if r.setHeaders == nil {
+			r.setHeaders = map[string]string{}
+		}
+		if _, dup := r.setHeaders[k]; dup {
+			return fmt.Errorf("header %q set twice", k)
+		}
+		r.setHeaders[k] = val
+		return nil
+	})
+	fs.StringVar(&r.typ, "set-type", "", "set the AMQP type property of each message (--type filters)")
+	fs.StringVar(&r.version, "set-version", "", "set the schema version header of each message (the queue's message.version_header; --version filters)")
 }
 
 func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replayFlags, cfg *config.Config,
@@ -299,7 +357,7 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	// With the consumers' key (security.signing_key_env) a replayed message
 	// keeps an origin the runtime trusts; without it the origin is where
 	// the replay sends it.
-	signer, err := envSigner(cfg)
+	signer, err := envSigner(env.Getenv, cfg)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -310,6 +368,11 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 			"Nor can it verify their redrive count: one that fails again is recorded with no prior replays, so max_redrives counts afresh, "+
 			"and this replay counts prior replays as the records claim them. "+
 			"Set the consumers' signing key to keep both.\n", cfg.Security.SigningKeyEnv)
+	}
+	if signer == nil && !ro.dryRun {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: $%s is unset, so the events this %s writes are unsigned: "+
+			"once a quarantine's events are signed (a runtime with the key marks that at start), every reader with the key ignores them, "+
+			"and the records this %s resolves still look open there.\n", sub, cfg.Security.SigningKeyEnv, sub, sub)
 	}
 	if sub == "purge" {
 		res, err := rp.Purge(ctx, quarantine.PurgeOptions{Filter: filter, Reason: ro.reason, DryRun: ro.dryRun, Max: ro.max})
@@ -332,6 +395,15 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 	rp.Registry = registry
 	opts := quarantine.ReplayOptions{Filter: filter, ToQueue: ro.toQueue, DryRun: ro.dryRun, Max: ro.max, Rate: ro.rate,
 		Reason: ro.reason, SkipInvalid: ro.skipInvalid}
+	if ro.fromArchive != "" {
+		// Checked before anything is locked or sent: one line that does
+		// not match its digest refuses the whole archive.
+		a, err := (&quarantine.Inspector{Config: cfg}).ReadArchive(ro.fromArchive)
+		if err != nil {
+			return fail("%v", err)
+		}
+		opts.Archive = a
+	}
 	if ro.reason == "" {
 		opts.Reason = "replayed with dlxbridge quarantine replay"
 	}
@@ -355,6 +427,17 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 		}
 		opts.Patch = &quarantine.Patch{Replace: b}
 	}
+	if len(ro.setHeaders) > 0 || ro.typ != "" || ro.version != "" {
+		if opts.Patch == nil {
+			opts.Patch = &quarantine.Patch{}
+		}
+		opts.Patch.Headers, opts.Patch.Type = ro.setHeaders, ro.typ
+		opts.Patch.Version = ro.version
+		if err := opts.Patch.Check(); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge quarantine replay: %v\n", err)
+			return ExitUsage
+		}
+	}
 	if isTerminal(env.Stderr) {
 		opts.Progress = func(p quarantine.Progress) {
 			fmt.Fprintf(env.Stderr, "\r%d/%d sent  %.1f/s  ETA %s   ", p.Done, p.Total, p.Rate, p.ETA.Round(time.Second))
@@ -373,10 +456,20 @@ func runRedrive(ctx context.Context, env *Env, sub string, c *common, ro *replay
 		return fail("%v", err)
 	}
 	if res.Stopped {
-		fmt.Fprintln(env.Stderr, "dlxbridge quarantine replay: stopped; the rest stay open")
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine replay: %s; the rest stay open\n", res.Stop)
 		return ExitFail
 	}
 	return ExitOK
+}
+
+// vhostOf is the virtual host url names (every node's is the same), for
+// an archive's manifest.
+func vhostOf(url string) string {
+	eps, err := amqpx.ParseURLList(url)
+	if err != nil || len(eps) == 0 {
+		return ""
+	}
+	return eps[0].Vhost
 }
 
 func age(now, t time.Time) string {
@@ -401,6 +494,14 @@ columns:
                  did not verify, on a message without x-death (see show's notes)
   AGE            since the message was quarantined
   STATE          open, or what became of this record: replayed, purged, expired
+                 (left out when every record listed is open). A "?" after
+                 replayed or purged: no valid signature was checked on the
+                 event that says so (read without the signing key, or an event
+                 from before its stream's events were signed; see audit)
+  MESSAGE ID     the message's message-id property
+  ERROR          what went wrong: the handler's or the gate's error, cut to fit
+                 100 columns (--wide: every column, uncut; REASON, FINGERPRINT
+                 and PRIOR_REPLAYS appear only there)
   PRIOR_REPLAYS  how many times the message had been replayed out of the
                  quarantine before it came into the quarantine this time (its
                  dlxbridge-redrive-count header, if the replay's signature or
@@ -411,18 +512,30 @@ columns:
                  whose count reached the queue's quarantine.max_redrives.
 `
 
-func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tQUEUE\tCLASS\tFINGERPRINT\tAGE\tSTATE\tPRIOR_REPLAYS\tREASON")
+func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time, wide bool) error {
+	t := &table{wide: wide, cols: []column{
+		{name: "ID", max: 12}, {name: "QUEUE", max: 12, keepEnd: true}, {name: "CLASS", max: 11}, {name: "FINGERPRINT", wideOnly: true, max: 16},
+		{name: "AGE", max: 8}, {name: "STATE", max: 8, hideIf: string(quarantine.StateOpen)}, {name: "PRIOR_REPLAYS", wideOnly: true, max: 2},
+		{name: "MESSAGE ID", max: 16}, {name: "REASON", wideOnly: true, max: 40}, {name: "ERROR", min: 20},
+	}}
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, listClass(r.Envelope), printable(r.Envelope.Fingerprint, ""),
-			age(now, r.Seen()), r.State, r.Redrives, printable(frame.Truncate(r.Envelope.Reason, 80), ""))
+		t.add(r.ID, printable(r.Queue, ""), listClass(r.Envelope), printable(r.Envelope.Fingerprint, ""),
+			age(now, r.Seen()), listState(r), fmt.Sprint(r.Redrives), printable(r.Properties.MessageID, ""),
+			printable(frame.Truncate(r.Envelope.Reason, 80), ""), printable(frame.Truncate(errorText(r.Envelope), 200), ""))
 	}
-	if err := tw.Flush(); err != nil {
+	if err := t.write(w); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "%d of %d record(s)\n", len(recs), total)
 	return err
+}
+
+// errorText is what went wrong, for people: the error, else the reason.
+func errorText(e quarantine.Envelope) string {
+	if e.Error != "" {
+		return e.Error
+	}
+	return e.Reason
 }
 
 // writeIntakeWaiting says which intakes hold messages the keeper has not
@@ -449,18 +562,21 @@ func violationText(v quarantine.Violation) string {
 	return p + " " + v.Keyword + ": " + v.Message
 }
 
-func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, now time.Time) error {
+func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, now time.Time, raw bool) error {
 	e := r.Envelope
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := &kvWriter{w: w}
 	row := func(k string, v any) {
 		if s := fmt.Sprint(v); s != "" && s != "0" {
-			fmt.Fprintf(tw, "%s\t%s\n", printable(k, ""), printable(s, ""))
+			tw.add(printable(k, ""), printable(s, ""))
 		}
 	}
 	row("id", r.ID)
 	row("state", r.State)
 	if r.Resolution != nil {
 		row("resolved", fmt.Sprintf("%s at %s by %s (run %s): %s", r.Resolution.Kind, r.Resolution.At.Format(time.RFC3339), r.Resolution.By, r.Resolution.Run, r.Resolution.Reason))
+		if !r.Resolution.Verified {
+			row("resolved by", "an event NOT verified: "+r.Resolution.Unverified)
+		}
 	}
 	row("queue", r.Queue)
 	row("owner", strings.TrimSpace(r.Owner.Team+" "+r.Owner.Contact))
@@ -521,7 +637,14 @@ func writeRecord(w io.Writer, r *quarantine.Record, hist []*quarantine.Record, n
 			fmt.Fprintf(w, "  %s\n", printable(line, "\t"))
 		}
 	}
-	_, err := fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Body), printable(string(r.Body), "\n\t"))
+	body, how := r.Body, ""
+	if !raw {
+		var buf bytes.Buffer
+		if json.Valid(body) && json.Indent(&buf, body, "", "  ") == nil && buf.Len() != len(body) {
+			body, how = buf.Bytes(), ", indented; --raw prints it as stored"
+		}
+	}
+	_, err := fmt.Fprintf(w, "payload (%d bytes%s):\n%s\n", len(r.Body), how, printable(string(body), "\n\t"))
 	return err
 }
 
@@ -532,20 +655,25 @@ func formatTime(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapshot) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tCLASS\tFINGERPRINT\tOPEN\tREPLAYED\tPURGED\tEXPIRED\tFIRST SEEN\tLAST SEEN\tOLDEST OPEN\tOWNER\tEXAMPLE")
+func writeStats(w io.Writer, groups []quarantine.Group, snap *quarantine.Snapshot, wide bool) error {
+	t := &table{wide: wide, cols: []column{
+		{name: "QUEUE", max: 12, keepEnd: true}, {name: "CLASS", max: 11}, {name: "FINGERPRINT", wideOnly: true, max: 16},
+		{name: "OPEN", max: 6}, {name: "REPLAYED", max: 8}, {name: "PURGED", wideOnly: true}, {name: "EXPIRED", wideOnly: true},
+		{name: "FIRST SEEN", wideOnly: true}, {name: "LAST SEEN", wideOnly: true}, {name: "LAST", narrowOnly: true, max: 8}, {name: "OLDEST OPEN", max: 11},
+		{name: "OWNER", wideOnly: true}, {name: "EXAMPLE", min: 20},
+	}}
 	var open, replayed, purged, expired int
 	for _, g := range groups {
 		oldest := "-"
 		if g.Open > 0 {
 			oldest = time.Duration(g.OldestOpenAge).Round(time.Second).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", g.Queue, printable(string(g.Class), ""), printable(g.Fingerprint, ""), g.Open, g.Replayed, g.Purged, g.Expired,
-			formatTime(g.FirstSeen), formatTime(g.LastSeen), oldest, strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), printable(frame.Truncate(g.Example, 60), ""))
+		t.add(printable(g.Queue, ""), printable(string(g.Class), ""), printable(g.Fingerprint, ""), fmt.Sprint(g.Open),
+			fmt.Sprint(g.Replayed), fmt.Sprint(g.Purged), fmt.Sprint(g.Expired), formatTime(g.FirstSeen), formatTime(g.LastSeen), age(snap.At, g.LastSeen), oldest,
+			printable(strings.TrimSpace(g.Owner.Team+" "+g.Owner.Contact), ""), printable(frame.Truncate(g.Example, 200), ""))
 		open, replayed, purged, expired = open+g.Open, replayed+g.Replayed, purged+g.Purged, expired+g.Expired
 	}
-	if err := tw.Flush(); err != nil {
+	if err := t.write(w); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "total: %d open, %d replayed, %d purged, %d expired (older than retention, never replayed or purged)\n", open, replayed, purged, expired)
@@ -567,10 +695,23 @@ func sortedIntakes(m map[string]int) []string {
 	return out
 }
 
-func writeAudit(w io.Writer, events []quarantine.Event) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "AT\tQUARANTINE\tKIND\tBY\tRUN\tREASON\tFILTER\tCOUNTS\tIDS")
+// writeAudit lists events; SIGNED says what this reader made of each one's
+// signature (see eventSigned), and a line after the table says what its
+// marks mean, when there are any.
+func writeAudit(w io.Writer, events []quarantine.Event, wide, keyed bool, keyEnv string) error {
+	t := &table{wide: wide, cols: []column{
+		{name: "AT", wideOnly: true}, {name: "AT (UTC)", narrowOnly: true, max: 11}, {name: "QUARANTINE", wideOnly: true},
+		{name: "KIND", max: 15}, {name: "SIGNED", max: 8}, {name: "BY", max: 16}, {name: "RUN", wideOnly: true}, {name: "COUNTS", wideOnly: true},
+		{name: "FILTER", max: 18}, {name: "IDS", wideOnly: true}, {name: "REPAIR", wideOnly: true}, {name: "REASON", min: 16},
+	}}
+	unverified, ignored := 0, 0
 	for _, e := range events {
+		switch {
+		case e.Ignored:
+			ignored++
+		case !e.Verified:
+			unverified++
+		}
 		counts := make([]string, 0, len(e.Counts))
 		for k, v := range e.Counts {
 			counts = append(counts, fmt.Sprintf("%s=%d", k, v))
@@ -580,9 +721,41 @@ func writeAudit(w io.Writer, events []quarantine.Event) error {
 		if len(e.IDs) > 5 {
 			ids = strings.Join(e.IDs[:5], ",") + fmt.Sprintf(",… (%d)", len(e.IDs))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(e.At), printable(e.Quarantine, ""), printable(e.Kind, ""), printable(e.By, ""), printable(e.Run, ""), printable(e.Reason, ""), printable(e.Filter, ""), strings.Join(counts, " "), ids)
+		t.add(formatTime(e.At), e.At.UTC().Format("01-02 15:04"), printable(e.Quarantine, ""), printable(e.Kind, ""), eventSigned(e),
+			printable(e.By, ""), printable(e.Run, ""), printable(strings.Join(counts, " "), ""), printable(e.Filter, ""), printable(ids, ""),
+			printable(e.Patch, ""), printable(e.Reason, ""))
 	}
-	return tw.Flush()
+	if err := t.write(w); err != nil {
+		return err
+	}
+	var notes []string
+	switch {
+	case !keyed && len(events) > 0:
+		notes = append(notes, fmt.Sprintf("?: not verified: $%s is unset, so no signature was checked and every event counts; BY and the rest are the event's word", keyEnv))
+	case unverified > 0:
+		notes = append(notes, fmt.Sprintf("?: %d event(s) without a valid signature that no signed event precedes in its stream (an older version's, or a writer's without the key): counted, their word unverified", unverified))
+	}
+	if ignored > 0 {
+		notes = append(notes, fmt.Sprintf("UNSIGNED: %d event(s) without a valid signature after a signed one in its stream (a forgery, or a writer without the key): they change nothing", ignored))
+	}
+	for _, n := range notes {
+		if _, err := io.WriteString(w, wrap(n, tableWidth)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eventSigned is audit's SIGNED: "yes" (the signature verified), "?"
+// (counted, not verified), or "UNSIGNED" (ignored: it changes nothing).
+func eventSigned(e quarantine.Event) string {
+	switch {
+	case e.Verified:
+		return "yes"
+	case e.Ignored:
+		return "UNSIGNED"
+	}
+	return "?"
 }
 
 func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
@@ -629,11 +802,12 @@ func printable(s, keep string) string {
 	return b.String()
 }
 
-// envSigner is the Signer for the consumers' key, read from the variable
-// security.signing_key_env names, or nil when it is unset or empty.
-func envSigner(cfg *config.Config) (*triage.Signer, error) {
+// envSigner is the Signer for the consumers' key, read with getenv from
+// the variable security.signing_key_env names, or nil when it is unset or
+// empty.
+func envSigner(getenv func(string) string, cfg *config.Config) (*triage.Signer, error) {
 	env := cfg.Security.SigningKeyEnv
-	key := os.Getenv(env)
+	key := getenv(env)
 	if env == "" || key == "" {
 		return nil, nil
 	}
@@ -642,6 +816,15 @@ func envSigner(cfg *config.Config) (*triage.Signer, error) {
 		return nil, fmt.Errorf("$%s: %w", env, err)
 	}
 	return signer, nil
+}
+
+// listState is list's STATE: a "?" after replayed or purged when the event
+// that resolved the record was not verified (see listColumns).
+func listState(r *quarantine.Record) string {
+	if r.Resolution != nil && !r.Resolution.Verified {
+		return string(r.State) + "?"
+	}
+	return string(r.State)
 }
 
 // listClass is list's CLASS: the class, marked when an envelope that

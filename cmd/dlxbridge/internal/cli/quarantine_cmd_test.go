@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -183,21 +184,25 @@ func TestQuarantineCommands(t *testing.T) {
 	// PRIOR_REPLAYS is the count the message arrived with: a record just
 	// replayed still says 0 (its STATE says replayed); the JSON field keeps
 	// its name.
-	listed := strings.Split(strings.TrimSpace(run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--state", "all")), "\n")
-	if want := "ID QUEUE CLASS FINGERPRINT AGE STATE PRIOR_REPLAYS REASON"; strings.Join(strings.Fields(listed[0]), " ") != want {
+	listed := strings.Split(strings.TrimSpace(run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--state", "all", "--wide")), "\n")
+	if want := "ID QUEUE CLASS FINGERPRINT AGE STATE PRIOR_REPLAYS MESSAGE ID REASON ERROR"; strings.Join(strings.Fields(listed[0]), " ") != want {
 		t.Errorf("list heading %q, want the fields %q", listed[0], want)
 	}
+	// Read without the key, the replayed events are not verified: "?".
 	for _, row := range listed[1:4] {
-		if f := strings.Fields(row); len(f) < 7 || f[5] != "replayed" || f[6] != "0" {
-			t.Errorf("list row %q: want state replayed, 0 prior replays", row)
+		if f := strings.Fields(row); len(f) < 7 || f[5] != "replayed?" || f[6] != "0" {
+			t.Errorf("list row %q: want state replayed? (read without the key), 0 prior replays", row)
 		}
 	}
 	if js := run(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-b", "--state", "all", "--output", "json"); !strings.Contains(js, `"redrive_count": 0`) {
 		t.Errorf("list JSON lacks redrive_count:\n%s", js)
 	}
-	run(cli.ExitOK, "quarantine", "purge", "--fingerprint", "fp-c", "--reason", "test data")
+	if _, errOut := b.mustRunAll(t, cli.ExitOK, append([]string{"quarantine", "purge", "--fingerprint", "fp-c", "--reason", "test data"}, cfgFlag...)...); !strings.Contains(errOut, "the events this purge writes are unsigned") {
+		t.Errorf("purge without a signing key does not say its events are unsigned:\n%s", errOut)
+	}
 	audit := run(cli.ExitOK, "quarantine", "audit")
-	for _, want := range []string{"replay-started", "replay-finished", "purged", "fixed in 1.2.4", "test data", "fingerprint=fp-c"} {
+	for _, want := range []string{"replay-started", "replay-finished", "purged", "fixed in 1.2.4", "test data", "fingerprint=fp-c",
+		"SIGNED", "?: not verified: $" + config.DefaultSigningKeyEnv + " is unset"} {
 		if !strings.Contains(audit, want) {
 			t.Fatalf("audit lacks %q:\n%s", want, audit)
 		}
@@ -353,5 +358,89 @@ func TestQuarantineListSaysWhatWaitsInTheIntake(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("quarantine %s:\n%s\nwant a line %q", cmd, out, want)
 		}
+	}
+}
+
+// With the key, an event published straight into the events stream
+// through the default exchange (any user with write on amq.default can)
+// after the stream's first signed event is listed by audit as UNSIGNED and
+// changes nothing: the record it names stays open. The operators' signed
+// purge is "yes" and resolves its record. Read without the key, both
+// count, marked "?".
+func TestQuarantineAuditMarksAnUnsignedEvent(t *testing.T) {
+	t.Parallel()
+	b, cfg := setupQuarantine(t, map[string]int{"fp-s": 1, "fp-f": 1})
+	const key = "the operators' key, 32 bytes...."
+	keyed := func(code int, args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		env := &cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string {
+			switch k {
+			case "RABBITMQ_URL":
+				return b.env.URL
+			case config.DefaultSigningKeyEnv:
+				return key
+			}
+			return ""
+		}}
+		if got := cli.Main(context.Background(), append(args, "--config", b.config), env); got != code {
+			t.Fatalf("dlxbridge %s: exit %d, want %d\n%s\n%s", strings.Join(args, " "), got, code, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	keyed(cli.ExitOK, "quarantine", "purge", "--fingerprint", "fp-s", "--reason", "signed by the operators")
+	var list struct {
+		Records []quarantine.Record `json:"records"`
+	}
+	if err := json.Unmarshal([]byte(keyed(cli.ExitOK, "quarantine", "list", "--fingerprint", "fp-f", "--output", "json")), &list); err != nil || len(list.Records) != 1 {
+		t.Fatalf("list fp-f: %+v %v", list, err)
+	}
+	target := list.Records[0].ID
+	body, _ := json.Marshal(quarantine.Event{Kind: quarantine.EventPurged, At: time.Now().UTC(), By: "alice@ops-host",
+		Reason: "forged", Run: "f0f0f0f0f0f0", IDs: []string{target}})
+	ch := b.env.Channel("forger")
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	if err := ch.PublishWithContext(context.Background(), "", cfg.Queues[0].Quarantine.EventsStream(), true, false, amqp.Publishing{Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	<-confirms
+
+	audit := keyed(cli.ExitOK, "quarantine", "audit", "--wide") // AT QUARANTINE KIND SIGNED BY …
+	rows := map[string][]string{}
+	for _, line := range strings.Split(audit, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[2] == quarantine.EventPurged) {
+			rows[f[4]] = f
+		}
+	}
+	if f := rows["alice@ops-host"]; f == nil || f[3] != "UNSIGNED" {
+		t.Errorf("the forged event is not marked UNSIGNED:\n%s", audit)
+	}
+	if !strings.Contains(audit, "UNSIGNED: 1 event(s)") {
+		t.Errorf("audit does not say what UNSIGNED means:\n%s", audit)
+	}
+	for by, f := range rows {
+		if by != "alice@ops-host" && f[3] != "yes" {
+			t.Errorf("the operators' purge is %s, want yes:\n%s", f[3], audit)
+		}
+	}
+	if len(rows) != 2 {
+		t.Fatalf("%d purged events listed, want 2:\n%s", len(rows), audit)
+	}
+	state := func(out string) string {
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 5 && f[0] == target {
+				return f[5]
+			}
+		}
+		return ""
+	}
+	if st := state(keyed(cli.ExitOK, "quarantine", "list", "--state", "all", "--wide")); st != "open" {
+		t.Errorf("with the key the record the forged event names is %q, want open", st)
+	}
+	if st := state(b.mustRun(t, cli.ExitOK, "quarantine", "list", "--state", "all", "--wide", "--config", b.config)); st != "purged?" {
+		t.Errorf("without the key the record the forged event names is %q, want purged? (counted, not verified)", st)
 	}
 }

@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"time"
@@ -27,15 +25,8 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 	allowDrift := fs.Bool("allow-drift", false, "start even if the topology differs from the config (logs the drift)")
 	listen := fs.String("listen", "", "address for /metrics, /healthz, /readyz (default run.listen)")
 	qrefresh := fs.Duration("quarantine-refresh", 30*time.Second, "how often the quarantine metrics read the records (each read takes every record)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "dlxbridge run: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
+	if code, ok := parseCommand(env, fs, "run", args); !ok {
+		return code
 	}
 	if *apply && *allowDrift {
 		fmt.Fprintln(env.Stderr, "dlxbridge run: --apply and --allow-drift exclude each other")

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -19,9 +20,18 @@ import (
 // silently read-only page; so is a token shorter than
 // sidecar.MinTokenBytes, which a few guesses would find.
 func runPage(env *Env, url string, cfg *config.Config, reg *schemas.Registry, logger *slog.Logger) (*sidecar.Page, bool) {
+	// One dialer for every request's connection: each starts at the node
+	// that last answered. It logs nothing: a connection per page view
+	// would fill the log, and a failed one is the page's error.
+	d, err := amqpx.NewDialer(url)
+	if err != nil { // checkedURL passed it
+		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
+		return nil, false
+	}
 	p := &sidecar.Page{Config: cfg, Registry: reg, Logger: logger,
 		Dial: func() (*amqp.Connection, error) {
-			return amqpx.Dial(url, cfg.Broker.ConnectionName+"/run-quarantine-page")
+			conn, _, err := d.Dial(context.Background(), cfg.Broker.ConnectionName+"/run-quarantine-page")
+			return conn, err
 		}}
 	if name := cfg.Run.OperatorTokenEnv; name != "" {
 		p.Token = strings.TrimSpace(env.Getenv(name))
@@ -30,10 +40,18 @@ func runPage(env *Env, url string, cfg *config.Config, reg *schemas.Registry, lo
 			return nil, false
 		}
 		if len(p.Token) < sidecar.MinTokenBytes {
-			fmt.Fprintf(env.Stderr, "dlxbridge run: the operator token in %s is %d bytes, want at least %d (e.g. from: openssl rand -hex 16)\n", name, len(p.Token), sidecar.MinTokenBytes)
+			fmt.Fprintf(env.Stderr, "dlxbridge run: the operator token in %s is %d bytes, want at least %d (e.g. from: openssl rand -hex 32, as docs/sidecar.md says)\n", name, len(p.Token), sidecar.MinTokenBytes)
 			return nil, false
 		}
 	}
 	p.AllowedHosts = cfg.Run.AllowedHosts
+	// The runtime's key (the same variable consumer.New reads): the page
+	// verifies events with it and signs its own.
+	signer, err := envSigner(env.Getenv, cfg)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge run: %v\n", err)
+		return nil, false
+	}
+	p.Signer = signer
 	return p, true
 }

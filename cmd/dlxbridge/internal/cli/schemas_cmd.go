@@ -52,17 +52,6 @@ func (r *registryFlags) options() schemas.LoadOptions {
 	return schemas.LoadOptions{Dir: r.dir, NoEmbedded: r.noEmbedded}
 }
 
-// parseFlags parses args and reports the exit code to return, if any.
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK, false
-		}
-		return ExitUsage, false
-	}
-	return 0, true
-}
-
 // loadRegistry loads the registry; on failure it prints every broken file.
 func loadRegistry(env *Env, cmd string, opts schemas.LoadOptions) (*schemas.Registry, bool) {
 	reg, err := schemas.Load(opts)
@@ -83,12 +72,8 @@ func schemasLint(env *Env, args []string) int {
 	fs := newFlagSet(env, "schemas lint", "schemas lint [--dir DIR] [--no-embedded]")
 	var rf registryFlags
 	rf.register(fs)
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseCommand(env, fs, "schemas lint", args); !ok {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "dlxbridge schemas lint: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
 	}
 	reg, err := schemas.Load(rf.options())
 	if err != nil {
@@ -162,7 +147,7 @@ func schemasValidate(ctx context.Context, env *Env, args []string) int {
 		Headers: map[string]any{wire.DefaultVersionHeader: v},
 		Body:    body,
 	})
-	if ctx.Err() != nil && err == ctx.Err() {
+	if errors.Is(err, schemas.ErrStopped) {
 		fmt.Fprintf(env.Stderr, "dlxbridge schemas validate: stopped before the check finished (%v)\n", err)
 		return ExitFail
 	}
@@ -220,12 +205,8 @@ func schemasList(env *Env, args []string) int {
 	var rf registryFlags
 	rf.register(fs)
 	output := fs.String("output", "text", "output format: text or json")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseCommand(env, fs, "schemas list", args); !ok {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "dlxbridge schemas list: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
 	}
 	if *output != "text" && *output != "json" {
 		fmt.Fprintf(env.Stderr, "dlxbridge: --output must be text or json, not %q\n", *output)

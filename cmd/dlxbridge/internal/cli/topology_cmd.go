@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 
-	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -37,7 +35,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	}
 	usageLine := "topology " + sub + " [--config config.yaml] [--url amqp://...] [--output text|json]"
 	if sub == "delete" {
-		usageLine = "topology delete [--dry-run] [--include-data] [--without-management] [--config config.yaml] [--url amqp://...] [--output text|json]"
+		usageLine = "topology delete [--dry-run] [--include-data | --retired] [--without-management] [--config config.yaml] [--url amqp://...] [--output text|json]"
 	}
 	fs := newFlagSet(env, "topology "+sub, usageLine)
 	var c common
@@ -46,19 +44,17 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 	if sub == "delete" {
 		fs.BoolVar(&del.DryRun, "dry-run", false, "print what would be deleted or kept (with message counts); delete nothing. Refuses where the delete would (no management API without --without-management)")
 		fs.BoolVar(&del.IncludeData, "include-data", false, "also delete queues that hold messages and the quarantine's streams (its records and audit trail)")
+		fs.BoolVar(&del.Retired, "retired", false, "delete only the per-queue retry lanes and exchanges that queues moved to the shared tiers no longer use, each once it is empty (what a lane holds still returns to its work queue)")
 		fs.BoolVar(&del.WithoutManagement, "without-management", false, "delete without the management API (broker.management_url): objects of another type under the config's names, and queues other configs route into, are then deleted when empty")
 	}
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "dlxbridge topology %s: unexpected argument %q\n", sub, fs.Arg(0))
-		return ExitUsage
+	if code, ok := parseCommand(env, fs, "topology "+sub, rest); !ok {
+		return code
 	}
 	if !c.checkOutput(env) {
+		return ExitUsage
+	}
+	if del.Retired && del.IncludeData {
+		fmt.Fprintf(env.Stderr, "dlxbridge topology delete: --retired deletes only empty lanes; it does not take --include-data\n")
 		return ExitUsage
 	}
 	cfg, ok := loadConfig(env, c.configPath)
@@ -83,7 +79,7 @@ func runTopology(ctx context.Context, env *Env, args []string) int {
 		}
 		mgmt = m
 	}
-	conn, err := amqpx.Dial(url, "dlxbridge/topology-"+sub)
+	conn, err := dial(ctx, env, url, "dlxbridge/topology-"+sub)
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -125,7 +125,7 @@ func TestTopologyApplyTwiceThenVerify(t *testing.T) {
 		t.Errorf("plan totals: %+v", tot)
 	}
 	text := b.mustRun(t, checked, "topology", "plan", "--config", b.config)
-	if want := "totals: 4 quorum queues, 2 streams, 3 exchanges, 4 bindings for 1 work queue(s)\n  " + b.work + ": 4 quorum queues (2 retry lanes), 2 streams"; !strings.Contains(text, want) {
+	if want := "totals: 4 quorum queues, 2 streams, 3 exchanges, 4 bindings for 1 work queue(s)\n  each work queue adds:\n    " + b.work + ": 4 quorum queues (2 retry lanes), 2 streams"; !strings.Contains(text, want) {
 		t.Errorf("plan text lacks %q:\n%s", want, text)
 	}
 	out := b.mustRun(t, checked, "topology", "verify", "--config", b.config)

@@ -3,8 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"runtime/debug"
 )
@@ -56,15 +54,8 @@ func readBuildInfo() buildInfo {
 func runVersion(_ context.Context, env *Env, args []string) int {
 	fs := newFlagSet(env, "version", "version [flags]")
 	output := fs.String("output", "text", "output format: text or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "dlxbridge version: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
+	if code, ok := parseCommand(env, fs, "version", args); !ok {
+		return code
 	}
 	bi := readBuildInfo()
 	switch *output {

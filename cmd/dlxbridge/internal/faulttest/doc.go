@@ -8,7 +8,9 @@
 // apart.
 //
 // The slowest run longer with DLXBRIDGE_FAULTS=full (set by .ci/run on one
-// broker pass); the package has no code besides its tests. The tests do not
+// broker pass), which also runs the cluster tests, on the three-node
+// cluster of scripts/rabbitmq-cluster (docs/cluster.md); the package has no
+// code besides its tests. The tests do not
 // run in parallel: each boots a private Erlang node, and several at once on
 // a small machine starve each other (and the shared brokers).
 package faulttest
