@@ -6,9 +6,10 @@
 //	go run ./examples/httpconsumer -listen 127.0.0.1:8080
 //
 // It answers 204 to every message, except: a body containing "retry-me"
-// gets 503 with Retry-After: 2 on its first attempt (a dependency shedding
-// load), and one containing "reject-me" gets 422 (a business rule: the
-// sidecar quarantines it).
+// gets 500 with Retry-After: 2 on its first attempt (this message failed,
+// try it again later), and one containing "reject-me" gets 422 (a business
+// rule: the sidecar quarantines it). 503 and 429 are for "my dependency is
+// down": they pause the whole queue (docs/sidecar.md).
 package main
 
 import (
@@ -40,7 +41,7 @@ func main() {
 			http.Error(w, "order rejected by business rule", http.StatusUnprocessableEntity)
 		case strings.Contains(string(body), "retry-me") && attempt == "1":
 			w.Header().Set("Retry-After", "2")
-			http.Error(w, "inventory service busy", http.StatusServiceUnavailable)
+			http.Error(w, "inventory lookup failed", http.StatusInternalServerError)
 		default:
 			w.WriteHeader(http.StatusNoContent)
 		}

@@ -29,6 +29,7 @@ func TestDemoShowsEveryOutcome(t *testing.T) {
 		q.Exchange.Name = env.Name(q.Exchange.Name)
 		q.Quarantine.Queue = env.Name(q.Quarantine.Queue)
 	}
+	cfg.SharedTiers.Prefix = env.Prefix // the shared delay tiers too
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
