@@ -1,9 +1,9 @@
 package topology
 
 import (
-	"fmt"
-	"regexp"
 	"sort"
+
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
 )
 
 // overridingPolicyKeys are the policy keys that change how a queue
@@ -35,6 +35,10 @@ func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Pr
 		def  map[string]any
 	}
 	var sources []source
+	known := make([]mgmtapi.Policy, len(policies))
+	for i, p := range policies {
+		known[i] = mgmtapi.Policy(p)
+	}
 	if have.PolicyReported && (have.Policy != "" || have.OperatorPolicy != "") {
 		// The merged definition; attribute each key to the policy that
 		// has it when we can see the policy.
@@ -46,15 +50,18 @@ func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Pr
 				continue
 			}
 			def := have.EffectivePolicy
-			if found := findPolicy(policies, p.name, p.operator); found != nil {
+			if found := mgmtapi.FindPolicy(known, p.name, p.operator); found != nil {
 				def = found.Definition
 			}
-			sources = append(sources, source{policyLabel(p.name, p.operator), def})
+			sources = append(sources, source{mgmtapi.PolicyLabel(p.name, p.operator), def})
 		}
 	} else if !have.PolicyReported {
+		// The queue's type decides which apply-to reaches it: a
+		// quorum_queues policy does not touch the records stream.
+		qtype, _ := want.Args[ArgQueueType].(string)
 		for _, operator := range []bool{false, true} {
-			if p := matchPolicy(policies, want.Name, operator); p != nil {
-				sources = append(sources, source{policyLabel(p.Name, operator), p.Definition})
+			if p := mgmtapi.MatchPolicy(known, want.Name, qtype, operator); p != nil {
+				sources = append(sources, source{mgmtapi.PolicyLabel(p.Name, operator), p.Definition})
 			}
 		}
 	}
@@ -75,46 +82,4 @@ func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Pr
 		}
 	}
 	return ps
-}
-
-func policyLabel(name string, operator bool) string {
-	if operator {
-		return fmt.Sprintf("operator policy '%s'", name)
-	}
-	return fmt.Sprintf("policy '%s'", name)
-}
-
-func findPolicy(ps []MgmtPolicy, name string, operator bool) *MgmtPolicy {
-	for i := range ps {
-		if ps[i].Name == name && ps[i].Operator == operator {
-			return &ps[i]
-		}
-	}
-	return nil
-}
-
-// matchPolicy picks the policy the broker would apply to a quorum queue:
-// the highest-priority one whose pattern matches and that applies to
-// queues. A pattern Go's regexp cannot compile is skipped.
-func matchPolicy(ps []MgmtPolicy, queue string, operator bool) *MgmtPolicy {
-	var best *MgmtPolicy
-	for i := range ps {
-		p := &ps[i]
-		if p.Operator != operator {
-			continue
-		}
-		switch p.ApplyTo {
-		case "queues", "all", "quorum_queues":
-		default:
-			continue
-		}
-		re, err := regexp.Compile(p.Pattern)
-		if err != nil || !re.MatchString(queue) {
-			continue
-		}
-		if best == nil || p.Priority > best.Priority || (p.Priority == best.Priority && p.Name < best.Name) {
-			best = p
-		}
-	}
-	return best
 }

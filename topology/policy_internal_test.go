@@ -40,3 +40,25 @@ func TestPolicyOverridesAreDrift(t *testing.T) {
 		t.Fatalf("no policy in effect: got %v", got)
 	}
 }
+
+// Before the broker reports a queue's policy, the one matched is the one
+// that can apply to the queue's type, as the broker picks: a streams
+// policy that shortens the records stream's retention is drift, and a
+// quorum_queues policy of higher priority does not hide it.
+func TestPolicyMatchingFollowsTheQueueType(t *testing.T) {
+	t.Parallel()
+	stream := QueueSpec{Name: "orders.quarantine.records", Role: RoleQuarantine, Args: map[string]any{ArgQueueType: QueueTypeStream}}
+	policies := []MgmtPolicy{
+		{Name: "quorum-only", Pattern: "^orders", ApplyTo: "quorum_queues", Priority: 9, Definition: map[string]any{"max-length": json.Number("10")}},
+		{Name: "short-streams", Pattern: "^orders", ApplyTo: "streams", Priority: 1, Definition: map[string]any{"max-age": "1h"}},
+	}
+	got := policyProblems(stream, &MgmtQueue{Name: stream.Name}, policies)
+	if len(got) != 1 || got[0].Arg != "max-age" || got[0].Policy != "policy 'short-streams'" {
+		t.Fatalf("stream: got %v, want the streams policy's max-age only", got)
+	}
+	quorum := QueueSpec{Name: "orders.quarantine", Role: RoleQuarantine, Args: map[string]any{ArgQueueType: QueueTypeQuorum}}
+	got = policyProblems(quorum, &MgmtQueue{Name: quorum.Name}, policies)
+	if len(got) != 1 || got[0].Arg != "max-length" || got[0].Policy != "policy 'quorum-only'" {
+		t.Fatalf("quorum queue: got %v, want the quorum_queues policy's max-length only", got)
+	}
+}

@@ -1,12 +1,10 @@
 package audit
 
 import (
-	"fmt"
-	"regexp"
 	"sort"
 	"strings"
-	"sync"
 
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
 	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
@@ -59,13 +57,6 @@ type policySource struct {
 	def   map[string]any
 }
 
-func policyLabel(name string, operator bool) string {
-	if operator {
-		return fmt.Sprintf("operator policy '%s'", name)
-	}
-	return fmt.Sprintf("policy '%s'", name)
-}
-
 // policiesOf lists the policy and the operator policy in effect on q: as
 // the broker reports them when it has, else as the vhost's policies match
 // it (highest priority first, as the broker picks).
@@ -80,10 +71,10 @@ func policiesOf(vh *Vhost, q *Queue) []policySource {
 				continue
 			}
 			def := q.EffectivePolicy
-			if found := findPolicy(vh.Policies, p.name, p.op); found != nil {
+			if found := mgmtapi.FindPolicy(vh.Policies, p.name, p.op); found != nil {
 				def = found.Definition
 			}
-			out = append(out, policySource{policyLabel(p.name, p.op), p.name, p.op, def})
+			out = append(out, policySource{mgmtapi.PolicyLabel(p.name, p.op), p.name, p.op, def})
 		}
 		if len(out) == 0 && len(q.EffectivePolicy) > 0 {
 			out = append(out, policySource{"the effective policy", "", false, q.EffectivePolicy})
@@ -91,73 +82,11 @@ func policiesOf(vh *Vhost, q *Queue) []policySource {
 		return out
 	}
 	for _, op := range []bool{false, true} {
-		if p := matchPolicy(vh.Policies, q, op); p != nil {
-			out = append(out, policySource{policyLabel(p.Name, op), p.Name, op, p.Definition})
+		if p := mgmtapi.MatchPolicy(vh.Policies, q.Name, q.Type, op); p != nil {
+			out = append(out, policySource{mgmtapi.PolicyLabel(p.Name, op), p.Name, op, p.Definition})
 		}
 	}
 	return out
-}
-
-func findPolicy(ps []Policy, name string, operator bool) *Policy {
-	for i := range ps {
-		if ps[i].Name == name && ps[i].Operator == operator {
-			return &ps[i]
-		}
-	}
-	return nil
-}
-
-// matchPolicy picks the policy the broker applies to q: the one of highest
-// priority whose pattern matches its name and that applies to its type. A
-// pattern Go's regexp cannot compile (Erlang's has more) is skipped.
-func matchPolicy(ps []Policy, q *Queue, operator bool) *Policy {
-	var best *Policy
-	for i := range ps {
-		p := &ps[i]
-		if p.Operator != operator || !appliesTo(p.ApplyTo, q.Type) {
-			continue
-		}
-		if !patternMatches(p.Pattern, q.Name) {
-			continue
-		}
-		if best == nil || p.Priority > best.Priority || (p.Priority == best.Priority && p.Name < best.Name) {
-			best = p
-		}
-	}
-	return best
-}
-
-// patterns caches compiled policy patterns: every queue is matched against
-// every policy.
-var patterns sync.Map // pattern -> *regexp.Regexp, or nil when it does not compile
-
-// patternMatches reports whether a policy's pattern matches name. A
-// pattern Go's regexp cannot compile (Erlang's has more) matches nothing.
-func patternMatches(pattern, name string) bool {
-	v, ok := patterns.Load(pattern)
-	if !ok {
-		re, err := regexp.Compile(pattern)
-		if err != nil {
-			re = nil
-		}
-		v, _ = patterns.LoadOrStore(pattern, re)
-	}
-	re, _ := v.(*regexp.Regexp)
-	return re != nil && re.MatchString(name)
-}
-
-func appliesTo(applyTo, queueType string) bool {
-	switch applyTo {
-	case "all", "queues", "":
-		return true
-	case "classic_queues":
-		return queueType == "classic"
-	case "quorum_queues":
-		return queueType == "quorum"
-	case "streams":
-		return queueType == "stream"
-	}
-	return false
 }
 
 // matchesExchanges reports whether a policy can apply to exchanges.

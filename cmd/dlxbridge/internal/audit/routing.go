@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
 	"github.com/dlxbridge/dlxbridge/internal/wireval"
 )
 
@@ -142,7 +143,7 @@ func (r *router) alternateExchange(ex *Exchange) string {
 		if p.Operator || !matchesExchanges(p.ApplyTo) {
 			continue
 		}
-		if !patternMatches(p.Pattern, ex.Name) {
+		if !mgmtapi.PatternMatches(p.Pattern, ex.Name) {
 			continue
 		}
 		if best == nil || p.Priority > best.Priority {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -232,7 +233,7 @@ func (c *vctx) policiesWith(match func(def map[string]any) bool) []policyFinding
 				continue
 			}
 			p := Policy{Name: ps.name, Operator: ps.op, Definition: ps.def}
-			if found := findPolicy(c.vh.Policies, ps.name, ps.op); found != nil {
+			if found := mgmtapi.FindPolicy(c.vh.Policies, ps.name, ps.op); found != nil {
 				p = *found
 			}
 			add(p).queues++

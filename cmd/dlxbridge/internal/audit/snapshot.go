@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -87,14 +88,7 @@ type Binding struct {
 }
 
 // Policy is a policy or an operator policy.
-type Policy struct {
-	Name       string
-	Pattern    string
-	ApplyTo    string
-	Priority   int
-	Definition map[string]any
-	Operator   bool
-}
+type Policy = mgmtapi.Policy
 
 // Consumer is one consumer as GET /api/consumers/{vhost} lists it.
 type Consumer struct {
