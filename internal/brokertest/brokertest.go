@@ -126,11 +126,34 @@ func locate() broker {
 }
 
 func withManagement(u string) broker {
-	b := broker{url: u, mgmt: os.Getenv("RABBITMQ_MANAGEMENT_URL")}
+	b := broker{url: u, mgmt: bareManagementURLs(os.Getenv("RABBITMQ_MANAGEMENT_URL"))}
 	if b.mgmt == "" {
 		b.mgmt = probeManagement(u)
 	}
 	return b
+}
+
+// bareManagementURLs drops any user and password, and a trailing slash, from
+// each URL of a comma separated management URL list. The harness logs in to
+// the management API with the AMQP URL's credentials, and so do the
+// commands when a management URL carries none; tests that log in as a user
+// of their own, or pair the API with a node that is down, need exactly
+// that. Left in, "http://guest:guest@host:15672/" (a common way to write
+// it) would override their user, make the list's credentials differ, and
+// turn base+"/api/..." into a path the API does not know.
+func bareManagementURLs(list string) string {
+	if list == "" {
+		return ""
+	}
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil {
+			u.User = nil
+			u.Path = strings.TrimRight(u.Path, "/")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // probeManagement guesses http://<amqp host>:15672 and keeps it if it

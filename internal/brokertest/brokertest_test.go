@@ -392,3 +392,20 @@ func TestManagementSweepSparesLiveTests(t *testing.T) {
 		time.Sleep(250 * time.Millisecond) // the management API has no events
 	}
 }
+
+// A management URL written with credentials loses them (and a trailing
+// slash), per node of a list, so the AMQP URL's (or a test user's) are the
+// ones the API sees.
+func TestManagementURLDropsUserinfo(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                                    "",
+		"http://127.0.0.1:15672":              "http://127.0.0.1:15672",
+		"http://guest:guest@127.0.0.1:15672/": "http://127.0.0.1:15672",
+		"http://a:b@n1:15672,http://n2:15672,https://c:d@n3:15671": "http://n1:15672,http://n2:15672,https://n3:15671",
+	} {
+		if got := bareManagementURLs(in); got != want {
+			t.Errorf("bareManagementURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

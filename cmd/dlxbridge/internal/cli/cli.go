@@ -50,7 +50,7 @@ func commands() map[string]command {
 		"topology":   {"plan, apply, verify or delete the broker topology", runTopology},
 		"audit":      {"the dead-letter safety of every queue on a broker (read-only, management API)", runAudit},
 		"schemas":    {"list, lint and validate against the schema registry", runSchemas},
-		"quarantine": {"list, show, stats, replay, purge and audit quarantined messages", runQuarantine},
+		"quarantine": {"list, show, stats, replay, purge, audit, export and replay jobs of quarantined messages", runQuarantine},
 		"bench":      {"the runtime beside a plain amqp091-go consumer, every id reconciled", runBench},
 		"demo":       {"show the whole job on a throwaway topology: publish a mix, handle, retry, quarantine", runDemo},
 		"run":        {"consume the queues and forward each message to a local HTTP endpoint (the sidecar)", runRun},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -203,12 +204,24 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 		_, _ = rand.Read(b)
 		*prefix = "dlxbridge-demo-" + hex.EncodeToString(b)
 	}
+	// The prefix goes into the demo's config text: a name it cannot make
+	// is bad usage, said of --prefix rather than of config fields the user
+	// never wrote.
+	if !demoPrefixRE.MatchString(*prefix) || strings.HasPrefix(*prefix, "amq.") {
+		fmt.Fprintf(env.Stderr, "dlxbridge demo: --prefix %q: use letters, digits, '.', '_', ':' or '-', starting with a letter or digit (at most 100), not \"amq.\"\n", *prefix)
+		return ExitUsage
+	}
 	if err := demo(ctx, env, url, *prefix, *keep, *timeout); err != nil {
 		fmt.Fprintf(env.Stderr, "dlxbridge demo: %v\n", err)
 		return ExitFail
 	}
 	return ExitOK
 }
+
+// demoPrefixRE is what --prefix may be: the config's name characters, and
+// short enough that every name derived from it stays within the config's
+// limit of 200.
+var demoPrefixRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
 
 func demo(ctx context.Context, env *Env, url, prefix string, keep bool, timeout time.Duration) (err error) {
 	// `demo | head -20` closes stdout early. A write to a closed pipe on

@@ -187,3 +187,15 @@ func TestDemoSurvivesAClosedStdout(t *testing.T) {
 		}
 	}
 }
+
+// A --prefix the demo cannot name its queues with is bad usage (exit 2),
+// said of --prefix, before any broker is dialled (port 1 answers nothing).
+func TestDemoRefusesABadPrefix(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"bad name!", "-dash-first", "a/b", "amq.demo", strings.Repeat("p", 101)} {
+		code, _, stderr := runWith("amqp://127.0.0.1:1/", "demo", "--prefix", p)
+		if code != cli.ExitUsage || !strings.Contains(stderr, "--prefix") || strings.Contains(stderr, "queues[0]") {
+			t.Errorf("demo --prefix %q: exit %d, stderr %q; want %d naming --prefix", p, code, stderr, cli.ExitUsage)
+		}
+	}
+}

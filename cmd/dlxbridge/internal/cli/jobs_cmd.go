@@ -93,7 +93,13 @@ func runJobs(ctx context.Context, env *Env, args []string) int {
 		j, err := quarantine.FindJob(jobs, id)
 		if err != nil {
 			if errors.Is(err, quarantine.ErrNoJob) {
-				fmt.Fprintf(env.Stderr, "dlxbridge quarantine jobs: %v\n", err)
+				hint := ""
+				if len(id) < 4 {
+					// A shorter prefix is never matched: say so, or "ab"
+					// reads as "no job starts with ab".
+					hint = " (a prefix of a job id needs at least 4 characters)"
+				}
+				fmt.Fprintf(env.Stderr, "dlxbridge quarantine jobs: %v%s\n", err, hint)
 				return ExitFail
 			}
 			return fail("%v", err)

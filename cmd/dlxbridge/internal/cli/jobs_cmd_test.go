@@ -55,7 +55,11 @@ func TestQuarantineJobs(t *testing.T) {
 	}
 	run(cli.ExitFail, "quarantine", "jobs", "cancel", res.Run) // done: nothing to cancel
 	run(cli.ExitFail, "quarantine", "jobs", "ffffffffffff")    // no such job
-	run(cli.ExitUsage, "quarantine", "jobs", "cancel")         // which one?
+	// Too short a prefix never matches, and the error says why.
+	if code, _, errOut := b.run(t, append([]string{"quarantine", "jobs", res.Run[:2]}, cfgFlag...)...); code != cli.ExitFail || !strings.Contains(errOut, "at least 4 characters") {
+		t.Errorf("jobs %s: exit %d, stderr %q; want %d saying a prefix needs 4 characters", res.Run[:2], code, errOut, cli.ExitFail)
+	}
+	run(cli.ExitUsage, "quarantine", "jobs", "cancel") // which one?
 
 	// A slow replay, cancelled while it runs.
 	done := make(chan string, 1)

@@ -526,8 +526,18 @@ func writeList(w io.Writer, recs []*quarantine.Record, total int, now time.Time,
 	if err := t.write(w); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "%d of %d record(s)\n", len(recs), total)
-	return err
+	if _, err := fmt.Fprintf(w, "%d of %d record(s)\n", len(recs), total); err != nil {
+		return err
+	}
+	// jobs explains its "?" under the table; list does the same, since an
+	// operator without the signing key sees it on every record.
+	for _, r := range recs {
+		if strings.HasSuffix(listClass(r.Envelope), "?") || strings.HasSuffix(listState(r), "?") {
+			_, err := io.WriteString(w, wrap("?: a class or state marked so was not verified by a signature (read without the signing key, or stored before signing began): it is the record's word; list -h says more", tableWidth))
+			return err
+		}
+	}
+	return nil
 }
 
 // errorText is what went wrong, for people: the error, else the reason.

@@ -160,3 +160,27 @@ func TestShowFitsATerminal(t *testing.T) {
 		}
 	}
 }
+
+// A "?" in list's CLASS or STATE is explained under the table, as jobs
+// explains its own: an operator without the signing key sees one on every
+// record the runtime wrote. A list with none says nothing more.
+func TestListExplainsItsQuestionMark(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 2, 4, 0, 0, 0, time.UTC)
+	recs := tableRecords(now)
+	var plain bytes.Buffer
+	if err := writeList(&plain, recs, len(recs), now, false); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain.String(), "?:") {
+		t.Errorf("list without a mark explains one:\n%s", plain.String())
+	}
+	recs[0].Envelope.Source = quarantine.SourceBridge // claims the bridge wrote it, not verified
+	var marked bytes.Buffer
+	if err := writeList(&marked, recs, len(recs), now, false); err != nil {
+		t.Fatal(err)
+	}
+	if out := marked.String(); !strings.Contains(out, "permanent?") || !strings.Contains(out, "\n?: a class or state marked so was not verified") {
+		t.Errorf("list does not explain its \"?\":\n%s", out)
+	}
+}
