@@ -13,9 +13,22 @@ import (
 // it on broker version v, in the shape the management API lists it.
 func bridgeVhost(t *testing.T, v topology.BrokerVersion) *audit.Vhost {
 	t.Helper()
+	return bridgeVhostWith(t, v, "")
+}
+
+// bridgeVhostWith is bridgeVhost with every queue's retries waiting in
+// tierQueues (config.TierQueuesShared or TierQueuesPerQueue; "" leaves
+// config.yaml's choice).
+func bridgeVhostWith(t *testing.T, v topology.BrokerVersion, tierQueues string) *audit.Vhost {
+	t.Helper()
 	cfg, err := config.Load(filepath.Join("..", "..", "..", "..", "config.yaml"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tierQueues != "" {
+		for i := range cfg.Queues {
+			cfg.Queues[i].Retry.TierQueues = tierQueues
+		}
 	}
 	topo, err := topology.Build(cfg, v)
 	if err != nil {

@@ -470,7 +470,7 @@ func checkDLQs(c *vctx) []Finding {
 			}
 			continue
 		}
-		if c.consumerCount(e.q) == 0 && e.q.Messages > 0 && !e.lengthBound() && !e.ttl.set() {
+		if c.consumerCount(e.q) == 0 && e.q.Messages > 0 && !e.lengthBound() && !e.ttl.set() && !c.fedByDelaysOnly(feeders) {
 			ev := append(e.evidence("max-length", "max-length-bytes", "message-ttl"),
 				Evidence{Setting: "consumers", Value: "0", Source: "broker"},
 				Evidence{Setting: "messages", Value: strconv.FormatInt(e.q.Messages, 10), Source: "broker"}, fed)
@@ -486,6 +486,19 @@ func checkDLQs(c *vctx) []Finding {
 		}
 	}
 	return out
+}
+
+// fedByDelaysOnly reports whether every queue that dead-letters into a
+// queue is a delay queue (one with a message TTL): what arrives is a retry
+// coming back when its delay expires, so the queue is a work queue with its
+// consumer away (a stopped bridge), not a dead-letter queue left unread.
+func (c *vctx) fedByDelaysOnly(feeders []string) bool {
+	for _, f := range feeders {
+		if e := c.byName[f]; e == nil || !e.ttl.set() {
+			return false
+		}
+	}
+	return len(feeders) > 0
 }
 
 func checkAtLeastOnce(c *vctx) []Finding {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/audit"
+	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/topology"
 )
 
@@ -307,6 +308,43 @@ func TestTheBridgesTopologyIsClean(t *testing.T) {
 			t.Errorf("%s: the bridge's topology has findings:\n%s", v, b)
 		}
 	}
+}
+
+// With the bridge stopped its queues hold messages and nobody consumes
+// them: the work queues, which the delay queues dead-letter back into,
+// are not unread dead-letter queues. The quarantine intakes are (nothing
+// moves their dead letters to the records stream until the bridge is
+// back), and so is a queue fed by a non-delay queue.
+func TestAStoppedBridgeIsNoUnreadDeadLetterQueue(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		v     topology.BrokerVersion
+		tiers string
+	}{{v3, config.TierQueuesPerQueue}, {v40, config.TierQueuesPerQueue}, {v43, config.TierQueuesPerQueue}, {v43, config.TierQueuesShared}} {
+		v := c.v
+		vh := bridgeVhostWith(t, v, c.tiers)
+		for i := range vh.Queues {
+			vh.Queues[i].Messages = 50
+		}
+		r := audit.Run(&audit.Snapshot{Version: v, Vhosts: []*audit.Vhost{vh}}, nil, audit.Options{FailOn: audit.Info})
+		intakes := 0
+		for _, f := range r.Findings {
+			if f.Rule != audit.RuleDLQUnbounded || !strings.HasSuffix(f.Object, ".quarantine") {
+				b, _ := json.MarshalIndent(f, "", "  ")
+				t.Errorf("%s: a stopped bridge's topology has a finding beside its intakes':\n%s", v, b)
+			}
+			intakes++
+		}
+		if intakes == 0 {
+			t.Errorf("%s: a stopped bridge's intakes, holding dead letters nobody reads, gave no finding", v)
+		}
+	}
+	w := newWorld(v3).exchange("d", "fanout").
+		queue("delay", "quorum", map[string]any{"x-dead-letter-exchange": "d", "x-message-ttl": int64(1000)}).
+		queue("plain", "quorum", map[string]any{"x-dead-letter-exchange": "d"}).
+		queue("dlq", "quorum", nil).bind("d", "dlq", "")
+	w.vh.Queues[2].Messages = 5
+	wantFindings(t, w.run(), "dlq-unconsumed-unbounded dlq")
 }
 
 func TestEveryRuleIsListedOnce(t *testing.T) {
