@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,6 +127,9 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	}
 	cfg, ok := loadConfig(env, c.configPath)
 	if !ok {
+		return ExitUsage
+	}
+	if !checkSelectors(env, sub, filter, cfg) {
 		return ExitUsage
 	}
 	fail := func(format string, a ...any) int {
@@ -286,6 +290,34 @@ func (f *filterFlags) filter(now time.Time) (quarantine.Filter, error) {
 		}
 	}
 	return q, nil
+}
+
+// checkSelectors catches a typo before it selects nothing in silence: a
+// --class that is no class is refused (false); a --queue that the config
+// does not name is only warned about, since records of a queue since
+// removed from the config may still be in the stream.
+func checkSelectors(env *Env, sub string, f quarantine.Filter, cfg *config.Config) bool {
+	if f.Class != "" && !slices.Contains(triage.Classes(), triage.Class(f.Class)) {
+		names := make([]string, 0, len(triage.Classes()))
+		for _, c := range triage.Classes() {
+			names = append(names, string(c))
+		}
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --class %q is not a failure class (%s)\n", sub, f.Class, strings.Join(names, ", "))
+		return false
+	}
+	if f.Queue == "" {
+		return true
+	}
+	var names []string
+	for _, q := range cfg.Queues {
+		if f.Queue == q.Name || f.Queue == q.Quarantine.Queue {
+			return true
+		}
+		names = append(names, q.Name)
+	}
+	fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: warning: --queue %q is none of the config's queues (%s) nor their quarantine queues: nothing matches unless the stream holds records of a queue since removed from it\n",
+		sub, f.Queue, strings.Join(names, ", "))
+	return true
 }
 
 func parseWhen(s string, now time.Time) (time.Time, error) {

@@ -444,3 +444,22 @@ func TestQuarantineAuditMarksAnUnsignedEvent(t *testing.T) {
 		t.Errorf("without the key the record the forged event names is %q, want purged? (counted, not verified)", st)
 	}
 }
+
+// A typo in a selector is said, not answered with "0 selected": a class
+// that does not exist is refused before anything is read; a queue the
+// config does not name is warned about (its records may outlive it).
+func TestQuarantineSelectorTyposAreSaid(t *testing.T) {
+	t.Parallel()
+	cfg := filepath.Join("..", "..", "..", "..", "config.yaml")
+	code, _, errOut := runCLI(t, "", "quarantine", "replay", "--config", cfg, "--class", "bogus")
+	if code != cli.ExitUsage || !strings.Contains(errOut, `--class "bogus" is not a failure class`) || !strings.Contains(errOut, "crash-loop") {
+		t.Errorf("--class bogus: exit %d, stderr %q; want %d naming the classes", code, errOut, cli.ExitUsage)
+	}
+	code, _, errOut = runCLI(t, "", "quarantine", "list", "--config", cfg, "--queue", "nosuch.queue", "--url", "amqp://guest:guest@127.0.0.1:1/")
+	if code == cli.ExitOK || !strings.Contains(errOut, `warning: --queue "nosuch.queue" is none of the config's queues (orders`) {
+		t.Errorf("--queue nosuch.queue: exit %d, stderr %q; want a warning naming the config's queues", code, errOut)
+	}
+	if code, _, errOut = runCLI(t, "", "quarantine", "list", "--config", cfg, "--queue", "orders", "--url", "amqp://guest:guest@127.0.0.1:1/"); strings.Contains(errOut, "warning") {
+		t.Errorf("--queue orders: stderr %q; want no warning for a configured queue", errOut)
+	}
+}
