@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -50,11 +48,8 @@ func runAudit(ctx context.Context, env *Env, args []string) int {
 	fs.DurationVar(&requestTimeout, "request-timeout", 2*time.Minute, "how long one API request may take (a 3.10 broker with 20,000 queues took more than 30 s for a page of 500)")
 	fs.BoolVar(&wide, "wide", false, "text: no line wrapping, names uncut")
 	fs.StringVar(&suggest, "suggest", "", "print a config.yaml fragment that brings this existing queue under the bridge, instead of the findings")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK
-		}
-		return ExitUsage
+	if code, ok := parseFlags(env, fs, args); !ok {
+		return code
 	}
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge audit: %s\n", fmt.Sprintf(format, a...))

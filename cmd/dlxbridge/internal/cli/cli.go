@@ -63,11 +63,12 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	if env.Getenv == nil {
 		env.Getenv = os.Getenv
 	}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(env.Stderr)
-		if len(args) == 0 {
-			return ExitUsage
-		}
+		return ExitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(env.Stdout)
 		return ExitOK
 	}
 	if args[0] == "--version" || args[0] == "-version" {
@@ -199,10 +200,24 @@ func newFlagSet(env *Env, name, usageLine string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(env.Stderr, "usage: dlxbridge %s\n\nflags:\n", usageLine)
+		fmt.Fprintf(fs.Output(), "usage: dlxbridge %s\n\nflags:\n", usageLine)
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// asksForHelp reports whether args hold -h, -help or --help before the
+// first "--", where the flag package would take it.
+func asksForHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // subcmd is one subcommand of a command group, for its usage text.
@@ -220,7 +235,7 @@ func subcommand(env *Env, group string, args []string, subs ...subcmd) (sub stri
 	if len(args) > 0 {
 		switch args[0] {
 		case "-h", "-help", "--help", "help":
-			groupUsage(env.Stderr, group, subs)
+			groupUsage(env.Stdout, group, subs)
 			return "", nil, ExitOK, false
 		}
 	}
@@ -250,7 +265,12 @@ func groupUsage(w io.Writer, group string, subs []subcmd) {
 }
 
 // parseFlags parses args and reports the exit code to return, if any.
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+func parseFlags(env *Env, fs *flag.FlagSet, args []string) (int, bool) {
+	if asksForHelp(args) {
+		// Asked-for help is the command's output (dlxbridge quarantine
+		// list -h | less); the usage after a flag error stays on stderr.
+		fs.SetOutput(env.Stdout)
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK, false
@@ -263,7 +283,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 // parseCommand is parseFlags for a command that takes no arguments beside
 // its flags.
 func parseCommand(env *Env, fs *flag.FlagSet, cmd string, args []string) (int, bool) {
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(env, fs, args); !ok {
 		return code, false
 	}
 	if fs.NArg() > 0 {

@@ -191,7 +191,7 @@ func runDemo(ctx context.Context, env *Env, args []string) int {
 	keep := fs.Bool("keep", false, "leave the demo's queues and exchanges (and the quarantined messages) on the broker")
 	prefix := fs.String("prefix", "", "name prefix of everything the demo declares (default dlxbridge-demo-<random>)")
 	timeout := fs.Duration("timeout", 50*time.Second, "give up if the messages have not settled by then")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(env, fs, args); !ok {
 		return code
 	}
 	c := common{url: *urlFlag}

@@ -35,7 +35,7 @@ func runJobs(ctx context.Context, env *Env, args []string) int {
 		fs.BoolVar(wide, "wide", false, fmt.Sprintf("show every column, uncut (by default the table fits %d columns)", tableWidth))
 		fs.IntVar(limit, "limit", 50, "list at most the N newest jobs (0: all)")
 	}
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(env, fs, args); !ok {
 		return code
 	}
 	if id == "" && fs.NArg() == 1 {

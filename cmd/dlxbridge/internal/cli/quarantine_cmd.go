@@ -64,7 +64,7 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	fs := newFlagSet(env, "quarantine "+sub, usage+" [--config config.yaml] [--url amqp://...] [--output text|json]")
 	if sub == "list" {
 		flags := fs.Usage
-		fs.Usage = func() { flags(); fmt.Fprint(env.Stderr, listColumns) }
+		fs.Usage = func() { flags(); fmt.Fprint(fs.Output(), listColumns) }
 	}
 	var c common
 	c.register(fs, env)
@@ -98,7 +98,7 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	if sub == "show" && len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 		id, rest = rest[0], rest[1:] // show ID [flags]
 	}
-	if code, ok := parseFlags(fs, rest); !ok {
+	if code, ok := parseFlags(env, fs, rest); !ok {
 		return code
 	}
 	switch {

@@ -323,7 +323,7 @@ func TestReplayKilledMidwayLosesNothing(t *testing.T) {
 // REDRIVES) was read as "times this record was replayed".
 func TestQuarantineListHelpSaysWhatItsColumnsCount(t *testing.T) {
 	t.Parallel()
-	code, _, help := runCLI(t, "", "quarantine", "list", "-h")
+	code, help, _ := runCLI(t, "", "quarantine", "list", "-h")
 	if code != cli.ExitOK {
 		t.Fatalf("list -h: exit %d\n%s", code, help)
 	}

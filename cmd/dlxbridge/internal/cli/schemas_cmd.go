@@ -101,7 +101,7 @@ func schemasValidate(ctx context.Context, env *Env, args []string) int {
 	typ := fs.String("type", "", "message type, e.g. orders.created (required)")
 	version := fs.String("version", "", "schema version (default: the highest)")
 	maxBody := fs.Int("max-body-bytes", schemas.DefaultMaxBodyBytes, "largest body accepted")
-	if code, ok := parseFlags(fs, args); !ok {
+	if code, ok := parseFlags(env, fs, args); !ok {
 		return code
 	}
 	if *typ == "" || fs.NArg() != 1 || *maxBody <= 0 {

@@ -363,11 +363,11 @@ func TestCommandGroupHelp(t *testing.T) {
 	}{{"topology", []string{"plan", "apply", "verify"}}, {"schemas", []string{"list", "lint", "validate"}}} {
 		for _, h := range []string{"-h", "--help", "help"} {
 			code, out, errOut := runCLI(t, "", group.name, h)
-			if code != cli.ExitOK {
-				t.Errorf("dlxbridge %s %s: exit %d, want %d", group.name, h, code, cli.ExitOK)
+			if code != cli.ExitOK || errOut != "" {
+				t.Errorf("dlxbridge %s %s: exit %d, stderr %q; want %d and help on stdout (| less)", group.name, h, code, errOut, cli.ExitOK)
 			}
 			for _, sub := range group.subs {
-				if !strings.Contains(out+errOut, "\n  "+sub+" ") {
+				if !strings.Contains(out, "\n  "+sub+" ") {
 					t.Errorf("dlxbridge %s %s does not describe %q:\n%s%s", group.name, h, sub, out, errOut)
 				}
 			}
@@ -389,5 +389,23 @@ func TestMissingConfigSaysHowToNameOne(t *testing.T) {
 	}
 	if want := "no config file " + missing + " (pass --config <file>"; !strings.Contains(errOut.String(), want) {
 		t.Errorf("stderr %q lacks %q", errOut.String(), want)
+	}
+}
+
+// Help that was asked for is the command's output, on stdout, exit 0;
+// the usage printed after a mistake goes to stderr with exit 2.
+func TestAskedForHelpGoesToStdout(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--help"}, {"topology", "plan", "-h"}, {"quarantine", "replay", "--help"}, {"audit", "-h"}, {"run", "-help"}} {
+		code, out, errOut := runCLI(t, "", args...)
+		if code != cli.ExitOK || !strings.Contains(out, "usage: dlxbridge") || errOut != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and the usage on stdout only", args, code, out, errOut, cli.ExitOK)
+		}
+	}
+	for _, args := range [][]string{{}, {"nosuch"}, {"topology", "plan", "--nosuch"}, {"audit", "--nosuch"}} {
+		code, out, errOut := runCLI(t, "", args...)
+		if code != cli.ExitUsage || out != "" || !strings.Contains(errOut, "usage: dlxbridge") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and the usage on stderr only", args, code, out, errOut, cli.ExitUsage)
+		}
 	}
 }
