@@ -87,13 +87,21 @@ func Parse(data []byte) (*Config, error) {
 	// run's.
 	var cfg Config
 	if err := root.Decode(&cfg); err != nil {
-		errs = append(errs, decodeErrors(&root, err, errs)...)
+		// A field that did not decode would read as unset: validating
+		// the rest would report problems the file does not have.
+		return nil, append(errs, decodeErrors(&root, err, errs)...)
+	}
+	// After unknown keys too, the values that did decode are validated,
+	// so that one run lists every problem.
+	if err := cfg.Complete(); err != nil {
+		var more Errors
+		if !errors.As(err, &more) {
+			return nil, err
+		}
+		errs = append(errs, more...)
 	}
 	if len(errs) > 0 {
 		return nil, errs
-	}
-	if err := cfg.Complete(); err != nil {
-		return nil, err
 	}
 	return &cfg, nil
 }

@@ -261,10 +261,16 @@ func TestEveryProblemIsReportedAtOnce(t *testing.T) {
 	if !ok || len(es) < 3 {
 		t.Fatalf("got %v, want at least 3 problems", err)
 	}
-	// Unknown keys are reported together too, before anything is decoded.
+	// Unknown keys are reported together too.
 	_, err = config.Parse([]byte(queueDoc("retyr: {}\nconsumr: {}")))
 	if es, ok := config.AsErrors(err); !ok || len(es) != 2 {
 		t.Fatalf("got %v, want 2 unknown keys", err)
+	}
+	// And in the same run as the values that are wrong, not in the next.
+	_, err = config.Parse([]byte(queueDoc("retyr: {}\ndelivery_limit: -1")))
+	es, ok = config.AsErrors(err)
+	if !ok || len(es) != 2 || !strings.Contains(err.Error(), "retyr: unknown key") || !strings.Contains(err.Error(), "delivery_limit") {
+		t.Fatalf("got %v, want the unknown key and the bad delivery_limit", err)
 	}
 }
 
