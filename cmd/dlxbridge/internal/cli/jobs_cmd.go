@@ -55,6 +55,14 @@ func runJobs(ctx context.Context, env *Env, args []string) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine jobs: %s\n", fmt.Sprintf(format, a...))
 		return ExitFail
 	}
+	// With the key, an outcome or a cancel no valid signature vouches for
+	// counts for nothing once its stream holds a signed event. A key that
+	// is set but unusable is a setup mistake, said before connecting.
+	verifier, err := envSigner(env.Getenv, cfg)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine jobs: %v\n", err)
+		return ExitUsage
+	}
 	url, ok := c.checkedURL(env, "quarantine jobs")
 	if !ok {
 		return ExitUsage
@@ -64,12 +72,6 @@ func runJobs(ctx context.Context, env *Env, args []string) int {
 		return fail("%v", err)
 	}
 	defer conn.Close()
-	// With the key, an outcome or a cancel no valid signature vouches for
-	// counts for nothing once its stream holds a signed event.
-	verifier, err := envSigner(env.Getenv, cfg)
-	if err != nil {
-		return fail("%v", err)
-	}
 	if cancel {
 		if verifier == nil {
 			fmt.Fprintf(env.Stderr, "dlxbridge quarantine jobs cancel: $%s is unset: a replay run with the key ignores an unsigned cancel\n", cfg.Security.SigningKeyEnv)

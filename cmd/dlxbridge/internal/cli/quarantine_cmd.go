@@ -132,6 +132,12 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 	if !checkSelectors(env, sub, filter, cfg) {
 		return ExitUsage
 	}
+	// A key that is set but unusable is a setup mistake: say so before
+	// connecting, with the exit code of a bad config.
+	if _, err := envSigner(env.Getenv, cfg); err != nil {
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %v\n", sub, err)
+		return ExitUsage
+	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: %s\n", sub, fmt.Sprintf(format, a...))
 		return ExitFail

@@ -463,3 +463,25 @@ func TestQuarantineSelectorTyposAreSaid(t *testing.T) {
 		t.Errorf("--queue orders: stderr %q; want no warning for a configured queue", errOut)
 	}
 }
+
+// A signing key that is set but too short is a setup mistake: exit 2
+// before any connection is tried, naming the variable, never the key.
+func TestQuarantineCommandsRefuseAnUnusableKey(t *testing.T) {
+	t.Parallel()
+	const short = "tooshort"
+	for _, args := range [][]string{{"quarantine", "list"}, {"quarantine", "jobs"}, {"quarantine", "replay", "--class", "schema"}} {
+		var out, errOut bytes.Buffer
+		code := cli.Main(context.Background(), append(args, "--config", filepath.Join("..", "..", "..", "..", "config.yaml"), "--url", "amqp://guest:guest@127.0.0.1:1/"), &cli.Env{
+			Stdout: &out, Stderr: &errOut, Stdin: strings.NewReader(""),
+			Getenv: func(k string) string {
+				if k == "DLXBRIDGE_SIGNING_KEY" {
+					return short
+				}
+				return ""
+			},
+		})
+		if code != cli.ExitUsage || !strings.Contains(errOut.String(), "$DLXBRIDGE_SIGNING_KEY") || strings.Contains(errOut.String(), short) || strings.Contains(errOut.String(), "127.0.0.1:1") {
+			t.Errorf("%v: exit %d, stderr %q; want %d naming the variable, before connecting", args, code, errOut.String(), cli.ExitUsage)
+		}
+	}
+}
