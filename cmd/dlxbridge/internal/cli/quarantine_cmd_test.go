@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,6 +177,10 @@ func TestQuarantineCommands(t *testing.T) {
 	code, out, errOut := b.run(t, append([]string{"quarantine", "replay", "--fingerprint", "fp-b", "--reason", "fixed in 1.2.4", "--rate", "100"}, cfgFlag...)...)
 	if code != cli.ExitOK || !strings.Contains(out, "replayed 3 of 3 selected") {
 		t.Fatalf("replay: exit %d\n%s\n%s", code, out, errOut)
+	}
+	// The replay names its job and the command that follows it.
+	if !regexp.MustCompile(`job (\S+): what became of them: dlxbridge quarantine jobs (\S+)\n`).MatchString(out) {
+		t.Errorf("replay does not point at its job:\n%s", out)
 	}
 	// Without the consumers' key the replay says what that costs.
 	if os.Getenv(config.DefaultSigningKeyEnv) == "" && !strings.Contains(errOut, "$"+config.DefaultSigningKeyEnv+" is unset") {
