@@ -50,7 +50,7 @@ func (in *Broker) withoutMgmt() string {
 	if in.MgmtError != "" {
 		return "the management API did not answer"
 	}
-	return "set broker.management_url"
+	return "set broker.management_url or $RABBITMQ_MANAGEMENT_URL"
 }
 
 // Version reads the broker's version from the connection's server
