@@ -157,7 +157,8 @@ func (w *worker) buildCopy(o outcome) outcome {
 		out, err = w.prepare(o.ctx, o.span, o.d, f)
 	}
 	o.kind = kindQuarantine
-	o.failed = &failedOutcome{f: f, out: out, err: err, log: log}
+	fo := o.failed
+	fo.f, fo.out, fo.err, fo.log = f, out, err, log
 	switch v.Action {
 	case triage.ActionRetry:
 		o.kind = kindRetry
@@ -169,7 +170,7 @@ func (w *worker) buildCopy(o outcome) outcome {
 		// default), or the body is over the broker's max message size:
 		// nothing can be sent. The broker dead-letters the message as
 		// received into the quarantine, with x-death as its record.
-		o.kind, o.failed.why = kindDeadLetter, why
+		o.kind, fo.why = kindDeadLetter, why
 	}
 	return o
 }
