@@ -276,8 +276,8 @@ type SharedTiers struct {
 	Prefix string `yaml:"prefix"`
 }
 
-// DefaultSharedPrefix is SharedTiers.Prefix's default.
-const DefaultSharedPrefix = "dlxbridge"
+// defaultSharedPrefix is SharedTiers.Prefix's default.
+const defaultSharedPrefix = "dlxbridge"
 
 // DelayExchange is where the runtime publishes retries into shared tiers.
 func (s SharedTiers) DelayExchange() string { return s.Prefix + ".delay" }
@@ -340,22 +340,10 @@ type Redact struct {
 	Fields []string `yaml:"fields"`
 }
 
-// Where a message's type and version are read from.
-const (
-	// IdentityProperties reads the AMQP "type" property and a version header.
-	IdentityProperties = schemas.FromProperties
-	// IdentityEnvelope reads a CloudEvents-style JSON body:
-	// {"type": ..., "schemaVersion"|"dataschema": ..., "data": {...}};
-	// the schema validates "data".
-	IdentityEnvelope = schemas.FromEnvelope
-	// IdentityPointer reads type and version at JSON pointers in the body.
-	IdentityPointer = schemas.FromPointer
-)
-
 // MessageIdentity says how a message names its type and schema version.
 type MessageIdentity struct {
-	// From is "properties", "envelope" or "pointer". Defaults to
-	// "properties".
+	// From is "properties", "envelope" or "pointer" (schemas.FromProperties,
+	// FromEnvelope, FromPointer). Defaults to "properties".
 	From string `yaml:"from"`
 	// VersionHeader is the header holding the schema version when From is
 	// "properties". Defaults to "schema-version".
@@ -377,39 +365,42 @@ type Accept struct {
 	Versions []string `yaml:"versions"`
 }
 
-// Defaults, exported so docs and tests can name them.
+// Names other packages and the CLI build on: the connection name, the
+// work exchange's type, the quarantine queue's suffix and the signing key's
+// environment variable.
 const (
 	DefaultConnectionName = "dlxbridge"
-	DefaultMaxBodyBytes   = 1 << 20
 	DefaultExchangeType   = "topic"
-	DefaultDeliveryLimit  = 5
-	DefaultPrefetch       = 20
-	DefaultConcurrency    = 4
-	DefaultHandlerTimeout = 30 * time.Second
-	DefaultJitter         = 0.2
-	DefaultLanes          = 4
-	DefaultMaxAttempts    = 5
-	DefaultMaxElapsed     = 15 * time.Minute
-	DefaultRetention      = 14 * 24 * time.Hour
-	DefaultTypePointer    = schemas.DefaultTypePointer
-	DefaultVersionPtr     = schemas.DefaultVersionPointer
 	QuarantineSuffix      = ".quarantine"
-	MaxLanes              = 16
 	DefaultSigningKeyEnv  = "DLXBRIDGE_SIGNING_KEY"
-	// MaxTTL is the longest queue TTL a retry lane may have: the broker's
-	// timers hold 2^32-1 ms.
-	MaxTTL = (1<<32 - 1) * time.Millisecond
 )
 
-// DefaultTiers are the retry delays used when a queue names none.
-func DefaultTiers() []time.Duration {
+// The defaults Complete fills in, and the bounds Validate holds the file to.
+const (
+	defaultDeliveryLimit  = 5
+	defaultPrefetch       = 20
+	defaultConcurrency    = 4
+	defaultHandlerTimeout = 30 * time.Second
+	defaultJitter         = 0.2
+	defaultLanes          = 4
+	defaultMaxAttempts    = 5
+	defaultMaxElapsed     = 15 * time.Minute
+	defaultRetention      = 14 * 24 * time.Hour
+	maxLanes              = 16
+	// maxTTL is the longest queue TTL a retry lane may have: the broker's
+	// timers hold 2^32-1 ms.
+	maxTTL = (1<<32 - 1) * time.Millisecond
+)
+
+// defaultTiers are the retry delays used when a queue names none.
+func defaultTiers() []time.Duration {
 	return []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute}
 }
 
 // JitterValue returns the effective jitter (defaults applied).
 func (r Retry) JitterValue() float64 {
 	if r.Jitter == nil {
-		return DefaultJitter
+		return defaultJitter
 	}
 	return *r.Jitter
 }
@@ -417,7 +408,7 @@ func (r Retry) JitterValue() float64 {
 // MaxElapsedValue returns the effective time budget (0 = none).
 func (r Retry) MaxElapsedValue() time.Duration {
 	if r.MaxElapsed == nil {
-		return DefaultMaxElapsed
+		return defaultMaxElapsed
 	}
 	return *r.MaxElapsed
 }
@@ -489,7 +480,7 @@ func (c *Config) UnroutedQuarantine() (q *Queue, ok bool) {
 		redrives = max(redrives, s.Quarantine.MaxRedrivesValue())
 	}
 	if u.Quarantine.Retention == 0 {
-		u.Quarantine.Retention = DefaultRetention
+		u.Quarantine.Retention = defaultRetention
 	}
 	u.Quarantine.MaxRedrives = &redrives
 	return u, ok

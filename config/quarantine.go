@@ -5,20 +5,20 @@ import (
 	"time"
 )
 
-// DefaultMaxRedrives is how many times a message may be replayed out of the
+// defaultMaxRedrives is how many times a message may be replayed out of the
 // quarantine when a queue names no max_redrives.
-const DefaultMaxRedrives = 3
+const defaultMaxRedrives = 3
 
 // Suffixes of the streams beside each quarantine queue (see
 // docs/quarantine.md): the records, read without consuming, and the events
 // (replayed, purged: the audit trail).
 const (
-	RecordsSuffix = ".records"
+	recordsSuffix = ".records"
 	EventsSuffix  = ".events"
 )
 
 // RecordsStream names the stream that keeps this quarantine's records.
-func (q Quarantine) RecordsStream() string { return q.Queue + RecordsSuffix }
+func (q Quarantine) RecordsStream() string { return q.Queue + recordsSuffix }
 
 // EventsStream names the stream of what happened to those records.
 func (q Quarantine) EventsStream() string { return q.Queue + EventsSuffix }
@@ -26,7 +26,7 @@ func (q Quarantine) EventsStream() string { return q.Queue + EventsSuffix }
 // MaxRedrivesValue returns the effective redrive budget.
 func (q Quarantine) MaxRedrivesValue() int {
 	if q.MaxRedrives == nil {
-		return DefaultMaxRedrives
+		return defaultMaxRedrives
 	}
 	return *q.MaxRedrives
 }

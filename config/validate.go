@@ -20,13 +20,13 @@ func (c *Config) ApplyDefaults() {
 		c.Broker.ConnectionName = DefaultConnectionName
 	}
 	if c.Schemas.MaxBodyBytes == 0 {
-		c.Schemas.MaxBodyBytes = DefaultMaxBodyBytes
+		c.Schemas.MaxBodyBytes = schemas.DefaultMaxBodyBytes
 	}
 	if c.Security.SigningKeyEnv == "" {
 		c.Security.SigningKeyEnv = DefaultSigningKeyEnv
 	}
 	if c.SharedTiers.Prefix == "" {
-		c.SharedTiers.Prefix = DefaultSharedPrefix
+		c.SharedTiers.Prefix = defaultSharedPrefix
 	}
 	for i := range c.Queues {
 		q := &c.Queues[i]
@@ -41,52 +41,52 @@ func (c *Config) ApplyDefaults() {
 			}
 		}
 		if q.DeliveryLimit == 0 {
-			q.DeliveryLimit = DefaultDeliveryLimit
+			q.DeliveryLimit = defaultDeliveryLimit
 		}
 		if q.Consumer.Prefetch == 0 {
-			q.Consumer.Prefetch = DefaultPrefetch
+			q.Consumer.Prefetch = defaultPrefetch
 		}
 		if q.Consumer.Concurrency == 0 {
-			q.Consumer.Concurrency = DefaultConcurrency
+			q.Consumer.Concurrency = defaultConcurrency
 		}
 		if q.Consumer.HandlerTimeout == 0 {
-			q.Consumer.HandlerTimeout = DefaultHandlerTimeout
+			q.Consumer.HandlerTimeout = defaultHandlerTimeout
 		}
 		if q.Consumer.CrashLoopDeliveries == 0 {
 			q.Consumer.CrashLoopDeliveries = max(q.DeliveryLimit-1, 1)
 		}
 		if q.Retry.Tiers == nil {
-			q.Retry.Tiers = DefaultTiers()
+			q.Retry.Tiers = defaultTiers()
 		}
 		if q.Retry.Jitter == nil {
-			j := DefaultJitter
+			j := defaultJitter
 			q.Retry.Jitter = &j
 		}
 		if q.Retry.Lanes == 0 {
 			if *q.Retry.Jitter == 0 {
 				q.Retry.Lanes = 1
 			} else {
-				q.Retry.Lanes = DefaultLanes
+				q.Retry.Lanes = defaultLanes
 			}
 		}
 		if q.Retry.MaxAttempts == 0 {
-			q.Retry.MaxAttempts = DefaultMaxAttempts
+			q.Retry.MaxAttempts = defaultMaxAttempts
 		}
 		if q.Retry.TierQueues == "" {
 			q.Retry.TierQueues = TierQueuesPerQueue
 		}
 		if q.Retry.MaxElapsed == nil {
-			d := DefaultMaxElapsed
+			d := defaultMaxElapsed
 			q.Retry.MaxElapsed = &d
 		}
 		if q.Quarantine.Queue == "" {
 			q.Quarantine.Queue = q.Name + QuarantineSuffix
 		}
 		if q.Quarantine.Retention == 0 {
-			q.Quarantine.Retention = DefaultRetention
+			q.Quarantine.Retention = defaultRetention
 		}
 		if q.Quarantine.MaxRedrives == nil {
-			n := DefaultMaxRedrives
+			n := defaultMaxRedrives
 			q.Quarantine.MaxRedrives = &n
 		}
 		id := q.Message.Identity().WithDefaults()
@@ -240,7 +240,7 @@ func (c *Config) Validate() error {
 			add(cp+".crash_loop_deliveries", "must be <= delivery_limit (%d) so the bridge acts before the broker", q.DeliveryLimit)
 		}
 		// The retry policy's rules are triage's; the config adds what its
-		// queues need (TTLs in whole milliseconds, at most MaxLanes lanes)
+		// queues need (TTLs in whole milliseconds, at most maxLanes lanes)
 		// and its own crash_loop_deliveries rule above, where 0 means the
 		// default rather than "disabled".
 		rp := p + ".retry"
@@ -269,13 +269,13 @@ func (c *Config) Validate() error {
 			}
 			// The last lane's TTL is the longest; past 2^32-1 ms both
 			// brokers declare the queue but the timer cannot hold it.
-			if _, hi := triage.LaneBounds(d, q.Retry.JitterValue(), q.Retry.Lanes, q.Retry.Lanes-1); hi > MaxTTL {
-				add(tp, "%s with jitter %g makes a queue TTL of %s, over the broker's limit of %s (2^32-1 ms)", d, q.Retry.JitterValue(), hi.Round(time.Millisecond), MaxTTL)
+			if _, hi := triage.LaneBounds(d, q.Retry.JitterValue(), q.Retry.Lanes, q.Retry.Lanes-1); hi > maxTTL {
+				add(tp, "%s with jitter %g makes a queue TTL of %s, over the broker's limit of %s (2^32-1 ms)", d, q.Retry.JitterValue(), hi.Round(time.Millisecond), maxTTL)
 				derivable = false
 			}
 		}
-		if q.Retry.Lanes > MaxLanes {
-			add(rp+".lanes", "must be in [1, %d]", MaxLanes)
+		if q.Retry.Lanes > maxLanes {
+			add(rp+".lanes", "must be in [1, %d]", maxLanes)
 			derivable = false
 		}
 		switch q.Retry.TierQueues {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 )
 
 // ackOutcome asks for o's ack and records o as result once it is written
@@ -22,6 +24,86 @@ func (w *worker) ackOutcome(o outcome, result Outcome) {
 		}
 		w.done(&o, result, nil)
 	})
+}
+
+// deadLetter settles a failure that no copy can carry (o.failed.why, see
+// unsendable; o.failed.err says why): it is rejected without requeue, so
+// the broker dead-letters it as received, with x-death, into the
+// quarantine; nothing was published and nothing is acked. A reject that
+// cannot be written (the channel is gone) leaves it to the broker to
+// redeliver.
+func (w *worker) deadLetter(o outcome) {
+	fo := o.failed
+	if err := o.a.Reject(); err != nil {
+		fo.log.Warn("reject failed (channel gone); the broker will redeliver", "error", err)
+		w.done(&o, OutcomeAckFailed, err)
+		return
+	}
+	o.span.SetAttributes(attribute.String("dlxbridge.outcome", string(OutcomeDeadLettered)), attribute.String("dlxbridge.dead_letter_reason", fo.why))
+	o.span.SetStatus(codes.Error, "dead-lettered ("+fo.why+"): "+fo.f.verdict.Reason)
+	w.done(&o, OutcomeDeadLettered, fo.err)
+}
+
+// done records o as settled with result (settleErr: why it could not be
+// settled as decided): the deliveries counter, Config.OnSettled, then the
+// outcome's own counters and log line. It may run on another worker's
+// goroutine (an ack's report): it touches nothing of w's but its queue.
+func (w *worker) done(o *outcome, result Outcome, settleErr error) {
+	qr := w.q
+	st := o.settled
+	if settleErr != nil {
+		st.SettleErr = settleErr
+	}
+	qr.recordSettled(st, result)
+	w.deps.jobs.settled(qr.cfg.Name, o.d, result)
+	m := w.deps.metrics
+	switch result {
+	case OutcomeAcked:
+		qr.metrics.succeeded(st.Attempt)
+		return
+	case OutcomeRetried, OutcomeReadmitted, OutcomeQuarantined, OutcomeDeadLettered:
+	default:
+		return
+	}
+	fo := o.failed
+	v := fo.f.verdict
+	switch result {
+	case OutcomeRetried:
+		m.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
+		fo.log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeReadmitted:
+		fo.log.Debug("re-admitted", "reason", v.Reason)
+	case OutcomeQuarantined:
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
+	case OutcomeDeadLettered:
+		m.deadLettered.WithLabelValues(qr.cfg.Name, fo.why).Inc()
+		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
+		fo.log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
+			"why", fo.why, "cause", fo.err, "action", v.Action, "reason", v.Reason, "error", errString(fo.f.err))
+	}
+}
+
+// recordSettled counts a settled delivery and reports it to
+// Config.OnSettled. Safe for concurrent use.
+func (qr *queueRuntime) recordSettled(st Settled, outcome Outcome) {
+	qr.metrics.settled(outcome)
+	st.Outcome = outcome
+	qr.deps.notifySettled(st)
+}
+
+// notifySettled hands s to Config.OnSettled, if set. A panic in it is
+// logged, never passed on: the delivery is settled already.
+func (d *deps) notifySettled(s Settled) {
+	if d.cfg.OnSettled == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			d.log.Error("OnSettled panicked; the delivery was settled regardless", "queue", s.Queue, "message_id", s.MessageID, "panic", r)
+		}
+	}()
+	d.cfg.OnSettled(s)
 }
 
 // sessionDelivery is a delivery settled through its session: acks and

@@ -1,172 +1,21 @@
 package consumer
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlxbridge/dlxbridge/internal/frame"
-	"github.com/dlxbridge/dlxbridge/internal/telemetry"
 	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
-
-// settlement is the outcome of a retry, re-admission or quarantine
-// verdict: its copy, built below to be published with confirm +
-// mandatory before the original is acked. A copy that cannot be published
-// at all (see unsendable: over one frame, or a body over the broker's max
-// message size) is not sent: a retry is parked in the quarantine instead,
-// and what even the quarantine cannot take is dead-lettered. It reports
-// false for a re-admission that cannot be sent, w.settled untouched: the
-// caller delivers the message instead, since rejecting it would quarantine
-// a message whose handler never ran.
-func (w *worker) settlement(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) (outcome, bool) {
-	qr := w.q
-	v := f.verdict
-	span.SetAttributes(
-		attribute.String("dlxbridge.class", string(v.Class)),
-		attribute.String("dlxbridge.action", string(v.Action)),
-	)
-	if f.err != nil {
-		span.RecordError(f.err)
-	}
-	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", d.MessageId, "class", v.Class, "attempt", v.Attempt)
-	if st := panicStack(f.err); st != "" {
-		log = log.With("stack", st)
-	}
-	out, err := w.prepare(ctx, span, d, f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionReadmit {
-		return outcome{}, false
-	}
-	w.settled.noteFailure(f)
-	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
-		// A retry may not drop the producer's headers (see frame.RetryRank):
-		// park it instead, where they may give way (and redaction may
-		// shrink the body).
-		f.verdict.Action = triage.ActionQuarantine
-		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
-		v = f.verdict
-		w.settled.noteFailure(f)
-		out, err = w.prepare(ctx, span, d, f)
-	}
-	o := outcome{kind: kindQuarantine, a: a, d: d, span: span, settled: w.settled,
-		failed: &failedOutcome{f: f, out: out, err: err, log: log}}
-	switch v.Action {
-	case triage.ActionRetry:
-		o.kind = kindRetry
-	case triage.ActionReadmit:
-		o.kind = kindReadmit
-	}
-	if why, no := unsendable(err); no {
-		// Not even the bare envelope fits (a frame_max far below the
-		// default), or the body is over the broker's max message size:
-		// nothing can be sent. The broker dead-letters the message as
-		// received into the quarantine, with x-death as its record.
-		o.kind, o.failed.why = kindDeadLetter, why
-	}
-	return o, true
-}
-
-// noteFailure notes a failure's verdict in w.settled; called again after the
-// verdict changes, it replaces what it noted.
-func (s *Settled) noteFailure(f failure) {
-	v := f.verdict
-	s.Class, s.Reason, s.Err = v.Class, v.Reason, f.err
-	s.Tier, s.Delay = 0, 0
-	if v.Attempt > 0 {
-		s.Attempt = v.Attempt
-	}
-	if s.Type == "" {
-		s.Type, s.Version = f.msgType, f.version
-	}
-	if v.Action == triage.ActionRetry {
-		s.Tier, s.Delay = v.Tier, v.Delay
-	}
-}
-
-var noopSpan = trace.SpanFromContext(context.Background())
-
-// outgoing is a built retry or quarantine publishing with its producer span.
-type outgoing struct {
-	b    built
-	ctx  context.Context
-	span trace.Span
-}
-
-// prepare builds the verdict's publishing (see build) inside a producer
-// span, whose context the publishing carries so that the next consumer
-// span continues the trace. A publishing that cannot fit one frame (the
-// error wraps frame.ErrNoFit), or whose body is over the broker's max
-// message size as learned on this connection (*overLimitError), is not
-// sent, and the span is ended.
-func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
-	in := w.buildInput(d, f, consumeSpan)
-	exchange, key, attrs := destination(in)
-	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			telemetry.AttrSystemRabbitMQ,
-			telemetry.AttrOperationPublish,
-			attribute.String(telemetry.AttrDestination, exchange),
-			attribute.String(telemetry.AttrRoutingKey, key),
-			attribute.String(telemetry.AttrMessageID, d.MessageId),
-		),
-		trace.WithAttributes(attrs...))
-	in.trace = amqp.Table{}
-	telemetry.Inject(pctx, in.trace)
-	b, err := build(in)
-	if limit := w.s.maxSize.get(); err == nil && overLimit(len(b.p.Body), limit) {
-		// Said by settlement, which parks or dead-letters it.
-		err = &overLimitError{size: int64(len(b.p.Body)), limit: limit}
-	} else if err != nil {
-		w.deps.log.Warn("not sent: the message does not fit one frame", "queue", in.queue, "message_id", d.MessageId, "error", err)
-	}
-	switch {
-	case err != nil:
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		span.End()
-		return outgoing{span: noopSpan}, err
-	case len(b.changed) > 0:
-		w.deps.log.Warn("dropped or cut headers so the message fits one frame", "queue", in.queue, "message_id", d.MessageId, "changed", b.changed)
-	}
-	return outgoing{b: b, ctx: pctx, span: span}, nil
-}
-
-// buildInput gathers what the builders read for d's failure f.
-func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
-	in := &buildInput{
-		d:             d,
-		f:             f,
-		queue:         w.q.cfg.Name,
-		wq:            w.s.wq,
-		now:           w.deps.cfg.Now(),
-		signer:        w.deps.signer,
-		verifier:      w.deps.verifier,
-		redact:        w.q.redact,
-		versionHeader: w.q.cfg.Message.VersionHeader,
-		host:          w.deps.host,
-		workerVersion: w.deps.cfg.WorkerVersion,
-		frameMax:      w.s.frameMax,
-	}
-	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
-		in.traceID = sc.TraceID().String()
-	}
-	return in
-}
 
 // buildInput is everything the settlement builders read. The builders are
 // pure: they send nothing, and the same input gives the same publishing.
@@ -187,6 +36,9 @@ type buildInput struct {
 	// versionHeader is the queue's schema version header (Fit keeps it
 	// longest among the producer's headers).
 	versionHeader string
+	// stack is the failure's panic stack as the record keeps it (see
+	// panicStack), or "".
+	stack string
 	// host and workerVersion name this process in the envelope; traceID
 	// is the consume span's trace id.
 	host, workerVersion, traceID string
@@ -365,7 +217,7 @@ func buildQuarantine(in *buildInput) (built, error) {
 	p, changed, err := quarantine.Publishing(&quarantine.Failure{
 		Delivery: d, Exchange: in.wq.DeadExchange,
 		OriginalExchange: ex, OriginalRoutingKey: key, OriginalQueue: queue,
-		Verdict: f.verdict, Err: f.err, Validation: f.validation, Stack: panicStack(f.err),
+		Verdict: f.verdict, Err: f.err, Validation: f.validation, Stack: in.stack,
 		MessageType: f.msgType, SchemaVersion: f.version,
 		FirstFailureAt: f.attempts.FirstFailure, At: in.now,
 		Notes:  mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes),
@@ -423,43 +275,4 @@ func ownDropped(in *buildInput, h amqp.Table) {
 	if !in.f.attempts.Signed {
 		delete(h, wire.HeaderDropped)
 	}
-}
-
-// panicStack is the truncated stack of a handler or upcaster panic, or "".
-func panicStack(err error) string {
-	var pe *triage.PanicError
-	if !errors.As(err, &pe) {
-		return ""
-	}
-	return trimStack(pe.Stack)
-}
-
-// trimStack turns a stack captured in a deferred recover
-// (runtime/debug.Stack) into what the envelope and the log keep: the
-// goroutine line and the frames from the one that panicked down, without
-// the recovery frames above the panic call, cut at a line boundary to at
-// most quarantine.MaxStackBytes.
-func trimStack(stack []byte) string {
-	s := string(stack)
-	// debug.Stack lists the recovering frames first, then "panic(...)" and
-	// its source line, then the frame that panicked.
-	if i := strings.Index(s, "\npanic("); i >= 0 {
-		head, _, _ := strings.Cut(s, "\n")
-		rest := s[i+1:]
-		if _, after, ok := strings.Cut(rest, "\n"); ok { // the panic( line
-			if _, after, ok = strings.Cut(after, "\n"); ok { // its source line
-				s = head + "\n" + after
-			}
-		}
-	}
-	s = strings.TrimRight(s, "\n")
-	if len(s) <= quarantine.MaxStackBytes {
-		return s
-	}
-	const mark = "\n…[truncated]"
-	cut := strings.LastIndexByte(s[:quarantine.MaxStackBytes-len(mark)+1], '\n')
-	if cut < 0 {
-		return frame.Truncate(s, quarantine.MaxStackBytes)
-	}
-	return s[:cut] + mark
 }

@@ -15,9 +15,11 @@
 // which dead-letters to the quarantine) bounds the loop.
 //
 // A delivery passes the stages in this order, a file each: receive.go (the
-// feeder), worker.go (the checks), invoke.go (the handler), build.go (a
-// failure's copy), settle.go (the one settle step), publish.go (the copy's
-// publish and confirm), acks.go (the ack), outcome.go (recorded once).
+// feeder), worker.go (the checks), invoke.go (the handler), settle.go (the
+// one settle step, fed an outcome value: it builds a failure's copy with the
+// pure builders of build.go), publish.go (the copy's publish and confirm),
+// acks.go (the ack, requeue or reject, and the outcome recorded once).
+// outcome.go holds the values it reports.
 package consumer
 
 import (

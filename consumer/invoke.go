@@ -282,8 +282,7 @@ func (w *worker) handled(ctx context.Context, span trace.Span, a acker, d *amqp.
 			return outcome{}, true
 		}
 	}
-	o, _ = w.settlement(ctx, span, a, d, f)
-	return o, false
+	return outcome{kind: kindFailed, a: a, d: d, ctx: ctx, span: span, settled: w.settled, failed: &failedOutcome{f: f}}, false
 }
 
 // breakerOutcome records the handler's result: herr's outcome, or

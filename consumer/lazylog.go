@@ -9,7 +9,7 @@ import (
 // deferAttrs is a slog.Handler that keeps Logger.With's attributes as a list
 // and hands them to its handler only when a record is written. slog's own
 // handlers format With's attributes at once, and the runtime makes a logger
-// with the message's attributes for every failed delivery (settlement)
+// with the message's attributes for every failed delivery (buildCopy)
 // whether or not its level lets any line through: in a storm, with the
 // level at Warn or Error, that was formatting for nothing on every retry.
 // Values are resolved when a line is written rather than at With.

@@ -71,68 +71,6 @@ const (
 	OutcomeDeadLettered Outcome = "dead_lettered"
 )
 
-// done records o as settled with result (settleErr: why it could not be
-// settled as decided): the deliveries counter, Config.OnSettled, then the
-// outcome's own counters and log line. It may run on another worker's
-// goroutine (an ack's report): it touches nothing of w's but its queue.
-func (w *worker) done(o *outcome, result Outcome, settleErr error) {
-	qr := w.q
-	st := o.settled
-	if settleErr != nil {
-		st.SettleErr = settleErr
-	}
-	qr.recordSettled(st, result)
-	w.deps.jobs.settled(qr.cfg.Name, o.d, result)
-	m := w.deps.metrics
-	switch result {
-	case OutcomeAcked:
-		qr.metrics.succeeded(st.Attempt)
-		return
-	case OutcomeRetried, OutcomeReadmitted, OutcomeQuarantined, OutcomeDeadLettered:
-	default:
-		return
-	}
-	fo := o.failed
-	v := fo.f.verdict
-	switch result {
-	case OutcomeRetried:
-		m.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
-		fo.log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
-	case OutcomeReadmitted:
-		fo.log.Debug("re-admitted", "reason", v.Reason)
-	case OutcomeQuarantined:
-		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		fo.log.Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
-	case OutcomeDeadLettered:
-		m.deadLettered.WithLabelValues(qr.cfg.Name, fo.why).Inc()
-		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		fo.log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
-			"why", fo.why, "cause", fo.err, "action", v.Action, "reason", v.Reason, "error", errString(fo.f.err))
-	}
-}
-
-// recordSettled counts a settled delivery and reports it to
-// Config.OnSettled. Safe for concurrent use.
-func (qr *queueRuntime) recordSettled(st Settled, outcome Outcome) {
-	qr.metrics.settled(outcome)
-	st.Outcome = outcome
-	qr.deps.notifySettled(st)
-}
-
-// notifySettled hands s to Config.OnSettled, if set. A panic in it is
-// logged, never passed on: the delivery is settled already.
-func (d *deps) notifySettled(s Settled) {
-	if d.cfg.OnSettled == nil {
-		return
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			d.log.Error("OnSettled panicked; the delivery was settled regardless", "queue", s.Queue, "message_id", s.MessageID, "panic", r)
-		}
-	}()
-	d.cfg.OnSettled(s)
-}
-
 // failure is everything known about a failed delivery when it is settled.
 type failure struct {
 	verdict    triage.Verdict

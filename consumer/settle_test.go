@@ -143,13 +143,17 @@ func newSettleBundle(t testing.TB, frameMax int) *settleBundle {
 }
 
 // settleFailure is what process and settle do with a failed delivery:
-// its settlement, then settle. False when it has none (see settlement).
+// its outcome, settled. False for a re-admission that cannot be sent:
+// process builds a re-admission itself and handles the message instead.
 func (w *worker) settleFailure(ctx context.Context, span trace.Span, a acker, d *amqp.Delivery, f failure) bool {
-	o, ok := w.settlement(ctx, span, a, d, f)
-	if ok {
-		w.settle(o)
+	o := outcome{kind: kindFailed, a: a, d: d, ctx: ctx, span: span, settled: w.settled, failed: &failedOutcome{f: f}}
+	if f.verdict.Action == triage.ActionReadmit {
+		if o = w.buildCopy(o); o.kind == kindDeadLetter {
+			return false
+		}
 	}
-	return ok
+	w.settle(o)
+	return true
 }
 
 // settle is settleFailure through to its end: the confirm's arrival, the

@@ -186,8 +186,8 @@ func (w *worker) handle(d amqp.Delivery) bool {
 
 // process takes one delivery from receipt to its outcome, in order: the
 // bridge's signature and attempt count, the crash-loop guard, the schema
-// gate, the handler (invoke.go), then the ack or the verdict's copy
-// (settlement), for settle to carry out. It reports false when the handler
+// gate, the handler (invoke.go); the outcome, an ack or a failure's verdict,
+// is for settle to carry out. It reports false when the handler
 // call was abandoned: the calling goroutine is then no longer the
 // worker's (see runHandler) and must touch nothing of it.
 func (w *worker) process(d amqp.Delivery) (outcome, bool) {
@@ -244,12 +244,18 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		if o, ok := w.settlement(ctx, span, a, &d, failure{verdict: v, attempts: attempts}); ok {
+		o := outcome{kind: kindFailed, a: a, d: &d, ctx: ctx, span: span, settled: w.settled,
+			failed: &failedOutcome{f: failure{verdict: v, attempts: attempts}}}
+		if v.Action != triage.ActionReadmit {
 			return o, true
 		}
-		// A re-admission that cannot be sent (one frame, max message
-		// size) was not: the message is handled here, with the count it
-		// arrived with (the broker's delivery limit stays the backstop).
+		// A re-admission is built here, not in settle: one that cannot be
+		// sent (one frame, max message size) is not, and the message is
+		// handled here instead, with the count it arrived with (the
+		// broker's delivery limit stays the backstop).
+		if o = w.buildCopy(o); o.kind != kindDeadLetter {
+			return o, true
+		}
 		attempts.Notes = append(attempts.Notes, "not re-admitted: the copy would not fit one frame or the broker's max message size; handled with the delivery count it arrived with")
 	}
 
@@ -258,8 +264,8 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	msg, err := qr.admit(&w.gate, &d)
 	w.gate = gateCtx{} // nothing of the delivery stays
 	if err != nil {
-		o, _ := w.settlement(ctx, span, a, &d, qr.decide(err, attempts, 0, "", ""))
-		return o, true
+		return outcome{kind: kindFailed, a: a, d: &d, ctx: ctx, span: span, settled: w.settled,
+			failed: &failedOutcome{f: qr.decide(err, attempts, 0, "", "")}}, true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
 	if recording {

@@ -22,8 +22,8 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// ContentType is the content type of every message sent.
-const ContentType = "application/json"
+// contentType is the content type of every message sent.
+const contentType = "application/json"
 
 // Errors Publish returns; match them with errors.Is. On any error the message
 // must be treated as not sent.
@@ -210,7 +210,7 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 	for k, v := range m.Headers {
 		headers[k] = v
 	}
-	in := schemas.Input{ContentType: ContentType, Type: m.Type, Headers: map[string]any{}, Body: m.Body}
+	in := schemas.Input{ContentType: contentType, Type: m.Type, Headers: map[string]any{}, Body: m.Body}
 	if m.Version != "" {
 		in.Headers[p.id.VersionHeader] = m.Version
 	}
@@ -239,7 +239,7 @@ func (p *Publisher) prepare(ctx context.Context, m Message) (amqp.Publishing, er
 	}
 	return amqp.Publishing{
 		Headers:       headers,
-		ContentType:   ContentType,
+		ContentType:   contentType,
 		DeliveryMode:  amqp.Persistent,
 		CorrelationId: m.CorrelationID,
 		MessageId:     id,

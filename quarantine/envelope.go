@@ -20,9 +20,9 @@ import (
 // Limits that keep the envelope well inside one frame.
 const (
 	maxErrorBytes      = frame.MaxErrorBytes
-	MaxValidationBytes = 8192
+	maxValidationBytes = 8192
 	maxNotesBytes      = frame.MaxNotesBytes
-	MaxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
+	maxKeyBytes        = 256 // idempotency key copy; the original header is kept as is
 	MaxStackBytes      = 4096
 	// EnvelopeVersion 2 adds the redrive count to what the envelope
 	// signature covers (see envelopeFieldsFor); version 1 is still read.
@@ -126,7 +126,7 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(wire.HeaderOriginalExchange, e.OriginalExchange)
 	set(wire.HeaderOriginalRoutingKey, e.OriginalRouting)
 	set(wire.HeaderOriginalQueue, e.OriginalQueue)
-	set(wire.HeaderIdempotencyKeyCopy, frame.Truncate(e.IdempotencyKey, MaxKeyBytes))
+	set(wire.HeaderIdempotencyKeyCopy, frame.Truncate(e.IdempotencyKey, maxKeyBytes))
 	set(wire.HeaderMessageType, e.MessageType)
 	set(wire.HeaderSchemaVersion, e.SchemaVersion)
 	set(wire.HeaderValidationErrors, encodeViolations(e.Validation))
@@ -139,14 +139,14 @@ func (e *Envelope) Apply(h amqp.Table) {
 	set(wire.HeaderStack, frame.Truncate(e.Stack, MaxStackBytes))
 }
 
-// encodeViolations keeps as many whole violations as fit MaxValidationBytes.
+// encodeViolations keeps as many whole violations as fit maxValidationBytes.
 func encodeViolations(vs []Violation) string {
 	if len(vs) == 0 {
 		return ""
 	}
 	for n := len(vs); n > 0; n-- {
 		b, err := json.Marshal(vs[:n])
-		if err == nil && len(b) <= MaxValidationBytes {
+		if err == nil && len(b) <= maxValidationBytes {
 			return string(b)
 		}
 	}

@@ -89,7 +89,7 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 		want := in
 		want.Reason = frame.Truncate(in.Reason, maxErrorBytes)
 		want.Error = frame.Truncate(in.Error, maxErrorBytes)
-		want.IdempotencyKey = frame.Truncate(in.IdempotencyKey, MaxKeyBytes)
+		want.IdempotencyKey = frame.Truncate(in.IdempotencyKey, maxKeyBytes)
 		want.Stack = frame.Truncate(in.Stack, MaxStackBytes)
 		want.FirstFailureAt = recordedTime(in.FirstFailureAt)
 		want.LastFailureAt = recordedTime(in.LastFailureAt)
@@ -121,7 +121,7 @@ func FuzzEnvelopeRoundTrip(f *testing.F) {
 				}
 			}
 		}
-		for k, limit := range map[string]int{wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderRedacted: maxNotesBytes, wire.HeaderNotes: maxNotesBytes} {
+		for k, limit := range map[string]int{wire.HeaderValidationErrors: maxValidationBytes, wire.HeaderRedacted: maxNotesBytes, wire.HeaderNotes: maxNotesBytes} {
 			if s, _ := h[k].(string); len(s) > limit {
 				t.Errorf("%s: %d bytes, over %d", k, len(s), limit)
 			}
@@ -162,14 +162,14 @@ func asJSON(s string) string {
 	return b.String()
 }
 
-// keptViolations: the longest prefix whose JSON fits MaxValidationBytes,
+// keptViolations: the longest prefix whose JSON fits maxValidationBytes,
 // else one placeholder.
 func keptViolations(vs []Violation) []Violation {
 	if len(vs) == 0 {
 		return nil
 	}
 	n := len(vs)
-	for n > 0 && jsonLen(vs[:n]) > MaxValidationBytes {
+	for n > 0 && jsonLen(vs[:n]) > maxValidationBytes {
 		n--
 	}
 	if n == 0 {

@@ -56,7 +56,7 @@ func TestApplyBoundsEveryHeader(t *testing.T) {
 	e := Envelope{Reason: huge, Error: huge, Validation: vs, Notes: []string{huge, huge}, Stack: huge}
 	h := amqp.Table{}
 	e.Apply(h)
-	for k, limit := range map[string]int{wire.HeaderReason: maxErrorBytes, wire.HeaderError: maxErrorBytes, wire.HeaderValidationErrors: MaxValidationBytes, wire.HeaderNotes: maxNotesBytes, wire.HeaderStack: MaxStackBytes} {
+	for k, limit := range map[string]int{wire.HeaderReason: maxErrorBytes, wire.HeaderError: maxErrorBytes, wire.HeaderValidationErrors: maxValidationBytes, wire.HeaderNotes: maxNotesBytes, wire.HeaderStack: MaxStackBytes} {
 		s, _ := h[k].(string)
 		if len(s) == 0 || len(s) > limit || !utf8.ValidString(s) {
 			t.Errorf("%s: %d bytes (limit %d), valid UTF-8 %v", k, len(s), limit, utf8.ValidString(s))

@@ -10,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
@@ -43,7 +44,7 @@ func (p *Patch) forQueue(qc *config.Queue) (*Patch, error) {
 	if p == nil || p.Version == "" {
 		return p, nil
 	}
-	if qc.Message.From != "" && qc.Message.From != config.IdentityProperties {
+	if qc.Message.From != "" && qc.Message.From != schemas.FromProperties {
 		return nil, fmt.Errorf("queue %s reads the version from the body (message.from: %s): --patch FILE sets it there", qc.Name, qc.Message.From)
 	}
 	name := qc.Message.VersionHeader

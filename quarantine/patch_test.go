@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/schemas"
 )
 
 // A replay publishes to the default exchange: a CC or BCC header there is
@@ -43,9 +44,9 @@ func TestPatchCheckRefusesC1Controls(t *testing.T) {
 // body; other queues of the config don't matter.
 func TestPatchVersionFollowsEachQueue(t *testing.T) {
 	t.Parallel()
-	props := &config.Queue{Name: "orders", Message: config.MessageIdentity{From: config.IdentityProperties, VersionHeader: "schema-version"}}
+	props := &config.Queue{Name: "orders", Message: config.MessageIdentity{From: schemas.FromProperties, VersionHeader: "schema-version"}}
 	custom := &config.Queue{Name: "billing", Message: config.MessageIdentity{VersionHeader: "x-app-version"}}
-	body := &config.Queue{Name: "notifications", Message: config.MessageIdentity{From: config.IdentityEnvelope}}
+	body := &config.Queue{Name: "notifications", Message: config.MessageIdentity{From: schemas.FromEnvelope}}
 	p := &Patch{Version: "2", Headers: map[string]string{"tenant": "a"}}
 	for qc, want := range map[*config.Queue]string{props: "schema-version", custom: "x-app-version"} {
 		got, err := p.forQueue(qc)

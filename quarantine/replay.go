@@ -512,7 +512,7 @@ func repairHint(qc *config.Queue, err error) string {
 	if !errors.As(err, &verr) {
 		return ""
 	}
-	fromProps := qc.Message.From == "" || qc.Message.From == config.IdentityProperties
+	fromProps := qc.Message.From == "" || qc.Message.From == schemas.FromProperties
 	switch verr.Reason {
 	case schemas.ReasonMissingVersion, schemas.ReasonUnknownVersion, schemas.ReasonNotAccepted:
 		if fromProps {

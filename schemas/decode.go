@@ -9,10 +9,10 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 )
 
-// MaxDepth is the deepest nesting of arrays and objects accepted: nesting
+// maxDepth is the deepest nesting of arrays and objects accepted: nesting
 // drives recursion in the validator. A number literal may have at most 128
 // bytes and an exponent of at most ±1000 (math/big's work in the validator).
-const MaxDepth = 64
+const maxDepth = 64
 
 // decodeError is why a body is not acceptable JSON: the scanner's error or a
 // duplicate key, and rpath, the location of the problem, innermost segment
@@ -43,14 +43,14 @@ func (e *decodeError) Error() string {
 // with UseNumber (map[string]any, []any, string, json.Number, bool, nil),
 // and rejects what encoding/json lets through silently: invalid UTF-8 and
 // unpaired surrogate escapes (it would substitute U+FFFD), duplicate object
-// keys (it would keep the last), nesting deeper than MaxDepth, and number
+// keys (it would keep the last), nesting deeper than maxDepth, and number
 // literals beyond maxNumberLen or maxExponent.
 //
 // Strings without escapes and numbers are substrings of one copy of data
 // made up front: one allocation for all of them instead of one each. They
 // keep that copy (the size of the body) alive as long as any is referenced.
 func decodeJSON(data []byte) (any, *decodeError) {
-	d := decoder{sc: jsonscan.Strict(data, MaxDepth), src: string(data)}
+	d := decoder{sc: jsonscan.Strict(data, maxDepth), src: string(data)}
 	d.frames = make([]frame, 0, 8)
 	return d.decode()
 }
@@ -59,7 +59,7 @@ func decodeJSON(data []byte) (any, *decodeError) {
 // key of the top-level object (an envelope's "data"), a subslice of data;
 // nil if there is none.
 func decodeJSONMember(data []byte, key string) (any, []byte, *decodeError) {
-	d := decoder{sc: jsonscan.Strict(data, MaxDepth), src: string(data), member: key}
+	d := decoder{sc: jsonscan.Strict(data, maxDepth), src: string(data), member: key}
 	d.frames = make([]frame, 0, 8)
 	v, err := d.decode()
 	if err != nil {

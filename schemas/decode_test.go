@@ -69,8 +69,8 @@ var decodeSeeds = []string{
 	`tru`, `nul`, `"abc`, `"\x"`, `"\u12"`, `"\u12zz"`, "\"a\x01\"", `[1] [2]`, `{"a":1}}`, "\xef\xbb\xbf{}",
 	// the decoder's own rejections
 	`{"a":1,"a":2}`, `{"x":{"a":1,"a":2}}`, "\"\xff\"", "\"\xc3\x28\"", `"\ud800"`, `"\udc00\ud800"`, `"\ud800\u0041"`,
-	`1e99999`, `-1e-1001`, strings.Repeat("1", 200), strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1),
-	strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
+	`1e99999`, `-1e-1001`, strings.Repeat("1", 200), strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1),
+	strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth),
 }
 
 func TestDecodeErrorPointer(t *testing.T) {

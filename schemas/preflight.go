@@ -19,7 +19,7 @@ const preflightMinBody = 32 << 10
 // enough to find the limits a schema states; anything subtler is left to the
 // validator. It returns the first violation found, or nil.
 func preflight(s *jsonschema.Schema, v any, depth int) *preflightViolation {
-	if s == nil || depth > 4*MaxDepth { // $ref chains add depth
+	if s == nil || depth > 4*maxDepth { // $ref chains add depth
 		return nil
 	}
 	if s.Ref != nil {

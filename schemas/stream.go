@@ -94,7 +94,7 @@ func (d *tokDoc) tokenize(data []byte) bool {
 	}
 	d.data, d.toks, d.stack = data, d.toks[:0], d.stack[:0]
 	d.src = unsafe.String(unsafe.SliceData(data), len(data))
-	sc := jsonscan.Strict(data, MaxDepth)
+	sc := jsonscan.Strict(data, maxDepth)
 	for {
 		t, err := sc.Next()
 		if err != nil {

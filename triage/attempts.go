@@ -7,15 +7,15 @@ import (
 	"github.com/dlxbridge/dlxbridge/wire"
 )
 
-// MaxAttemptsCeiling caps any attempt count read from a message. A larger
+// maxAttemptsCeiling caps any attempt count read from a message. A larger
 // value is forged; it is clamped to the ceiling (with a note), and since
 // Policy.MaxAttempts may not exceed the ceiling, a clamped message is
 // quarantined rather than retried.
-const MaxAttemptsCeiling = 10_000
+const maxAttemptsCeiling = 10_000
 
-// MaxClockSkew is how far in the future a first-failure time may lie (hosts'
+// maxClockSkew is how far in the future a first-failure time may lie (hosts'
 // clocks differ) before it is treated as forged.
-const MaxClockSkew = time.Minute
+const maxClockSkew = time.Minute
 
 // AttemptInput is what CountAttempts reads.
 type AttemptInput struct {
@@ -38,7 +38,7 @@ type AttemptInput struct {
 // Attempts is the attempt count of a delivery.
 type Attempts struct {
 	// Failed is how many attempts already failed before this delivery: 0 on
-	// a first delivery, at most MaxAttemptsCeiling.
+	// a first delivery, at most maxAttemptsCeiling.
 	Failed int
 	// FirstFailure is when the first attempt failed; zero if unknown.
 	FirstFailure time.Time
@@ -71,9 +71,9 @@ type Attempts struct {
 //
 // The signed header must still be a non-negative integer (any integer type,
 // or an integral float); a negative or non-integer value is ignored with a
-// note, and a value over MaxAttemptsCeiling is clamped to it with a note.
+// note, and a value over maxAttemptsCeiling is clamped to it with a note.
 // FirstFailure is the signed wire.HeaderFirstFailureAt, used only if it lies in
-// [2000-01-01, Now+MaxClockSkew].
+// [2000-01-01, Now+maxClockSkew].
 func CountAttempts(in AttemptInput) Attempts {
 	var n notes
 	a := Attempts{Signed: in.Signature.Valid}
@@ -130,9 +130,9 @@ func headerAttempts(v any, n *notes) int {
 	case c < 0:
 		n.add("%s=%d ignored: negative", wire.HeaderAttempts, c)
 		return 0
-	case c > MaxAttemptsCeiling:
-		n.add("%s=%d clamped to %d (MaxAttemptsCeiling): the message will not be retried", wire.HeaderAttempts, c, MaxAttemptsCeiling)
-		return MaxAttemptsCeiling
+	case c > maxAttemptsCeiling:
+		n.add("%s=%d clamped to %d (maxAttemptsCeiling): the message will not be retried", wire.HeaderAttempts, c, maxAttemptsCeiling)
+		return maxAttemptsCeiling
 	}
 	return int(c)
 }
@@ -147,7 +147,7 @@ func saneTime(v any, unit time.Duration, what string, now time.Time, n *notes) t
 	case t.Before(minSaneTime):
 		n.add("%s %s ignored: before 2000", what, t.Format(time.RFC3339))
 		return time.Time{}
-	case !now.IsZero() && t.After(now.Add(MaxClockSkew)):
+	case !now.IsZero() && t.After(now.Add(maxClockSkew)):
 		n.add("%s %s ignored: in the future", what, t.Format(time.RFC3339))
 		return time.Time{}
 	}

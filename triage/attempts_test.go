@@ -198,7 +198,7 @@ func TestCountAttemptsSignedValuesAreStillValidated(t *testing.T) {
 		// unsigned: the value cannot be signed, so the header does not count.
 		unsigned bool
 	}{
-		{name: "huge", h: signed(testSigner, table{wire.HeaderAttempts: int64(math.MaxInt64)}), failed: MaxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (MaxAttemptsCeiling)"},
+		{name: "huge", h: signed(testSigner, table{wire.HeaderAttempts: int64(math.MaxInt64)}), failed: maxAttemptsCeiling, action: ActionQuarantine, note: "clamped to 10000 (maxAttemptsCeiling)"},
 		{name: "negative", h: signed(testSigner, table{wire.HeaderAttempts: int64(-3)}), failed: 0, action: ActionRetry, note: "dlxbridge-attempts=-3 ignored: negative"},
 		// Neither a string nor an integer: no signature vouches for it.
 		{name: "fractional", h: signed(testSigner, table{wire.HeaderAttempts: 2.5}), failed: 0, action: ActionRetry, note: "cannot vouch", unsigned: true},

@@ -41,17 +41,17 @@ const (
 
 // Breaker defaults, exported so docs, config and tests can name them.
 const (
-	DefaultBreakerWindow     = 30 * time.Second
-	DefaultBreakerWindowSize = 100
-	DefaultBreakerMinVolume  = 20
-	DefaultBreakerMinOpen    = 5 * time.Second
-	DefaultBreakerMaxOpen    = 5 * time.Minute
-	DefaultBreakerJitter     = 0.2
-	DefaultBreakerProbes     = 1
-	// MaxBreakerWindowSize bounds the outcomes a breaker remembers.
-	MaxBreakerWindowSize = 10000
-	// MaxBreakerProbes bounds the probes of one half-open period.
-	MaxBreakerProbes = 1000
+	defaultBreakerWindow     = 30 * time.Second
+	defaultBreakerWindowSize = 100
+	defaultBreakerMinVolume  = 20
+	defaultBreakerMinOpen    = 5 * time.Second
+	defaultBreakerMaxOpen    = 5 * time.Minute
+	defaultBreakerJitter     = 0.2
+	defaultBreakerProbes     = 1
+	// maxBreakerWindowSize bounds the outcomes a breaker remembers.
+	maxBreakerWindowSize = 10000
+	// maxBreakerProbes bounds the probes of one half-open period.
+	maxBreakerProbes = 1000
 )
 
 // BreakerPolicy configures a Breaker. The zero value is valid: it trips only
@@ -70,7 +70,7 @@ type BreakerPolicy struct {
 	// Window is how far back the ratio looks. Must be >= 0. Defaults to 30s.
 	Window time.Duration
 	// WindowSize is how many of the latest outcomes the ratio looks at.
-	// Must be in [0, MaxBreakerWindowSize]. Defaults to 100.
+	// Must be in [0, maxBreakerWindowSize]. Defaults to 100.
 	WindowSize int
 	// MinVolume is how many outcomes the window must hold before the ratio
 	// can trip; it must be <= WindowSize (else the ratio could never trip).
@@ -90,7 +90,7 @@ type BreakerPolicy struct {
 	Jitter float64
 	// Probes is how many messages a half-open breaker lets through at once,
 	// and how many must succeed in a row to close it. Must be in [0,
-	// MaxBreakerProbes]. Defaults to 1.
+	// maxBreakerProbes]. Defaults to 1.
 	Probes int
 }
 
@@ -107,8 +107,8 @@ func (p BreakerPolicy) Validate() error {
 		return bad("FailureRatio", "%v must be in [0, 1] (0 disables it)", p.FailureRatio)
 	case p.Window < 0:
 		return bad("Window", "%s must be >= 0", p.Window)
-	case p.WindowSize < 0 || p.WindowSize > MaxBreakerWindowSize:
-		return bad("WindowSize", "%d must be in [0, %d]", p.WindowSize, MaxBreakerWindowSize)
+	case p.WindowSize < 0 || p.WindowSize > maxBreakerWindowSize:
+		return bad("WindowSize", "%d must be in [0, %d]", p.WindowSize, maxBreakerWindowSize)
 	case p.MinVolume < 0:
 		return bad("MinVolume", "%d must be >= 0", p.MinVolume)
 	case p.MinOpen < 0:
@@ -117,8 +117,8 @@ func (p BreakerPolicy) Validate() error {
 		return bad("MaxOpen", "%s must be >= 0", p.MaxOpen)
 	case p.Jitter != p.Jitter || p.Jitter > 1: // NaN, or too much
 		return bad("Jitter", "%v must be in [0, 1], or negative for none", p.Jitter)
-	case p.Probes < 0 || p.Probes > MaxBreakerProbes:
-		return bad("Probes", "%d must be in [0, %d]", p.Probes, MaxBreakerProbes)
+	case p.Probes < 0 || p.Probes > maxBreakerProbes:
+		return bad("Probes", "%d must be in [0, %d]", p.Probes, maxBreakerProbes)
 	}
 	d := p.withDefaults()
 	switch {
@@ -145,28 +145,28 @@ func (e *BreakerPolicyError) Error() string {
 // withDefaults fills zero fields with their documented defaults.
 func (p BreakerPolicy) withDefaults() BreakerPolicy {
 	if p.Window == 0 {
-		p.Window = DefaultBreakerWindow
+		p.Window = defaultBreakerWindow
 	}
 	if p.WindowSize == 0 {
-		p.WindowSize = DefaultBreakerWindowSize
+		p.WindowSize = defaultBreakerWindowSize
 	}
 	if p.MinVolume == 0 {
-		p.MinVolume = DefaultBreakerMinVolume
+		p.MinVolume = defaultBreakerMinVolume
 	}
 	if p.MinOpen == 0 {
-		p.MinOpen = DefaultBreakerMinOpen
+		p.MinOpen = defaultBreakerMinOpen
 	}
 	if p.MaxOpen == 0 {
-		p.MaxOpen = DefaultBreakerMaxOpen
+		p.MaxOpen = defaultBreakerMaxOpen
 	}
 	switch {
 	case p.Jitter == 0:
-		p.Jitter = DefaultBreakerJitter
+		p.Jitter = defaultBreakerJitter
 	case p.Jitter < 0:
 		p.Jitter = 0
 	}
 	if p.Probes == 0 {
-		p.Probes = DefaultBreakerProbes
+		p.Probes = defaultBreakerProbes
 	}
 	return p
 }

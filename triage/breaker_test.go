@@ -240,7 +240,7 @@ func TestBreakerDefaultsSignalOnly(t *testing.T) {
 		}
 	}
 	tr := deliver(t, b, t0, AdmitDeliver, OutcomeOf(DependencyDown(0, nil)))
-	if tr.To != BreakerOpen || tr.OpenFor < DefaultBreakerMinOpen || tr.OpenFor > DefaultBreakerMaxOpen {
+	if tr.To != BreakerOpen || tr.OpenFor < defaultBreakerMinOpen || tr.OpenFor > defaultBreakerMaxOpen {
 		t.Fatalf("transition %v", tr)
 	}
 }
@@ -325,7 +325,7 @@ func TestBreakerPolicyValidate(t *testing.T) {
 		{BreakerPolicy{FailureRatio: 1.5}, "FailureRatio"},
 		{BreakerPolicy{FailureRatio: math.NaN()}, "FailureRatio"},
 		{BreakerPolicy{Window: -time.Second}, "Window"},
-		{BreakerPolicy{WindowSize: MaxBreakerWindowSize + 1}, "WindowSize"},
+		{BreakerPolicy{WindowSize: maxBreakerWindowSize + 1}, "WindowSize"},
 		{BreakerPolicy{MinVolume: -1}, "MinVolume"},
 		{BreakerPolicy{FailureRatio: 0.5, WindowSize: 10}, "MinVolume"}, // default 20 > 10
 		{BreakerPolicy{WindowSize: 10}, ""},                             // no ratio: volume irrelevant
@@ -335,7 +335,7 @@ func TestBreakerPolicyValidate(t *testing.T) {
 		{BreakerPolicy{Jitter: 1.1}, "Jitter"},
 		{BreakerPolicy{Jitter: math.NaN()}, "Jitter"},
 		{BreakerPolicy{Probes: -1}, "Probes"},
-		{BreakerPolicy{Probes: MaxBreakerProbes + 1}, "Probes"},
+		{BreakerPolicy{Probes: maxBreakerProbes + 1}, "Probes"},
 	}
 	for _, tt := range tests {
 		err := tt.p.Validate()

@@ -192,7 +192,7 @@ func TestNormalizeMessage(t *testing.T) {
 		}
 	}
 	long := NormalizeMessage(strings.Repeat("é word ", 10_000))
-	if len(long) > MaxNormalizedLen {
+	if len(long) > maxNormalizedLen {
 		t.Errorf("normalized to %d bytes", len(long))
 	}
 }

@@ -17,7 +17,7 @@ type Policy struct {
 	// Jitter spreads a tier delay d over [d, d*(1+Jitter)]; in [0, 1].
 	Jitter float64
 	// MaxAttempts is the total number of handler attempts, the first
-	// included; in [1, MaxAttemptsCeiling].
+	// included; in [1, maxAttemptsCeiling].
 	MaxAttempts int
 	// MaxElapsed bounds the time from the first failure to the return of
 	// the last retry. 0 disables the time budget.
@@ -100,8 +100,8 @@ func (p Policy) Problems() []PolicyProblem {
 	if !(p.Jitter >= 0 && p.Jitter <= 1) { // also rejects NaN
 		add("Jitter", -1, p.Jitter, "must be in [0, 1]")
 	}
-	if p.MaxAttempts < 1 || p.MaxAttempts > MaxAttemptsCeiling {
-		add("MaxAttempts", -1, p.MaxAttempts, "must be in [1, %d]", MaxAttemptsCeiling)
+	if p.MaxAttempts < 1 || p.MaxAttempts > maxAttemptsCeiling {
+		add("MaxAttempts", -1, p.MaxAttempts, "must be in [1, %d]", maxAttemptsCeiling)
 	}
 	if p.MaxElapsed < 0 {
 		add("MaxElapsed", -1, p.MaxElapsed, "must be >= 0 (0 disables it)")
@@ -202,9 +202,9 @@ func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
 	case failed < 0:
 		n.add("Attempts.Failed=%d treated as 0", failed)
 		failed = 0
-	case failed > MaxAttemptsCeiling:
-		n.add("Attempts.Failed=%d clamped to %d", failed, MaxAttemptsCeiling)
-		failed = MaxAttemptsCeiling
+	case failed > maxAttemptsCeiling:
+		n.add("Attempts.Failed=%d clamped to %d", failed, maxAttemptsCeiling)
+		failed = maxAttemptsCeiling
 	}
 	v = Verdict{Action: ActionQuarantine, Class: f.Class, Attempt: failed + 1}
 	defer func() { v.Notes = n.result() }()

@@ -80,7 +80,7 @@ func TestDecide(t *testing.T) {
 		{name: "negative Failed treated as 0", p: p, f: failure(ClassTransient, -7), action: ActionRetry, tier: 0, delay: time.Second},
 		{name: "zero policy", p: Policy{}, f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "invalid policy: triage: Policy.Tiers"},
 		{name: "negative lanes", p: withLanes(p, -1), f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "invalid policy: triage: Policy.Lanes"},
-		{name: "MaxAttempts over ceiling", p: withMax(p, MaxAttemptsCeiling+1), f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "invalid policy: triage: Policy.MaxAttempts"},
+		{name: "MaxAttempts over ceiling", p: withMax(p, maxAttemptsCeiling+1), f: failure(ClassTransient, 0), action: ActionQuarantine, reason: "invalid policy: triage: Policy.MaxAttempts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -294,7 +294,7 @@ func TestPrecheckCountsAttemptsMade(t *testing.T) {
 	}{
 		{"three deliveries of a first hop crashed", table{wire.HeaderDeliveryCount: int64(3)}, 0, 3},
 		{"after two failed retries", table{wire.HeaderDeliveryCount: int64(3)}, 2, 5},
-		{"forged huge count is bounded", table{wire.HeaderDeliveryCount: int64(math.MaxInt64)}, 0, MaxAttemptsCeiling},
+		{"forged huge count is bounded", table{wire.HeaderDeliveryCount: int64(math.MaxInt64)}, 0, maxAttemptsCeiling},
 	}
 	for _, c := range cases {
 		v := Precheck(p, DeliveryInput{WorkQueue: workQueue, Headers: c.headers, Redelivered: true, Failed: c.failed})

@@ -10,10 +10,10 @@ import (
 )
 
 // Normalization limits: input beyond its first 1024 bytes is not read,
-// output is capped at MaxNormalizedLen bytes.
+// output is capped at maxNormalizedLen bytes.
 const (
 	maxNormalizeInput = 1024
-	MaxNormalizedLen  = 256
+	maxNormalizedLen  = 256
 	maxPasses         = 8
 )
 
@@ -41,7 +41,7 @@ var normalizers = []struct {
 // <str>; UUIDs → <uuid>; IPv4/[IPv6] addresses with optional port → <ip>;
 // durations (1.5s, 2m30s) → <dur>; hex ids of 8+ digits → <hex>; other
 // numbers → <n>; whitespace collapsed and trimmed. Only the first 1 KiB
-// is read and the result is valid UTF-8 of at most MaxNormalizedLen bytes.
+// is read and the result is valid UTF-8 of at most maxNormalizedLen bytes.
 func NormalizeMessage(s string) string {
 	if len(s) > maxNormalizeInput {
 		s = s[:maxNormalizeInput]
@@ -105,8 +105,8 @@ func normalize(s string) string {
 		}
 	}
 	s = strings.TrimSpace(s)
-	if len(s) > MaxNormalizedLen {
-		cut := MaxNormalizedLen
+	if len(s) > maxNormalizedLen {
+		cut := maxNormalizedLen
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
 			cut--
 		}

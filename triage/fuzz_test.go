@@ -90,7 +90,7 @@ func FuzzParseXDeath(f *testing.F) {
 				t.Fatalf("%d notes, %d entries", len(h.Notes), len(h.Deaths))
 			}
 			for _, d := range h.Deaths {
-				if d.Count < 0 || d.Count > MaxCount || d.Queue == "" || d.Reason == "" {
+				if d.Count < 0 || d.Count > maxCount || d.Queue == "" || d.Reason == "" {
 					t.Fatalf("bad entry %+v", d)
 				}
 				if got, ok := h.Find(d.Queue, d.Reason); !ok || got.Queue != d.Queue || got.Reason != d.Reason {
@@ -121,10 +121,10 @@ func FuzzParseXDeath(f *testing.F) {
 				t.Fatalf("signature over a fuzzed %s: %+v", wireval.TypeName(v), sig)
 			}
 			a := CountAttempts(AttemptInput{Headers: sh, Signature: sig, IsRetryQueue: isRetry, Now: t0})
-			if a.Failed < 0 || a.Failed > MaxAttemptsCeiling || a.Failed != a.FromHeader {
+			if a.Failed < 0 || a.Failed > maxAttemptsCeiling || a.Failed != a.FromHeader {
 				t.Fatalf("attempts %+v", a)
 			}
-			if !a.FirstFailure.IsZero() && (a.FirstFailure.Before(minSaneTime) || a.FirstFailure.After(t0.Add(MaxClockSkew))) {
+			if !a.FirstFailure.IsZero() && (a.FirstFailure.Before(minSaneTime) || a.FirstFailure.After(t0.Add(maxClockSkew))) {
 				t.Fatalf("FirstFailure %v", a.FirstFailure)
 			}
 			for _, in := range []DeliveryInput{
@@ -149,7 +149,7 @@ func FuzzParseXDeath(f *testing.F) {
 func FuzzDecide(f *testing.F) {
 	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5, 0, 0)
 	f.Add(false, int64(0), int64(-1), int64(math.MaxInt64), 0, math.NaN(), -1, int64(-1), "panic", int64(-5), -3, int64(0), int64(0), 2.0, -1, -1)
-	f.Add(true, int64(math.MaxInt64/2), int64(math.MaxInt64/2), int64(math.MaxInt64/2), 16, 1.0, MaxAttemptsCeiling, int64(0), "timeout", int64(math.MaxInt64), math.MaxInt, int64(math.MinInt64), int64(math.MaxInt64), 0.999999, math.MaxInt, math.MinInt)
+	f.Add(true, int64(math.MaxInt64/2), int64(math.MaxInt64/2), int64(math.MaxInt64/2), 16, 1.0, maxAttemptsCeiling, int64(0), "timeout", int64(math.MaxInt64), math.MaxInt, int64(math.MinInt64), int64(math.MaxInt64), 0.999999, math.MaxInt, math.MinInt)
 	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(15*time.Minute), "transient", int64(0), 1, int64(time.Minute), int64(time.Minute), 0.5, 2, 1)
 	f.Add(true, int64(time.Second), int64(5*time.Second), int64(30*time.Second), 4, 0.2, 5, int64(time.Minute), "panic", int64(0), 0, int64(0), int64(0), 0.5, 3, 0)
 
@@ -183,7 +183,7 @@ func FuzzDecide(f *testing.F) {
 
 		v := Decide(p, fl, fixedRand(u))
 
-		attempt := min(max(failed, 0), MaxAttemptsCeiling) + 1
+		attempt := min(max(failed, 0), maxAttemptsCeiling) + 1
 		if v.Attempt != attempt || v.Class != fl.Class {
 			t.Fatalf("Attempt %d Class %q, want %d %q", v.Attempt, v.Class, attempt, fl.Class)
 		}
@@ -256,13 +256,13 @@ func FuzzNormalizeMessage(f *testing.F) {
 		if direct := normalize(s[:min(len(s), maxNormalizeInput)]); direct != n {
 			t.Fatalf("remembered %q for %q, computed %q", n, s, direct)
 		}
-		if !utf8.ValidString(n) || len(n) > MaxNormalizedLen || strings.ContainsAny(n, "0123456789") {
+		if !utf8.ValidString(n) || len(n) > maxNormalizedLen || strings.ContainsAny(n, "0123456789") {
 			t.Fatalf("NormalizeMessage(%q) = %q", s, n)
 		}
 		if n != strings.TrimSpace(n) || strings.Contains(n, "  ") {
 			t.Fatalf("whitespace not collapsed: %q", n)
 		}
-		if len(n) < MaxNormalizedLen/2 && len(s) <= maxNormalizeInput {
+		if len(n) < maxNormalizedLen/2 && len(s) <= maxNormalizeInput {
 			if again := NormalizeMessage(n); again != n {
 				t.Fatalf("not idempotent: %q → %q → %q", s, n, again)
 			}

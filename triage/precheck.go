@@ -113,7 +113,7 @@ func Precheck(p Policy, in DeliveryInput) (v Verdict) {
 				wire.HeaderDeliveryCount, count, short(newest.Queue), short(newest.Queue), short(newest.Reason), short(in.WorkQueue))}
 	}
 	if count >= int64(p.CrashLoopDeliveries) {
-		attempt := max(in.Failed, 0) + int(min(count, MaxAttemptsCeiling))
+		attempt := max(in.Failed, 0) + int(min(count, maxAttemptsCeiling))
 		return Verdict{Action: ActionQuarantine, Class: ClassCrashLoop, Attempt: attempt,
 			Reason: fmt.Sprintf("crash-looping: delivered %d times by %s (%s)", addSat(count, 1), short(in.WorkQueue), wire.HeaderDeliveryCount)}
 	}

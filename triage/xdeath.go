@@ -16,9 +16,9 @@ const (
 	ReasonDeliveryLimit = "delivery_limit"
 )
 
-// MaxCount caps one x-death entry's count. Broker counts never get near it;
+// maxCount caps one x-death entry's count. Broker counts never get near it;
 // a larger value is forged and is clamped (with a note).
-const MaxCount int64 = math.MaxInt32
+const maxCount int64 = math.MaxInt32
 
 // maxEntries bounds how many x-death entries are read. The broker keeps one
 // entry per {queue, reason}, so a real history is a handful of entries.
@@ -33,7 +33,7 @@ type Death struct {
 	// RoutingKeys are the routing keys the message was published with.
 	RoutingKeys []string
 	// Count is how many times the message was dead-lettered from Queue for
-	// Reason, in [0, MaxCount].
+	// Reason, in [0, maxCount].
 	Count int64
 	// Time is when the message was first dead-lettered from Queue for
 	// Reason (second resolution); zero if absent or malformed.
@@ -58,7 +58,7 @@ type History struct {
 // Entries that are not tables or lack a queue or reason are skipped with a
 // note. A missing or non-integer count is read as 1 (the entry exists, so
 // the message died there at least once); a negative count as 0; a count
-// over MaxCount as MaxCount; each with a note. nil yields an empty History
+// over maxCount as maxCount; each with a note. nil yields an empty History
 // without notes. ParseXDeath never panics.
 func ParseXDeath(v any) History {
 	var n notes
@@ -137,9 +137,9 @@ func parseDeath(i int, raw any, n *notes) (Death, bool) {
 	case count < 0:
 		n.add("x-death[%d] {%s, %s}: count %d negative; read as 0", i, short(d.Queue), short(d.Reason), count)
 		count = 0
-	case count > MaxCount:
-		n.add("x-death[%d] {%s, %s}: count %d clamped to %d", i, short(d.Queue), short(d.Reason), count, MaxCount)
-		count = MaxCount
+	case count > maxCount:
+		n.add("x-death[%d] {%s, %s}: count %d clamped to %d", i, short(d.Queue), short(d.Reason), count, maxCount)
+		count = maxCount
 	}
 	d.Count = count
 

@@ -121,7 +121,7 @@ func TestParseXDeath(t *testing.T) {
 				table{"queue": "bool", "reason": "expired", "count": true},
 				table{"queue": "table", "reason": "expired", "count": table{"n": 1}},
 			},
-			counts: []int64{1, 1, 0, MaxCount, MaxCount, 1, 1, 1, 1},
+			counts: []int64{1, 1, 0, maxCount, maxCount, 1, 1, 1, 1},
 			notes: []string{
 				"{missing, expired}: count missing; read as 1",
 				"{string, expired}: count is string, not an integer; read as 1",
@@ -263,8 +263,8 @@ func TestHistoryLookups(t *testing.T) {
 		table{"queue": "orders", "reason": "delivery_limit", "count": int64(1), "time": t0.Add(time.Hour)},
 		table{"queue": "orders.retry.5s.l0", "reason": "expired", "count": int64(3), "time": t0.Add(time.Minute)},
 		table{"queue": "orders.retry.1s.l1", "reason": "expired", "count": int64(1), "time": t0},
-		table{"queue": "orders", "reason": "rejected", "count": int64(MaxCount)},
-		table{"queue": "other", "reason": "rejected", "count": int64(MaxCount)},
+		table{"queue": "orders", "reason": "rejected", "count": int64(maxCount)},
+		table{"queue": "other", "reason": "rejected", "count": int64(maxCount)},
 	})
 
 	if d, ok := h.Find("orders.retry.5s.l0", "expired"); !ok || d.Count != 3 {
@@ -279,7 +279,7 @@ func TestHistoryLookups(t *testing.T) {
 	if got := h.CountWhere(func(d Death) bool { return d.Reason == "expired" && isLane(d.Queue) }); got != 4 {
 		t.Errorf("lane count = %d, want 4", got)
 	}
-	if got := h.CountWhere(nil); got != 4+1+2*MaxCount {
+	if got := h.CountWhere(nil); got != 4+1+2*maxCount {
 		t.Errorf("CountWhere(nil) = %d", got)
 	}
 	sat := History{Deaths: []Death{{Count: math.MaxInt64}, {Count: math.MaxInt64}}}
