@@ -141,10 +141,14 @@ func (w *worker) buildCopy(o outcome) outcome {
 		o.span.RecordError(f.err)
 	}
 	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", o.d.MessageId, "class", v.Class, "attempt", v.Attempt)
-	if st := panicStack(f.err); st != "" {
-		log = log.With("stack", st)
+	// Trimmed once here, for the log and the quarantine record: it copies
+	// all of the captured stack, and a retry parked in the quarantine is
+	// built twice.
+	stack := panicStack(f.err)
+	if stack != "" {
+		log = log.With("stack", stack)
 	}
-	out, err := w.prepare(o.ctx, o.span, o.d, f)
+	out, err := w.prepare(o.ctx, o.span, o.d, f, stack)
 	o.settled.noteFailure(f)
 	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
 		// A retry may not drop the producer's headers (see frame.RetryRank):
@@ -154,7 +158,7 @@ func (w *worker) buildCopy(o outcome) outcome {
 		f.verdict.Reason = fmt.Sprintf("%s; not retried: %v", v.Reason, err)
 		v = f.verdict
 		o.settled.noteFailure(f)
-		out, err = w.prepare(o.ctx, o.span, o.d, f)
+		out, err = w.prepare(o.ctx, o.span, o.d, f, stack)
 	}
 	o.kind = kindQuarantine
 	fo := o.failed
@@ -206,9 +210,11 @@ type outgoing struct {
 // span continues the trace. A publishing that cannot fit one frame (the
 // error wraps frame.ErrNoFit), or whose body is over the broker's max
 // message size as learned on this connection (*overLimitError), is not
-// sent, and the span is ended.
-func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure) (outgoing, error) {
+// sent, and the span is ended. stack is f's panic stack as trimmed by
+// buildCopy (see panicStack), or "".
+func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure, stack string) (outgoing, error) {
 	in := w.buildInput(d, f, consumeSpan)
+	in.stack = stack
 	exchange, key, attrs := destination(in)
 	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
 		trace.WithSpanKind(trace.SpanKindProducer),
@@ -256,7 +262,6 @@ func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span)
 		host:          w.deps.host,
 		workerVersion: w.deps.cfg.WorkerVersion,
 		frameMax:      w.s.frameMax,
-		stack:         panicStack(f.err),
 	}
 	if sc := consumeSpan.SpanContext(); sc.HasTraceID() {
 		in.traceID = sc.TraceID().String()
