@@ -17,8 +17,9 @@
 // A delivery passes the stages in this order, a file each: receive.go (the
 // feeder), worker.go (the checks), invoke.go (the handler), settle.go (the
 // one settle step, fed an outcome value: it builds a failure's copy with the
-// pure builders of build.go), publish.go (the copy's publish and confirm),
-// acks.go (the ack, requeue or reject, and the outcome recorded once).
+// pure builders of build.go), publish.go (the copy's publish and confirm,
+// and the requeue when it fails), acks.go (the ack or reject, and the
+// outcome recorded once).
 // outcome.go holds the values it reports.
 package consumer
 
