@@ -98,6 +98,13 @@ func retryLane(in *buildInput) (topology.RetryLane, time.Duration) {
 func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
 	h := make(amqp.Table, len(base)+len(extra)+16)
 	maps.Copy(h, base)
+	return republishInto(d, h, body, extra)
+}
+
+// republishInto is republish onto h, a table of the caller's own (never
+// d.Headers), which it fills in place: a copy's headers are assembled in
+// the one table they go out in.
+func republishInto(d *amqp.Delivery, h amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
 	maps.Copy(h, extra)
 	return frame.Republish(d, h, body)
 }
@@ -114,7 +121,7 @@ func buildRetry(in *buildInput) (built, error) {
 		first = in.now
 	}
 	state := retryState(in, int64(f.verdict.Attempt), first)
-	p := republish(d, frame.StripHeaders(d.Headers, nil), d.Body, state)
+	p := republishInto(d, frame.StripHeaders(d.Headers, nil), d.Body, state)
 	ownState(p.Headers, state)
 	p.Headers[wire.HeaderLastError] = frame.Truncate(errString(f.err), frame.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
@@ -140,7 +147,7 @@ func buildRetry(in *buildInput) (built, error) {
 // broker dead-letters into the queue again is re-admitted again.
 func buildReadmit(in *buildInput) (built, error) {
 	d, f := in.d, in.f
-	base := make(amqp.Table, len(d.Headers))
+	base := make(amqp.Table, len(d.Headers)+16) // room for the state, notes, signature and trace
 	for k, v := range d.Headers {
 		// A producer's CC or BCC would make the default exchange deliver
 		// the copy to every queue they name.
@@ -150,7 +157,7 @@ func buildReadmit(in *buildInput) (built, error) {
 	}
 	state := retryState(in, int64(f.attempts.Failed), f.attempts.FirstFailure)
 	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
-	p := republish(d, base, d.Body, state)
+	p := republishInto(d, base, d.Body, state)
 	ownState(p.Headers, state)
 	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))

@@ -57,6 +57,9 @@ func (e *overLimitError) Error() string {
 // fit one frame (frame.ErrNoFit), or its body is over the broker's
 // max message size.
 func unsendable(err error) (reason string, ok bool) {
+	if err == nil {
+		return "", false // a built copy: no target for errors.As to allocate
+	}
 	var ol *overLimitError
 	switch {
 	case errors.As(err, &ol):

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"time"
 )
 
@@ -268,9 +269,29 @@ func Decide(p Policy, f Failure, rnd Rand) (v Verdict) {
 		}
 	}
 	v.Action, v.Tier, v.Lane, v.Delay = ActionRetry, tier, lane, delay
-	v.Reason = fmt.Sprintf("%s failure: retry %d/%d in %s (tier %d, lane %d)%s",
-		f.Class, v.Attempt+1, p.MaxAttempts, delay.Round(time.Millisecond), tier, lane, hintNote)
+	v.Reason = retryReason(f.Class, v.Attempt+1, p.MaxAttempts, delay.Round(time.Millisecond), tier, lane, hintNote)
 	return v
+}
+
+// retryReason is "<class> failure: retry <attempt>/<max> in <delay> (tier
+// <tier>, lane <lane>)<note>", written without fmt: every delayed retry
+// has one.
+func retryReason(c Class, attempt, maxAttempts int, delay time.Duration, tier, lane int, note string) string {
+	b := make([]byte, 0, 64+len(c)+len(note))
+	b = append(b, c...)
+	b = append(b, " failure: retry "...)
+	b = strconv.AppendInt(b, int64(attempt), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(maxAttempts), 10)
+	b = append(b, " in "...)
+	b = append(b, delay.String()...)
+	b = append(b, " (tier "...)
+	b = strconv.AppendInt(b, int64(tier), 10)
+	b = append(b, ", lane "...)
+	b = strconv.AppendInt(b, int64(lane), 10)
+	b = append(b, ')')
+	b = append(b, note...)
+	return string(b)
 }
 
 // LaneBounds is lane's share of a tier's jitter window: with L lanes the

@@ -1,6 +1,7 @@
 package triage
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -556,5 +557,26 @@ func BenchmarkCountAttempts(b *testing.B) {
 	in := AttemptInput{Headers: h, IsRetryQueue: isLane, Now: t0.Add(time.Minute)}
 	for b.Loop() {
 		CountAttempts(in)
+	}
+}
+
+// A delayed retry's reason reads as it did when fmt wrote it.
+func TestRetryReasonAsFormatted(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		class        Class
+		attempt, max int
+		delay        time.Duration
+		tier, lane   int
+		note         string
+	}{
+		{ClassTransient, 2, 3, 100 * time.Millisecond, 0, 0, ""},
+		{ClassTimeout, 10, 20, 90 * time.Minute, 3, 12, "; retry-after 2h0m0s exceeds the largest tier 1h30m0s"},
+		{ClassTransient, 1, 1, 0, 0, 0, ""},
+	} {
+		want := fmt.Sprintf("%s failure: retry %d/%d in %s (tier %d, lane %d)%s", c.class, c.attempt, c.max, c.delay, c.tier, c.lane, c.note)
+		if got := retryReason(c.class, c.attempt, c.max, c.delay, c.tier, c.lane, c.note); got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
 	}
 }

@@ -24,8 +24,14 @@ import (
 type readableConn struct {
 	net.Conn
 	in   *bufio.Reader
-	out  []byte // a rewritten frame not yet returned
+	out  []byte // a frame's bytes not yet returned: its header, or a whole content header frame
 	rest int64  // bytes of a frame passed through, still to return
+	// Buffers reused from frame to frame (out points into one of them
+	// until it is returned, and next is called only once it is): every
+	// delivery has a content header frame, and most need no rewriting.
+	head  [frameHeaderLen]byte
+	frame []byte // a content header frame as read
+	fixed []byte // a rewritten one
 }
 
 func newReadableConn(c net.Conn) net.Conn {
@@ -60,66 +66,84 @@ func (c *readableConn) Read(p []byte) (int, error) {
 }
 
 // next reads the next frame's header and, for a content header frame, the
-// whole frame, rewritten.
+// whole frame, rewritten if it needs to be.
 func (c *readableConn) next() error {
-	var h [frameHeaderLen]byte
-	if _, err := io.ReadFull(c.in, h[:]); err != nil {
+	h := c.head[:]
+	if _, err := io.ReadFull(c.in, h); err != nil {
 		return err
 	}
 	size := int64(binary.BigEndian.Uint32(h[3:]))
 	if h[0] != frameHeader || size > maxRewrite {
-		c.out = append(c.out[:0], h[:]...)
+		c.out = h
 		c.rest = size + 1 // the payload and the frame end
 		return nil
 	}
-	frame := make([]byte, frameHeaderLen+size+1)
-	copy(frame, h[:])
+	n := frameHeaderLen + int(size) + 1
+	if cap(c.frame) < n {
+		c.frame = make([]byte, n)
+	}
+	frame := c.frame[:n]
+	copy(frame, h)
 	if _, err := io.ReadFull(c.in, frame[frameHeaderLen:]); err != nil {
 		return err
 	}
 	payload := frame[frameHeaderLen : frameHeaderLen+size]
-	if fixed, ok := readableProperties(payload); ok {
-		frame = append(append(h[:], fixed...), frameEnd)
-		binary.BigEndian.PutUint32(frame[3:], uint32(len(fixed)))
+	fixed, ok := readableProperties(c.fixed[:0], payload)
+	c.fixed = fixed // its capacity, for the next frame
+	if !ok {
+		c.out = frame
+		return nil
 	}
-	c.out = frame
+	// The frame as read is spent (its payload is in fixed, rewritten):
+	// the rewritten frame takes its buffer.
+	out := append(append(append(c.frame[:0], h...), fixed...), frameEnd)
+	binary.BigEndian.PutUint32(out[3:], uint32(len(fixed)))
+	c.frame, c.out = out, out
 	return nil
 }
 
-// readableProperties rewrites the header table of a content header
-// payload: class(2) weight(2) body size(8) flags(2), then content-type and
-// content-encoding (short strings) and the headers table, if their flags
-// are set. ok is false when nothing needed rewriting or it does not parse.
-func readableProperties(p []byte) ([]byte, bool) {
+// readableProperties appends to dst the content header payload p (class(2)
+// weight(2) body size(8) flags(2), then content-type and content-encoding,
+// short strings, and the headers table, if their flags are set) with its
+// header table rewritten. ok is false when nothing needed rewriting or it
+// does not parse: p is then to be passed on as it is, and what is returned
+// is dst emptied (grown, perhaps: the caller may keep it as scratch).
+func readableProperties(dst, p []byte) ([]byte, bool) {
 	const (
 		flagContentType     = 0x8000
 		flagContentEncoding = 0x4000
 		flagHeaders         = 0x2000
 	)
 	if len(p) < 14 {
-		return nil, false
+		return dst[:0], false
 	}
 	flags := binary.BigEndian.Uint16(p[12:])
 	if flags&flagHeaders == 0 {
-		return nil, false
+		return dst[:0], false
 	}
 	pos := 14
 	for _, f := range []uint16{flagContentType, flagContentEncoding} {
 		if flags&f != 0 {
 			if pos >= len(p) {
-				return nil, false
+				return dst[:0], false
 			}
 			pos += 1 + int(p[pos])
 		}
 	}
 	if pos > len(p) || !hasUnsigned(p[pos:]) {
-		return nil, false
+		return dst[:0], false
 	}
-	out := append([]byte(nil), p[:pos]...)
-	out, n, ok := readableTable(out, p[pos:])
+	out := append(dst[:0], p[:pos]...)
+	grown, n, ok := readableTable(out, p[pos:])
 	if !ok {
-		return nil, false
+		return out[:0], false
 	}
+	if len(grown) == pos+n {
+		// A rewrite widens every value it touches: the same length means
+		// the 'u' and 'i' bytes were names or strings, not type tags.
+		return grown[:0], false
+	}
+	out = grown
 	return append(out, p[pos+n:]...), true
 }
 

@@ -100,9 +100,6 @@ func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.P
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("not published: %w", err)
 	}
-	if err := msg.Headers.Validate(); err != nil {
-		return fmt.Errorf("not published: %w", err)
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.broken != nil {
@@ -110,6 +107,12 @@ func (p *Pipeline) Publish(ctx context.Context, exchange, key string, msg amqp.P
 	}
 	f := &inFlight{seq: p.ch.GetNextPublishSeqNo(), exchange: exchange, key: key, msg: &msg, sent: time.Now(), done: done}
 	if err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		if verr := msg.Headers.Validate(); verr != nil {
+			// The client checks the headers first, before it takes a
+			// sequence number or writes a byte: checked here only once the
+			// client refused, not walked twice for every publish.
+			return fmt.Errorf("not published: %w", verr)
+		}
 		if errors.Is(err, amqp.ErrClosed) {
 			// Nothing was written: the channel closed a moment ago, and
 			// its close is on its way to run, which fails what is in

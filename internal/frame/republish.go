@@ -37,6 +37,9 @@ func Republish(d *amqp.Delivery, h amqp.Table, body []byte) amqp.Publishing {
 	}
 }
 
+// copyRoom is how many headers StripHeaders leaves room for.
+const copyRoom = 16
+
 // StripHeaders copies h without the headers the broker owns, and without
 // those drop (if not nil) names. A copy must not carry the broker's back
 // into a work queue:
@@ -51,8 +54,11 @@ func Republish(d *amqp.Delivery, h amqp.Table, body []byte) amqp.Publishing {
 //     them, so a producer's would send the bridge's copy wherever the
 //     producer named (a retry's return, a replay through the default
 //     exchange to any queue). The runtime sets its own where it needs one.
+//
+// The copy has room for the headers a caller adds to it (retry state,
+// notes, signature, trace context), so that they do not grow it again.
 func StripHeaders(h amqp.Table, drop func(name string) bool) amqp.Table {
-	out := make(amqp.Table, len(h))
+	out := make(amqp.Table, len(h)+copyRoom)
 	for k, v := range h {
 		if wire.IsBrokerHeader(k) || wire.IsRoutingHeader(k) || drop != nil && drop(k) {
 			continue

@@ -41,7 +41,9 @@ func Deref(v any) any {
 }
 
 // Table returns v as a map[string]any if it is any map with string keys
-// (map[string]any, amqp.Table, or another named map type).
+// (map[string]any, amqp.Table, or another named map type). A map of
+// interface values (amqp.Table: every table amqp091-go decodes) is v
+// itself, not a copy: read it, never write to it. Other maps are copied.
 func Table(v any) (map[string]any, bool) {
 	v = Deref(v)
 	if m, ok := v.(map[string]any); ok {
@@ -51,6 +53,10 @@ func Table(v any) (map[string]any, bool) {
 	if rv.Kind() != reflect.Map || rv.Type().Key().Kind() != reflect.String {
 		return nil, false
 	}
+	if rv.Type().ConvertibleTo(stringAnyMap) {
+		// The same underlying type: the conversion shares the map.
+		return rv.Convert(stringAnyMap).Interface().(map[string]any), true
+	}
 	m := make(map[string]any, rv.Len())
 	iter := rv.MapRange()
 	for iter.Next() {
@@ -58,6 +64,8 @@ func Table(v any) (map[string]any, bool) {
 	}
 	return m, true
 }
+
+var stringAnyMap = reflect.TypeFor[map[string]any]()
 
 // List returns v as a []any if it is a slice or array other than a byte
 // string.

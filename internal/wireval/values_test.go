@@ -11,6 +11,22 @@ type namedTable map[string]any
 type namedString string
 type namedInt int16
 
+// A named table type of interface values, which amqp091-go decodes every
+// table into, is read in place: x-death is read on every delivery that has
+// one, twice.
+// Not parallel: testing.AllocsPerRun refuses to run in a parallel test.
+func TestTableSharesANamedMap(t *testing.T) {
+	named := namedTable{"k": 1, "l": "two"}
+	m, _ := Table(named)
+	m["k"] = 2
+	if named["k"] != 2 {
+		t.Error("Table(named) copied the map")
+	}
+	if got := testing.AllocsPerRun(100, func() { _, _ = Table(named) }); got > 0 {
+		t.Errorf("Table(named) made %.0f allocations", got)
+	}
+}
+
 func TestReaders(t *testing.T) {
 	t.Parallel()
 	s := "ptr"
@@ -32,6 +48,10 @@ func TestReaders(t *testing.T) {
 	if m, ok := Table(namedTable{"k": 1}); !ok || m["k"] != 1 {
 		t.Errorf("Table(named) = %v, %v", m, ok)
 	}
+	if m, ok := Table(map[namedString]int{"k": 1}); !ok || m["k"] != 1 {
+		t.Errorf("Table(map[named]int) = %v, %v", m, ok)
+	}
+
 	if _, ok := Table(map[int]any{1: 1}); ok {
 		t.Error("Table(map[int]any) ok")
 	}

@@ -121,9 +121,17 @@ type Options struct {
 	// delay tiers, beside the bridge on per-queue lanes, in the same
 	// rounds.
 	Shared bool
+	// FairFloor adds a side, fair (see drainFair): the least failure
+	// handling that retries through the broker and loses nothing.
+	FairFloor bool
+	// AlsoC1 adds the bridge (and shared, with Shared) at concurrency 1,
+	// as sides bridge-c1 (shared-c1), beside the ones at Concurrency.
+	AlsoC1 bool
 	// drop, for tests: take this many messages off the bridge's queue
 	// before it starts, so that reconciliation must fail.
 	drop int
+	// dropSide is the side drop takes from: the bridge unless set.
+	dropSide string
 	// dup, for tests: publish ids 0 … dup-1 twice to each side (a copy
 	// ahead of the rest), so that each side must count dup duplicates.
 	dup int
@@ -195,8 +203,12 @@ func parseFlags(args []string, stderr io.Writer, getenv func(string) string) (*O
 		"to read the bridge's storm against what any consumer pays on this machine and broker")
 	fs.BoolVar(&o.Shared, "shared-tiers", false, "also run a side \"shared\": the bridge retrying through shared delay tiers (queues[].retry.tier_queues: shared) "+
 		"beside the bridge on per-queue lanes, in the same rounds")
+	fs.BoolVar(&o.FairFloor, "fair-floor", false, "also run a side \"fair\": hand-written, the least failure handling that retries through the broker "+
+		"(decode once, a failed attempt published to one TTL queue that dead-letters back, what cannot succeed to the quarantine, each confirmed before its delivery's ack; no gate, envelope or signature)")
+	fs.BoolVar(&o.AlsoC1, "also-concurrency-1", false, "also run the bridge (and shared) at concurrency 1, as sides bridge-c1 (shared-c1), in the same rounds")
 	fs.IntVar(&o.drop, "test-drop", 0, "") // hidden: see Options.drop
-	fs.IntVar(&o.dup, "test-dup", 0, "")   // hidden: see Options.dup
+	fs.StringVar(&o.dropSide, "test-drop-side", Bridge, "")
+	fs.IntVar(&o.dup, "test-dup", 0, "") // hidden: see Options.dup
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: dlxbridge bench [flags]
 
@@ -290,7 +302,7 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	// compared with the bridge's own clean rate (bridge_storm_vs_clean),
 	// which on a shared machine drifts over minutes.
 	for r := range o.Rounds {
-		order := sideOrder(o.Floor, o.Shared, r)
+		order := sideOrder(o, r)
 		for _, sc := range o.Scenarios {
 			msg := func(i int) amqp.Publishing { return Publishing(i, Body(i, o.Size, KindOf(sc, i))) }
 			res, err := runRound(ctx, conn, o, sc, r+1, order, msg, stderr)
@@ -307,18 +319,35 @@ func run(ctx context.Context, o *Options, stderr io.Writer) (*Report, error) {
 	return rep, nil
 }
 
-// sideOrder is round r's order of the sides: who goes first alternates
-// (raw and bridge), or rotates (with floor or shared).
-func sideOrder(floor, shared bool, r int) []string {
+// sideOrder is round r's order of the sides o asks for: who goes first
+// alternates (raw and bridge), or rotates (with more sides).
+func sideOrder(o *Options, r int) []string {
 	all := []string{Raw, Bridge}
-	if floor {
+	if o.Floor {
 		all = append(all, Floor)
 	}
-	if shared {
+	if o.FairFloor {
+		all = append(all, Fair)
+	}
+	if o.Shared {
 		all = append(all, Shared)
+	}
+	if o.AlsoC1 {
+		all = append(all, Bridge+C1)
+		if o.Shared {
+			all = append(all, Shared+C1)
+		}
 	}
 	k := r % len(all)
 	return append(all[k:], all[:k]...)
+}
+
+// concurrency is side's: 1 for a C1 side, else --concurrency.
+func concurrency(o *Options, side string) int {
+	if strings.HasSuffix(side, C1) {
+		return 1
+	}
+	return o.Concurrency
 }
 
 // roundResult is one round of one scenario: both sides, reconciled.
@@ -334,7 +363,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	var exchanges []string
 	for _, s := range order {
 		prefix := fmt.Sprintf("%s-%s-r%d-%s", o.Prefix, sc, round, s)
-		cfg, err := (&sideSpec{Side: s, Prefix: prefix, Prefetch: o.Prefetch, Concurrency: o.Concurrency, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}).config()
+		cfg, err := (&sideSpec{Side: s, Prefix: prefix, Prefetch: o.Prefetch, Concurrency: concurrency(o, s), Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}).config()
 		if err != nil {
 			return nil, err
 		}
@@ -368,10 +397,10 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 			return nil, err
 		}
 		for range o.drop {
-			if d, ok, err := ch.Get(prefixes[Bridge]+".work", true); err != nil || !ok {
+			if d, ok, err := ch.Get(prefixes[o.dropSide]+".work", true); err != nil || !ok {
 				return nil, fmt.Errorf("test drop: %v (got a message: %v)", err, ok)
 			} else {
-				fmt.Fprintf(stderr, "dlxbridge bench: dropped %s from the bridge's queue, as --test-drop asks\n", d.MessageId)
+				fmt.Fprintf(stderr, "dlxbridge bench: dropped %s from the %s side's queue, as --test-drop asks\n", d.MessageId, o.dropSide)
 			}
 		}
 		_ = ch.Close()
@@ -380,7 +409,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 	res := &roundResult{Round: round, Sides: map[string]*sideReport{}}
 	for _, s := range order {
 		spec := &sideSpec{URL: o.URL, Side: s, Scenario: sc, Prefix: prefixes[s], Count: o.Count, Size: o.Size,
-			Prefetch: o.Prefetch, Concurrency: o.Concurrency, Idle: o.Idle, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}
+			Prefetch: o.Prefetch, Concurrency: concurrency(o, s), Idle: o.Idle, Tiers: o.Tiers, ImmediateRetries: o.ImmediateRetries}
 		cpu0 := brokerCPU()
 		sr, err := spawnSide(ctx, spec, crcs, stderr)
 		if err != nil {
@@ -472,11 +501,11 @@ func (s *sideSpec) config() (*config.Config, error) {
 		tiers = defaultTiers
 	}
 	cfg, err := ConfigTiers(s.Prefix, s.Prefetch, s.Concurrency, tiers)
-	if err != nil || s.ImmediateRetries == 0 && s.Side != Shared {
+	if err != nil || s.ImmediateRetries == 0 && base(s.Side) != Shared {
 		return cfg, err
 	}
 	cfg.Queues[0].Retry.ImmediateRetries = s.ImmediateRetries
-	if s.Side == Shared {
+	if base(s.Side) == Shared {
 		// Tiers of its own, named from the side's prefix: declared and
 		// deleted with the round, like the others' lanes.
 		cfg.Queues[0].Retry.TierQueues = config.TierQueuesShared

@@ -435,7 +435,7 @@ func TestSharedTiersFlag(t *testing.T) {
 		t.Fatalf("refused or ignored: %s", errs.String())
 	}
 	for r := range 3 {
-		if order := sideOrder(false, true, r); len(order) != 3 || !slices.Contains(order, Shared) || order[0] == sideOrder(false, true, r+1)[0] {
+		if order := sideOrder(o, r); len(order) != 3 || !slices.Contains(order, Shared) || order[0] == sideOrder(o, r+1)[0] {
 			t.Errorf("round %d: order %v", r, order)
 		}
 	}

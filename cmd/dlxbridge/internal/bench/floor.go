@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -38,6 +37,32 @@ import (
 // is what the broker must do for a failure however it is handled: a
 // confirmed, routed, persistent publish into a quorum queue.
 func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan struct{}, wantQuarantined int, r *sideResult) error {
+	exchange := config.DeadExchangeName(s.Prefix + ".work")
+	return drainByHand(ctx, s, rep, enough, wantQuarantined, r, func(d *amqp.Delivery, i int) (park, bool) {
+		reason := floorHandle(s.Scenario, i, d.Body, rep)
+		if reason == "" {
+			return park{}, false
+		}
+		return park{exchange: exchange, key: d.RoutingKey, headers: amqp.Table{"floor-reason": reason}, quarantine: true}, true
+	})
+}
+
+// park is where a hand-written side publishes a delivery it does not
+// settle by a plain ack: a retry or the quarantine.
+type park struct {
+	exchange, key string
+	headers       amqp.Table
+	quarantine    bool // counts toward the quarantined ids the side waits for
+}
+
+// drainByHand is the loop of the hand-written sides that park (floor and
+// fair): consume, let handle say whether a delivery is parked and where,
+// publish what is parked mandatory, persistent and confirmed, and ack each
+// delivery only after its publish is confirmed. A returned or refused
+// publish stops the side with an error: its delivery is never acked, and
+// goes back to the queue when the connection closes.
+func drainByHand(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan struct{}, wantQuarantined int, r *sideResult,
+	handle func(d *amqp.Delivery, i int) (park, bool)) error {
 	conn, sub, deliveries, err := consume(s)
 	if conn != nil {
 		defer conn.Close()
@@ -56,7 +81,6 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 	// confirmation channel, and this loop is the only one that drains it.
 	confirms := pub.NotifyPublish(make(chan amqp.Confirmation, s.Prefetch+1))
 	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
-	exchange := config.DeadExchangeName(s.Prefix + ".work")
 
 	acks := floorAcks{}
 	idle := time.NewTimer(s.Idle)
@@ -70,7 +94,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 	// duplicate delivery of one is parked again, and must not stand for
 	// another id (nor stall the count as one too many).
 	parkedIDs := map[int]bool{}
-	// sent is when each quarantine publish (by sequence number) went out,
+	// sent is when each parked publish (by sequence number) went out,
 	// until its confirm: waited sums the confirms' waits.
 	sent := map[uint64]time.Time{}
 	var waited time.Duration
@@ -128,25 +152,27 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			}
 		case d, ok := <-deliveries:
 			if !ok {
-				return errors.New("the floor consumer's channel closed")
+				return fmt.Errorf("the %s consumer's channel closed", s.Side)
 			}
 			clock.start()
 			i := rep.index(d.MessageId)
 			if i < 0 {
 				return fmt.Errorf("unknown message id %q", d.MessageId)
 			}
-			if reason := floorHandle(s.Scenario, i, d.Body, rep); reason != "" {
+			if to, ok := handle(&d, i); ok {
 				p := amqp.Publishing{
 					MessageId: d.MessageId, ContentType: d.ContentType, Type: d.Type,
-					DeliveryMode: amqp.Persistent, Headers: amqp.Table{"floor-reason": reason}, Body: d.Body,
+					DeliveryMode: amqp.Persistent, Headers: to.headers, Body: d.Body,
 				}
 				seq := pub.GetNextPublishSeqNo()
-				if err := pub.PublishWithContext(ctx, exchange, d.RoutingKey, true, false, p); err != nil {
+				if err := pub.PublishWithContext(ctx, to.exchange, to.key, true, false, p); err != nil {
 					return err
 				}
 				sent[seq] = time.Now()
 				acks.park(seq, d.DeliveryTag)
-				parkedIDs[i] = true
+				if to.quarantine {
+					parkedIDs[i] = true
+				}
 			} else {
 				acks.settle(d.DeliveryTag)
 			}
@@ -161,7 +187,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 			default:
 			}
 			if !c.Ack {
-				return fmt.Errorf("the broker refused a quarantine publish (seq %d)", c.DeliveryTag)
+				return fmt.Errorf("the broker refused a parked publish (seq %d)", c.DeliveryTag)
 			}
 			if at, ok := sent[c.DeliveryTag]; ok {
 				waited += time.Since(at)
@@ -184,7 +210,7 @@ func drainFloor(ctx context.Context, s *sideSpec, rep *reporter, enough <-chan s
 }
 
 func errReturned(ret amqp.Return) error {
-	return fmt.Errorf("a quarantine publish of %s was returned: %s", ret.MessageId, ret.ReplyText)
+	return fmt.Errorf("a parked publish of %s was returned: %s", ret.MessageId, ret.ReplyText)
 }
 
 // floorHandle is the floor's handler for message i: "" when it succeeds,

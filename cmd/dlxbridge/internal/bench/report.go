@@ -179,10 +179,18 @@ type scenarioReport struct {
 	// Shared is the shared side's summary (--shared-tiers); SharedRatios
 	// are its rate ÷ the bridge's, one per round, and SharedVsBridge
 	// their median.
-	Shared         *sideSummary   `json:"shared,omitempty"`
-	SharedRatios   []float64      `json:"shared_ratios,omitempty"`
-	SharedVsBridge float64        `json:"shared_vs_bridge,omitempty"`
-	rounds         []*roundResult // for the text table
+	Shared         *sideSummary `json:"shared,omitempty"`
+	SharedRatios   []float64    `json:"shared_ratios,omitempty"`
+	SharedVsBridge float64      `json:"shared_vs_bridge,omitempty"`
+	// Sides summarises every side that ran, by name, with its figures
+	// per round beside the medians.
+	Sides map[string]*sideSummary `json:"sides"`
+	// Versus reads each runtime side (bridge, shared, and their -c1)
+	// against a hand-written reference of the same rounds: in a storm the
+	// fair floor (the bridge's own way of retrying, done by hand), clean
+	// the floor. Ratios of medians.
+	Versus map[string]*versus `json:"versus,omitempty"`
+	rounds []*roundResult     // for the text table
 }
 
 type sideSummary struct {
@@ -192,6 +200,18 @@ type sideSummary struct {
 	// ConfirmWaitMS is the median over rounds of the mean wait for a
 	// parked or retried copy's confirm (sides that publish them).
 	ConfirmWaitMS float64 `json:"confirm_wait_ms,omitempty"`
+	// Rates and CPUPerMsgUSRounds are the side's figures in each round,
+	// in round order (in Sides only).
+	Rates             []float64 `json:"msgs_per_s_rounds,omitempty"`
+	CPUPerMsgUSRounds []float64 `json:"cpu_us_per_msg_rounds,omitempty"`
+}
+
+// versus is a side's median CPU per message and rate, each ÷ the
+// reference side's.
+type versus struct {
+	Ref  string  `json:"ref"`
+	CPU  float64 `json:"cpu"`
+	Rate float64 `json:"rate"`
 }
 
 func newReport(o *Options, conn *amqp.Connection) *Report {
@@ -272,6 +292,7 @@ func (rep *Report) finish() {
 	}
 	for i := range rep.Scenarios {
 		rep.Scenarios[i].finishShared()
+		rep.Scenarios[i].finishSides()
 	}
 	rep.StormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 { return sc.Bridge.Rate })
 	rep.FloorStormVsClean = stormVsClean(rep.Scenarios, func(sc *scenarioReport) float64 {
@@ -309,6 +330,48 @@ func (sc *scenarioReport) finishShared() {
 	sc.SharedVsBridge = round3(median(sc.SharedRatios))
 }
 
+// finishSides summarises every side that ran, and reads the runtime's
+// sides against their reference (see scenarioReport.Versus).
+func (sc *scenarioReport) finishSides() {
+	sc.Sides, sc.Versus = map[string]*sideSummary{}, nil
+	for _, r := range sc.rounds {
+		for name, s := range r.Sides {
+			sum := sc.Sides[name]
+			if sum == nil {
+				sum = &sideSummary{}
+				sc.Sides[name] = sum
+			}
+			sum.Rates = append(sum.Rates, round3(s.Rate))
+			sum.CPUPerMsgUSRounds = append(sum.CPUPerMsgUSRounds, round3(s.CPUPerMsgUS))
+			sum.MaxRSSKB = max(sum.MaxRSSKB, s.MaxRSSKB)
+		}
+	}
+	for name, sum := range sc.Sides {
+		var wait []float64
+		for _, r := range sc.rounds {
+			if s := r.Sides[name]; s != nil && s.ConfirmWaitMS > 0 {
+				wait = append(wait, s.ConfirmWaitMS)
+			}
+		}
+		sum.Rate, sum.CPUPerMsgUS = round3(median(sum.Rates)), round3(median(sum.CPUPerMsgUSRounds))
+		sum.ConfirmWaitMS = round3(median(wait))
+	}
+	ref := Floor
+	if sc.Scenario == Storm {
+		ref = Fair
+	}
+	f := sc.Sides[ref]
+	if f == nil || f.Rate <= 0 || f.CPUPerMsgUS <= 0 {
+		return
+	}
+	sc.Versus = map[string]*versus{}
+	for _, name := range []string{Bridge, Shared, Bridge + C1, Shared + C1} {
+		if s := sc.Sides[name]; s != nil {
+			sc.Versus[name] = &versus{Ref: ref, CPU: round3(s.CPUPerMsgUS / f.CPUPerMsgUS), Rate: round3(s.Rate / f.Rate)}
+		}
+	}
+}
+
 // stormVsClean is a side's storm rate ÷ its clean rate, or 0 unless both
 // ran.
 func stormVsClean(scs []scenarioReport, rate func(*scenarioReport) float64) float64 {
@@ -330,7 +393,7 @@ func stormVsClean(scs []scenarioReport, rate func(*scenarioReport) float64) floa
 // sideNames are the sides a round ran, in a fixed order.
 func sideNames(r *roundResult) []string {
 	var names []string
-	for _, n := range []string{Raw, Bridge, Shared, Floor} {
+	for _, n := range []string{Raw, Floor, Fair, Bridge, Bridge + C1, Shared, Shared + C1} {
 		if r.Sides[n] != nil {
 			names = append(names, n)
 		}
@@ -432,6 +495,13 @@ func (rep *Report) writeText(w io.Writer) {
 				fmt.Fprintf(w, ", %.1f ms (floor)", sc.Floor.ConfirmWaitMS)
 			}
 			fmt.Fprintln(w, "; its delivery holds prefetch meanwhile")
+		}
+	}
+	for _, sc := range rep.Scenarios {
+		for _, name := range []string{Bridge, Bridge + C1, Shared, Shared + C1} {
+			if v := sc.Versus[name]; v != nil {
+				fmt.Fprintf(w, "%s: %s ÷ %s: CPU per message %.2f×, rate %.2f×\n", sc.Scenario, name, v.Ref, v.CPU, v.Rate)
+			}
 		}
 	}
 	fmt.Fprintln(w)

@@ -34,7 +34,17 @@ const (
 	// shared delay tiers (retry.tier_queues: shared) instead of per-queue
 	// lanes (see Options.Shared).
 	Shared = "shared"
+	// Fair is hand-written too, retrying through one TTL queue on the
+	// broker as the bridge does (see drainFair): the floor of a consumer
+	// with delayed retries.
+	Fair = "fair"
+	// C1 ends the name of a bridge or shared side run at concurrency 1
+	// beside the one at --concurrency (see Options.AlsoC1).
+	C1 = "-c1"
 )
+
+// base is the kind of side name: a C1 side is its base side.
+func base(name string) string { return strings.TrimSuffix(name, C1) }
 
 // sideSpec is what one side's process is told: where its queue is and what
 // is in it.
@@ -324,13 +334,15 @@ func runSide(ctx context.Context, s *sideSpec, recordsOut io.Writer, enough <-ch
 	_, wantQuarantined := expectation(s)
 	var r sideResult
 	var err error
-	switch s.Side {
+	switch base(s.Side) {
 	case Raw:
 		err = drainRaw(ctx, s, rep, enough, &r)
 	case Bridge, Shared:
 		err = drainBridge(ctx, s, rep, enough, wantQuarantined, &r, stderr)
 	case Floor:
 		err = drainFloor(ctx, s, rep, enough, wantQuarantined, &r)
+	case Fair:
+		err = drainFair(ctx, s, rep, enough, wantQuarantined, &r)
 	default:
 		err = fmt.Errorf("unknown side %q", s.Side)
 	}
