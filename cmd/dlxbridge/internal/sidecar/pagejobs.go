@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
@@ -15,13 +16,18 @@ import (
 const pageReplayWait = 3 * time.Second
 
 // replayDetached runs a confirmed replay on a connection of its own,
-// detached from the request: closing the page, or the request timing out,
-// does not stop it (its job can be followed and cancelled on
+// detached from the request: closing the browser's page, or the request
+// timing out, does not stop it (Close does) (its job can be followed and cancelled on
 // /quarantine/jobs). It waits up to pageReplayWait: a replay done by then
 // is answered in full, else with its plan and running true.
 func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine.ReplayOptions) (*quarantine.ReplayResult, bool, error) {
+	ctx, ok := p.background()
+	if !ok {
+		return nil, false, errShutdown
+	}
 	conn, err := p.Dial()
 	if err != nil {
+		p.bg.runs.Done()
 		return nil, false, err
 	}
 	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, Registry: p.Registry, By: by, LockWait: lockWait, Signer: p.Signer}
@@ -36,10 +42,11 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 	var rerr error
 	done := make(chan struct{})
 	go func() {
+		defer p.bg.runs.Done()
 		defer close(done)
 		defer conn.Close()
 		defer p.changed()
-		res, rerr = rp.Replay(context.Background(), opts)
+		res, rerr = rp.Replay(ctx, opts)
 		if res != nil {
 			p.log().Info("quarantine page: replay ended", "by", by, "run", res.Run, "selected", res.Selected,
 				"sent", len(res.Sent), "stopped", res.Stopped, "stop", res.Stop, "error", rerr)
@@ -59,6 +66,16 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 			return plan, true, nil
 		}
 	}
+}
+
+// pageBackground is what Close needs of the replays running in the
+// background.
+type pageBackground struct {
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	closed bool
+	runs   sync.WaitGroup
 }
 
 // jobsView is the replay jobs, newest first, or one job.
@@ -132,4 +149,38 @@ func (p *Page) cancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	p.log().Info("quarantine page: asked a replay job to stop", "job", j.ID, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/quarantine/jobs?id="+j.ID, http.StatusSeeOther)
+}
+
+// errShutdown ends the background replays when the page closes.
+var errShutdown = errors.New("the runtime is shutting down")
+
+// background is the context a replay confirmed on the page runs under
+// (ok false once Close has begun), counted so that Close can wait for it.
+func (p *Page) background() (ctx context.Context, ok bool) {
+	p.bg.mu.Lock()
+	defer p.bg.mu.Unlock()
+	if p.bg.closed {
+		return nil, false
+	}
+	if p.bg.ctx == nil {
+		p.bg.ctx, p.bg.cancel = context.WithCancelCause(context.Background())
+	}
+	p.bg.runs.Add(1)
+	return p.bg.ctx, true
+}
+
+// Close stops the replays running in the background after the message
+// each has in flight, and waits until each has marked what it sent and
+// written its end; a replay confirmed after it is refused. The runtime
+// calls it when it shuts down: a replay the process exited under would
+// leave a message it sent unmarked (sent again by the next replay) and
+// its job without an end.
+func (p *Page) Close() {
+	p.bg.mu.Lock()
+	p.bg.closed = true
+	if p.bg.cancel != nil {
+		p.bg.cancel(errShutdown)
+	}
+	p.bg.mu.Unlock()
+	p.bg.runs.Wait()
 }

@@ -1,0 +1,68 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/quarantine"
+)
+
+// A replay confirmed on the page runs on in the background; when the
+// runtime shuts down (SIGTERM: dlxbridge run closes the page), it stops
+// after the message in flight and writes its end before Close returns, so
+// that what it sent is marked replayed and its job reads stopped, not
+// "its process ended". Before, nothing stopped it: the process exited
+// under it mid-send, and a message confirmed but not yet marked was sent
+// again by the next replay.
+func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
+	t.Parallel()
+	b := setupPage(t)
+	const n = 8
+	b.quarantine(n, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
+	b.keep(n)
+	p := &Page{Config: b.cfg, Registry: b.reg, Token: "s3cret",
+		Dial: func() (*amqp.Connection, error) { return b.env.Dial("page"), nil }}
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	t.Cleanup(p.Close)
+	sel := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-a"}, "token": {"s3cret"}, "rate": {"1"}}
+	code, body := post(t, srv.URL+"/quarantine/replay", sel)
+	confirmation := regexp.MustCompile(`name="confirmation" value="([^"]+)"`).FindStringSubmatch(body)
+	if code != http.StatusOK || confirmation == nil {
+		t.Fatalf("dry run: %d\n%s", code, body)
+	}
+	// At 1/s the 8 records take 7 s: the answer comes after 3.
+	code, body = post(t, srv.URL+"/quarantine/replay", url.Values{"confirmation": {confirmation[1]}, "confirm": {"1"}})
+	m := regexp.MustCompile(`id="job" href="/quarantine/jobs\?id=([0-9a-f]+)"`).FindStringSubmatch(body)
+	if code != http.StatusOK || m == nil || !strings.Contains(body, "in the background") {
+		t.Fatalf("confirm: %d\n%s", code, body)
+	}
+	srv.Close()
+	p.Close()
+
+	conn := b.env.Dial("check")
+	in := &quarantine.Inspector{Conn: conn, Config: b.cfg}
+	jobs, err := in.Jobs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := quarantine.FindJob(jobs, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != quarantine.JobStopped || j.Finished.IsZero() || !strings.Contains(j.Stop, "shut") {
+		t.Errorf("after Close the job is %s (finished %v, stop %q); want stopped by the shutdown, its end written", j.State, j.Finished, j.Stop)
+	}
+	open, replayed, _ := openIn(b.snapshot(), "fp-a")
+	if replayed != j.Sent || open+replayed != n || open == 0 {
+		t.Errorf("after Close: %d replayed, %d open, job sent %d; want every sent record marked, the rest open", replayed, open, j.Sent)
+	}
+}
