@@ -33,18 +33,7 @@ func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
 	srv := httptest.NewServer(p.Handler())
 	t.Cleanup(srv.Close)
 	t.Cleanup(p.Close)
-	sel := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-a"}, "token": {"s3cret"}, "rate": {"1"}}
-	code, body := post(t, srv.URL+"/quarantine/replay", sel)
-	confirmation := regexp.MustCompile(`name="confirmation" value="([^"]+)"`).FindStringSubmatch(body)
-	if code != http.StatusOK || confirmation == nil {
-		t.Fatalf("dry run: %d\n%s", code, body)
-	}
-	// At 1/s the 8 records take 7 s: the answer comes after 3.
-	code, body = post(t, srv.URL+"/quarantine/replay", url.Values{"confirmation": {confirmation[1]}, "confirm": {"1"}})
-	m := regexp.MustCompile(`id="job" href="/quarantine/jobs\?id=([0-9a-f]+)"`).FindStringSubmatch(body)
-	if code != http.StatusOK || m == nil || !strings.Contains(body, "in the background") {
-		t.Fatalf("confirm: %d\n%s", code, body)
-	}
+	job := confirmSlowReplay(t, b, srv.URL)
 	srv.Close()
 	p.Close()
 
@@ -54,7 +43,7 @@ func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := quarantine.FindJob(jobs, m[1])
+	j, err := quarantine.FindJob(jobs, job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,4 +54,24 @@ func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
 	if replayed != j.Sent || open+replayed != n || open == 0 {
 		t.Errorf("after Close: %d replayed, %d open, job sent %d; want every sent record marked, the rest open", replayed, open, j.Sent)
 	}
+}
+
+// confirmSlowReplay confirms on the page at base a
+// replay of b's records of fp-a at 1/s, which takes longer than the page
+// waits, and returns its job, running in the background.
+func confirmSlowReplay(t *testing.T, b *pageBundle, base string) string {
+	t.Helper()
+	sel := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-a"}, "token": {"s3cret"}, "rate": {"1"}}
+	code, body := post(t, base+"/quarantine/replay", sel)
+	confirmation := regexp.MustCompile(`name="confirmation" value="([^"]+)"`).FindStringSubmatch(body)
+	if code != http.StatusOK || !strings.Contains(body, `id="confirm"`) || confirmation == nil {
+		t.Fatalf("dry run: %d\n%s", code, body)
+	}
+	// At 1/s 8 records take 7 s: the answer comes after 3.
+	code, body = post(t, base+"/quarantine/replay", url.Values{"confirmation": {confirmation[1]}, "confirm": {"1"}})
+	m := regexp.MustCompile(`id="job" href="/quarantine/jobs\?id=([0-9a-f]+)"`).FindStringSubmatch(body)
+	if code != http.StatusOK || m == nil || !strings.Contains(body, "in the background") {
+		t.Fatalf("confirm: %d\n%s", code, body)
+	}
+	return m[1]
 }
