@@ -581,7 +581,10 @@ func redriveAgain(res *quarantine.ReplayResult, err error, ctxDone bool) (time.D
 	return 0, !res.Stopped
 }
 
-// startRedriver runs the redriver over conn until the session ends. The
+// startRedriver runs the redriver over conn, the publishing connection (it
+// publishes outage events and replays: during a resource alarm the broker
+// stops reading from a connection once it publishes, and on the consuming
+// connection that would stall every ack), until the session ends. The
 // returned stop waits for it and for the redrives it started.
 func (c *Consumer) startRedriver(ctx context.Context, conn *amqp.Connection) (stop func()) {
 	rd := c.deps.redrive
