@@ -57,8 +57,16 @@ func ensureReturn(conn *amqp.Connection, wq *topology.WorkQueue, log *slog.Logge
 		err = ch.QueueBind(wq.Name, wq.Name, wq.ReturnExchange, false, nil)
 		_ = ch.Close()
 	}
-	if err != nil {
-		log.Warn("could not make sure the queue is bound to the shared return exchange: if `dlxbridge topology apply` has not run for this config, its retries go to the shared tiers' catch-all instead of coming back (`dlxbridge topology verify` shows a missing binding)",
+	const why = "if `dlxbridge topology apply` has not run for this config, its retries go to the shared tiers' catch-all instead of coming back (`dlxbridge topology verify` with the management API shows a missing binding)"
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		// The permissions docs/topology.md recommends give the runtime
+		// no write on its queue: the common case, said once a session.
+		log.Info("not allowed to bind the queue to the shared return exchange; "+why, "queue", wq.Name, "exchange", wq.ReturnExchange)
+	default:
+		log.Warn("could not make sure the queue is bound to the shared return exchange: "+why,
 			"queue", wq.Name, "exchange", wq.ReturnExchange, "error", err)
 	}
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
@@ -40,5 +41,27 @@ func TestARetryComesBackWhenOnlyTheQueuesReturnBindingIsMissing(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		u := w.all.SharedTiers.Unrouted()
 		t.Fatalf("the retry did not come back (the catch-all %s holds %d, its records stream is the only place it is): %s", u, depth(t, ch, u), fmt.Sprint(w.topo.Work[1].ReturnExchange))
+	}
+}
+
+// A runtime user without write permission on its queue (as docs/topology.md
+// recommends) is refused the binding: the refusal closes only the channel it
+// was tried on, and the runtime retries through the shared tiers as before.
+func TestARuntimeRefusedTheReturnBindingStillRetries(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	w := newSharedWorld(t, env, nil, "a")
+	a := w.queue("a")
+	restricted := env.User(brokertest.Permissions{Configure: "^$", Write: "^(?!" + regexp.QuoteMeta(a.Name) + "$).*", Read: ".*"})
+	calls := make(chan arrival, 16)
+	own := env.URL
+	env.URL = restricted
+	w.run([]string{"a"}, failOnce(calls, a.Name))
+	env.URL = own
+	w.publish("a", "m-1", nil)
+	for attempt := 1; attempt <= 2; attempt++ {
+		if c := waitArrival(t, calls, 15*time.Second); c.id != "m-1" || c.attempt != attempt {
+			t.Fatalf("call %+v, want m-1's attempt %d", c, attempt)
+		}
 	}
 }
