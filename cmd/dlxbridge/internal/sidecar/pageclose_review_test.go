@@ -9,8 +9,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 
 	"github.com/dlxbridge/dlxbridge/quarantine"
 )
@@ -74,4 +77,37 @@ func confirmSlowReplay(t *testing.T, b *pageBundle, base string) string {
 		t.Fatalf("confirm: %d\n%s", code, body)
 	}
 	return m[1]
+}
+
+// During a resource alarm the broker answers nothing on a connection that
+// publishes: a background replay waits for a confirm that does not come
+// before the alarm clears. Close still returns (it closes the replay's
+// connection after pageCloseWait), so that the runtime's shutdown does not
+// wait for the alarm.
+func TestPageCloseReturnsDuringAnAlarm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("resource alarm on a private broker node: skipped in -short")
+	}
+	node := brokertest.StartPrivateNode(t)
+	b := setupPageQueuesOn(t, node.Env(t), pageQueue{Name: "work"})
+	const n = 8
+	b.quarantine(n, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
+	b.keep(n)
+	p := &Page{Config: b.cfg, Registry: b.reg, Token: "s3cret",
+		Dial: func() (*amqp.Connection, error) { return b.env.Dial("page"), nil }}
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	confirmSlowReplay(t, b, srv.URL)
+	node.RaiseMemoryAlarm()
+	t.Cleanup(node.ClearMemoryAlarm)
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(pageCloseWait + 20*time.Second):
+		t.Fatal("Close did not return during the alarm")
+	}
 }

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 )
 
@@ -17,8 +20,8 @@ const pageReplayWait = 3 * time.Second
 
 // replayDetached runs a confirmed replay on a connection of its own,
 // detached from the request: closing the browser's page, or the request
-// timing out, does not stop it (Close does) (its job can be followed and cancelled on
-// /quarantine/jobs). It waits up to pageReplayWait: a replay done by then
+// timing out, does not stop it (its job can be followed and cancelled on
+// /quarantine/jobs; Close stops it). It waits up to pageReplayWait: a replay done by then
 // is answered in full, else with its plan and running true.
 func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine.ReplayOptions) (*quarantine.ReplayResult, bool, error) {
 	ctx, ok := p.background()
@@ -30,6 +33,7 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 		p.bg.runs.Done()
 		return nil, false, err
 	}
+	p.bg.track(conn, true)
 	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, Registry: p.Registry, By: by, LockWait: lockWait, Signer: p.Signer}
 	started := make(chan *quarantine.ReplayResult, 1)
 	opts.Started = func(r *quarantine.ReplayResult) {
@@ -44,6 +48,7 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 	go func() {
 		defer p.bg.runs.Done()
 		defer close(done)
+		defer p.bg.track(conn, false)
 		defer conn.Close()
 		defer p.changed()
 		res, rerr = rp.Replay(ctx, opts)
@@ -76,7 +81,27 @@ type pageBackground struct {
 	cancel context.CancelCauseFunc
 	closed bool
 	runs   sync.WaitGroup
+	conns  map[*amqp.Connection]bool
 }
+
+func (b *pageBackground) track(conn *amqp.Connection, running bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.conns == nil {
+		b.conns = map[*amqp.Connection]bool{}
+	}
+	if running {
+		b.conns[conn] = true
+	} else {
+		delete(b.conns, conn)
+	}
+}
+
+// pageCloseWait is how long Close waits for the background replays to
+// stop by themselves: the message in flight and two events, a moment
+// unless the broker stopped answering (a resource alarm blocks the
+// connection; no confirm comes before it clears).
+const pageCloseWait = 10 * time.Second
 
 // jobsView is the replay jobs, newest first, or one job.
 type jobsView struct {
@@ -171,7 +196,8 @@ func (p *Page) background() (ctx context.Context, ok bool) {
 
 // Close stops the replays running in the background after the message
 // each has in flight, and waits until each has marked what it sent and
-// written its end; a replay confirmed after it is refused. The runtime
+// written its end (at most pageCloseWait, then it closes their
+// connections); a replay confirmed after it is refused. The runtime
 // calls it when it shuts down: a replay the process exited under would
 // leave a message it sent unmarked (sent again by the next replay) and
 // its job without an end.
@@ -182,5 +208,20 @@ func (p *Page) Close() {
 		p.bg.cancel(errShutdown)
 	}
 	p.bg.mu.Unlock()
-	p.bg.runs.Wait()
+	done := make(chan struct{})
+	go func() { p.bg.runs.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(pageCloseWait):
+	}
+	// Past the wait, each replay's connection is closed under it: what it
+	// sent and did not mark is sent again by the next replay (a duplicate,
+	// never a loss), and its job reads stopped once its lock is gone.
+	p.bg.mu.Lock()
+	for conn := range p.bg.conns {
+		_ = amqpx.CloseConnection(conn, 0)
+	}
+	p.bg.mu.Unlock()
+	<-done
 }
