@@ -28,15 +28,8 @@ import (
 func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
 	t.Parallel()
 	b := setupPage(t)
-	const n = 8
-	b.quarantine(n, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
-	b.keep(n)
-	p := &Page{Config: b.cfg, Registry: b.reg, Token: "s3cret",
-		Dial: func() (*amqp.Connection, error) { return b.env.Dial("page"), nil }}
-	srv := httptest.NewServer(p.Handler())
-	t.Cleanup(srv.Close)
+	p, srv, job := startSlowReplay(t, b)
 	t.Cleanup(p.Close)
-	job := confirmSlowReplay(t, b, srv.URL)
 	srv.Close()
 	p.Close()
 
@@ -54,7 +47,7 @@ func TestPageCloseStopsABackgroundReplayCleanly(t *testing.T) {
 		t.Errorf("after Close the job is %s (finished %v, stop %q); want stopped by the shutdown, its end written", j.State, j.Finished, j.Stop)
 	}
 	open, replayed, _ := openIn(b.snapshot(), "fp-a")
-	if replayed != j.Sent || open+replayed != n || open == 0 {
+	if replayed != j.Sent || open+replayed != slowReplayRecords || open == 0 {
 		t.Errorf("after Close: %d replayed, %d open, job sent %d; want every sent record marked, the rest open", replayed, open, j.Sent)
 	}
 }
@@ -90,14 +83,7 @@ func TestPageCloseReturnsDuringAnAlarm(t *testing.T) {
 	}
 	node := brokertest.StartPrivateNode(t)
 	b := setupPageQueuesOn(t, node.Env(t), pageQueue{Name: "work"})
-	const n = 8
-	b.quarantine(n, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
-	b.keep(n)
-	p := &Page{Config: b.cfg, Registry: b.reg, Token: "s3cret",
-		Dial: func() (*amqp.Connection, error) { return b.env.Dial("page"), nil }}
-	srv := httptest.NewServer(p.Handler())
-	t.Cleanup(srv.Close)
-	confirmSlowReplay(t, b, srv.URL)
+	p, _, _ := startSlowReplay(t, b)
 	node.RaiseMemoryAlarm()
 	t.Cleanup(node.ClearMemoryAlarm)
 	closed := make(chan struct{})
@@ -111,3 +97,20 @@ func TestPageCloseReturnsDuringAnAlarm(t *testing.T) {
 		t.Fatal("Close did not return during the alarm")
 	}
 }
+
+// startSlowReplay quarantines slowReplayRecords records of fp-a in b, serves a page with
+// the operator token, and confirms there a replay of them at 1/s: it runs
+// on in the background as job.
+func startSlowReplay(t *testing.T, b *pageBundle) (p *Page, srv *httptest.Server, job string) {
+	t.Helper()
+	b.quarantine(slowReplayRecords, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
+	b.keep(slowReplayRecords)
+	p = &Page{Config: b.cfg, Registry: b.reg, Token: "s3cret",
+		Dial: func() (*amqp.Connection, error) { return b.env.Dial("page"), nil }}
+	srv = httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	return p, srv, confirmSlowReplay(t, b, srv.URL)
+}
+
+// slowReplayRecords is how many records startSlowReplay replays.
+const slowReplayRecords = 8
