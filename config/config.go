@@ -121,6 +121,8 @@ type Queue struct {
 
 	// MaxLength caps the work queue (x-max-length) with x-overflow
 	// reject-publish, so a full queue refuses publishes instead of dropping.
+	// It needs per-queue retry lanes (Retry.TierQueues): the retries a full
+	// queue refuses would hold back every queue's in a shared tier.
 	// Defaults to 0 (no cap).
 	MaxLength int `yaml:"max_length"`
 

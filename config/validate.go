@@ -290,6 +290,13 @@ func (c *Config) Validate() error {
 				add(p+".name", "%q starts with %q, the shared tiers' names (shared_tiers.prefix): a queue of that name would receive other queues' retries", q.Name, tiers)
 				derivable = false
 			}
+			// A full queue refuses the retries its tier dead-letters back;
+			// the tier's at-least-once dead-lettering holds them, and past
+			// a few dozen it holds back every queue's retries in that tier
+			// until this one drains. Its own lanes hold back only its own.
+			if q.MaxLength > 0 {
+				add(p+".max_length", "needs retry.tier_queues: %s: a full queue refuses the retries its tier sends back, and in a shared tier they hold back every other queue's retries until it drains", TierQueuesPerQueue)
+			}
 		default:
 			add(rp+".tier_queues", "must be %s or %s, not %q", TierQueuesShared, TierQueuesPerQueue, q.Retry.TierQueues)
 			derivable = false

@@ -154,8 +154,9 @@ func (c *Consumer) startJobRecorder(ctx context.Context, conn *amqp.Connection) 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(flushEvery)
-		defer tick.Stop()
+		timer := time.NewTimer(flushEvery)
+		defer timer.Stop()
+		var retry flushRetry
 		for {
 			select {
 			case <-ctx.Done():
@@ -163,14 +164,50 @@ func (c *Consumer) startJobRecorder(ctx context.Context, conn *amqp.Connection) 
 				_ = jr.flush(fctx, rp)
 				fcancel()
 				return
-			case <-tick.C:
-				if err := jr.flush(ctx, rp); err != nil && ctx.Err() == nil {
-					c.log.Warn("replay jobs: could not record outcomes; trying again", "error", err)
+			case <-timer.C:
+				err := jr.flush(ctx, rp)
+				if ctx.Err() != nil {
+					continue
 				}
+				wait, warn, recovered := retry.next(err)
+				switch {
+				case warn:
+					c.log.Warn("replay jobs: could not record outcomes; trying again, less often while it fails", "error", err)
+				case recovered:
+					c.log.Info("replay jobs: recording outcomes again")
+				}
+				timer.Reset(wait)
 			}
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// flushMaxWait is the longest the job recorder waits between writes while
+// they fail.
+const flushMaxWait = 30 * time.Second
+
+// flushRetry paces the job recorder's writes: every flushEvery while they
+// succeed; after a failure twice the last wait, up to flushMaxWait, with a
+// warning at the first failure of a run only. A write that cannot succeed
+// (its events stream deleted) would otherwise log a warning, and open and
+// close a channel, five times a second for as long as it lasts. Pure.
+type flushRetry struct {
+	wait    time.Duration
+	failing bool
+}
+
+// next takes a write's error and returns the wait before the next, whether
+// to warn (the first failure of a run), and whether writing recovered.
+func (f *flushRetry) next(err error) (wait time.Duration, warn, recovered bool) {
+	if err == nil {
+		recovered, f.failing, f.wait = f.failing, false, flushEvery
+		return flushEvery, false, recovered
+	}
+	warn = !f.failing
+	f.failing = true
+	f.wait = min(max(2*f.wait, 2*flushEvery), flushMaxWait)
+	return f.wait, warn, false
 }
 
 // stopRule decides when an automatic redrive stops because its messages
@@ -581,7 +618,10 @@ func redriveAgain(res *quarantine.ReplayResult, err error, ctxDone bool) (time.D
 	return 0, !res.Stopped
 }
 
-// startRedriver runs the redriver over conn until the session ends. The
+// startRedriver runs the redriver over conn, the publishing connection (it
+// publishes outage events and replays: during a resource alarm the broker
+// stops reading from a connection once it publishes, and on the consuming
+// connection that would stall every ack), until the session ends. The
 // returned stop waits for it and for the redrives it started.
 func (c *Consumer) startRedriver(ctx context.Context, conn *amqp.Connection) (stop func()) {
 	rd := c.deps.redrive

@@ -137,16 +137,19 @@ func superviseKeeper(ctx context.Context, run func(context.Context) (moved bool,
 	}
 }
 
-// startQuarantineMetrics refreshes cfg.QuarantineMetrics over conn at once
+// startQuarantineMetrics refreshes cfg.QuarantineMetrics (read over conn) at once
 // and then every cfg.QuarantineRefresh until the session ends, and writes
 // an expired event for each record newly past its retention
 // (quarantine.Replayer.RecordExpiries), carries open records forward
 // before retention deletes them (quarantine.Replayer.CarryForward) and, with a configured key, a
 // signing-started event into each events stream that has no signed event
 // yet (quarantine.Replayer.StartSigning). A failed
-// refresh is logged; the metrics keep the last snapshot. The returned stop
+// refresh is logged; the metrics keep the last snapshot. The events and
+// carried records are published over pubConn: during a resource alarm
+// the broker stops reading from a connection once it publishes, and on
+// the consuming connection that would stall every ack. The returned stop
 // waits for the refresher.
-func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connection) (stop func()) {
+func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn, pubConn *amqp.Connection) (stop func()) {
 	m := c.cfg.QuarantineMetrics
 	if m == nil {
 		return func() {}
@@ -165,7 +168,7 @@ func (c *Consumer) startQuarantineMetrics(ctx context.Context, conn *amqp.Connec
 		in := &quarantine.Inspector{Conn: conn, Config: c.cfg.File, Now: c.cfg.Now, OmitBodies: true, Verifier: key}
 		// Expiries are written as events at each refresh, so that they are
 		// still counted after the broker deletes the records.
-		rp := &quarantine.Replayer{Conn: conn, Config: c.cfg.File, Metrics: m, Now: c.cfg.Now, Signer: key}
+		rp := &quarantine.Replayer{Conn: pubConn, Config: c.cfg.File, Metrics: m, Now: c.cfg.Now, Signer: key}
 		tick := time.NewTicker(c.cfg.QuarantineRefresh)
 		defer tick.Stop()
 		for {

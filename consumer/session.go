@@ -107,9 +107,20 @@ func (c *Consumer) session(ctx context.Context, queues []*queueRuntime) error {
 	}
 	stopKeepers := c.startKeepers(ctx, conn, pubConn, runners)
 	defer stopKeepers()
-	defer c.startQuarantineMetrics(ctx, conn)()
+	defer c.startQuarantineMetrics(ctx, conn, pubConn)()
 	defer c.startJobRecorder(ctx, pubConn)()
-	defer c.startRedriver(ctx, conn)()
+	defer c.startRedriver(ctx, pubConn)()
+	// Those above publish on pubConn; during a resource alarm the broker
+	// answers nothing there (no confirm, channel open or close-ok), and
+	// their stops would wait for the alarm to clear. Closing it first ends
+	// what they wait for: they stop at once, their writes undone or left
+	// to the next session (a replay's unmarked message is sent again, a
+	// duplicate).
+	defer func() {
+		if blocked, _ := blocking.Blocked(); blocked {
+			closePub()
+		}
+	}()
 	c.log.Info("consuming", "queues", len(runners), "broker", version.String(), "node", node.Addr(), "cluster", node.ClusterName)
 	c.node.Store(&node)
 	defer c.node.Store(nil)

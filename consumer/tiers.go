@@ -24,6 +24,7 @@ func retryRoute(conn *amqp.Connection, wq *topology.WorkQueue, log *slog.Logger)
 		return wq
 	}
 	if exists(conn, wq.RetryExchange) != errNotFound {
+		ensureReturn(conn, wq, log)
 		return wq
 	}
 	if exists(conn, wq.PerQueue.Exchange) != nil {
@@ -35,6 +36,39 @@ func retryRoute(conn *amqp.Connection, wq *topology.WorkQueue, log *slog.Logger)
 	own := *wq
 	own.RetryExchange, own.Tiers, own.ReturnExchange = wq.PerQueue.Exchange, wq.PerQueue.Tiers, ""
 	return &own
+}
+
+// ensureReturn binds wq to the shared return exchange under its own name,
+// as `topology apply` does. The delay exchange being there does not prove
+// the binding is: on a virtual host where another config's apply declared
+// the shared tiers, a runtime started before its own config's apply finds
+// the tiers but no binding, and each retry would wait its delay and then
+// find no route home, landing in the catch-all as if the queue had been
+// deleted (every transient failure quarantined instead of retried). AMQP
+// cannot read a binding back, but binding is idempotent. A user without
+// the permission (write on the queue, read on the exchange) is refused,
+// on a channel of its own; then only the warning says what to check.
+func ensureReturn(conn *amqp.Connection, wq *topology.WorkQueue, log *slog.Logger) {
+	if wq.ReturnExchange == "" {
+		return
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.QueueBind(wq.Name, wq.Name, wq.ReturnExchange, false, nil)
+		_ = ch.Close()
+	}
+	const why = "if `dlxbridge topology apply` has not run for this config, its retries go to the shared tiers' catch-all instead of coming back (`dlxbridge topology verify` with the management API shows a missing binding)"
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		// The permissions docs/topology.md recommends give the runtime
+		// no write on its queue: the common case, said once a session.
+		log.Info("not allowed to bind the queue to the shared return exchange; "+why, "queue", wq.Name, "exchange", wq.ReturnExchange)
+	default:
+		log.Warn("could not make sure the queue is bound to the shared return exchange: "+why,
+			"queue", wq.Name, "exchange", wq.ReturnExchange, "error", err)
+	}
 }
 
 var errNotFound = errors.New("not found")

@@ -319,10 +319,17 @@ func (rp *Replayer) Replay(ctx context.Context, opts ReplayOptions) (*ReplayResu
 				res.Invalid = append(res.Invalid, r.ID)
 			}
 		}
+		var msg amqp.Publishing
+		if p.Refused == "" {
+			msg = rp.message(r, body, prior, opts.Reason, to, patch, res.Run)
+			if err := fitReplay(&msg, rp.frameMax()); err != nil {
+				p.Refused = err.Error()
+			}
+		}
 		res.Plan = append(res.Plan, p)
 		if p.Refused == "" {
 			send = append(send, r)
-			msgs = append(msgs, rp.message(r, body, prior, opts.Reason, to, patch, res.Run))
+			msgs = append(msgs, msg)
 			dests = append(dests, to)
 		}
 	}
@@ -636,6 +643,40 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 	return p
 }
 
+// replayTraceRoom is what publishTraced adds to a message after fitReplay:
+// a traceparent header (72 bytes encoded), with room to spare.
+const replayTraceRoom = 256
+
+// refusedFrame starts the refusal of a message fitReplay cannot fit.
+const refusedFrame = "its headers do not fit one frame"
+
+// frameMax is the frame size rp's connection negotiated.
+func (rp *Replayer) frameMax() int {
+	if rp.Conn != nil && rp.Conn.Config.FrameSize > 0 {
+		return rp.Conn.Config.FrameSize
+	}
+	return frame.DefaultFrameSize
+}
+
+// fitReplay makes msg's content header fit frameMax: a larger header frame
+// makes the broker close the whole connection (FRAME_ERROR), which for an
+// automatic redrive is the runtime's publishing connection, again at each
+// try. The replay adds its headers to a record that may fill most of a
+// frame already (the runtime fits what it quarantines), so its reason, the
+// one of them that may be long and that no signature covers, is cut
+// first; a message still too large is refused, never sent.
+func fitReplay(msg *amqp.Publishing, frameMax int) error {
+	over := frame.HeaderFrameSize(msg) + replayTraceRoom - frameMax
+	if reason, ok := msg.Headers[wire.HeaderRedriveReason].(string); ok && over > 0 {
+		msg.Headers[wire.HeaderRedriveReason] = frame.Truncate(reason, max(len(reason)-over, 0))
+		over = frame.HeaderFrameSize(msg) + replayTraceRoom - frameMax
+	}
+	if over > 0 {
+		return fmt.Errorf("%s (%d bytes over the connection's frame_max of %d, which would make the broker close the connection): export it and trim its headers", refusedFrame, over, frameMax)
+	}
+	return nil
+}
+
 // selectLocked takes the lock of the quarantines f can touch (unless this
 // is a dry run), claims them (see claim) and only then reads the records f
 // selects, so what another replay or purge resolved meanwhile is no longer
@@ -856,11 +897,12 @@ func sortedKeys(m map[string][]string) []string {
 	return out
 }
 
-// omitted counts the plan's records refused for a payload not kept.
+// omitted counts the plan's records refused for a payload not kept, or
+// for headers that do not fit one frame (see fitReplay).
 func omitted(plan []Planned) int {
 	n := 0
 	for _, p := range plan {
-		if strings.HasPrefix(p.Refused, "its payload") {
+		if strings.HasPrefix(p.Refused, "its payload") || strings.HasPrefix(p.Refused, refusedFrame) {
 			n++
 		}
 	}

@@ -158,34 +158,35 @@ func (r *router) alternateExchange(ex *Exchange) string {
 }
 
 // topicMatch matches an AMQP topic binding pattern: words split by ".",
-// "*" one word, "#" zero or more.
+// "*" one word, "#" zero or more. Both are other applications' text (a
+// binding key, a dead-letter routing key): it runs in time proportional to
+// their product, not by trying every split of the key at each "#", which
+// a pattern of many "#" words that fails at its end makes exponential.
 func topicMatch(pattern, key string) bool {
 	return topicWords(strings.Split(pattern, "."), strings.Split(key, "."))
 }
 
+// topicWords: ok[j] is whether the pattern's words so far match the key's
+// first j words, a pattern word at a time.
 func topicWords(p, k []string) bool {
-	for len(p) > 0 {
-		switch p[0] {
-		case "#":
-			if len(p) == 1 {
-				return true
-			}
-			for i := 0; i <= len(k); i++ {
-				if topicWords(p[1:], k[i:]) {
-					return true
-				}
-			}
-			return false
-		case "*":
-			if len(k) == 0 {
-				return false
+	ok := make([]bool, len(k)+1)
+	next := make([]bool, len(k)+1)
+	ok[0] = true
+	for _, w := range p {
+		switch w {
+		case "#": // any j' <= j that matched
+			seen := false
+			for j := range ok {
+				seen = seen || ok[j]
+				next[j] = seen
 			}
 		default:
-			if len(k) == 0 || k[0] != p[0] {
-				return false
+			next[0] = false
+			for j := 1; j <= len(k); j++ {
+				next[j] = ok[j-1] && (w == "*" || k[j-1] == w)
 			}
 		}
-		p, k = p[1:], k[1:]
+		ok, next = next, ok
 	}
-	return len(k) == 0
+	return ok[len(k)]
 }

@@ -115,6 +115,8 @@ type Page struct {
 	confirms confirmations
 	loadOnce sync.Once
 	load     *pageLoad
+	// bg: the replays running in the background (see Close).
+	bg pageBackground
 }
 
 // Mount adds the page's routes to mux.

@@ -58,7 +58,13 @@ type pageQueue struct {
 // quarantines.
 func setupPageQueues(t *testing.T, queues ...pageQueue) *pageBundle {
 	t.Helper()
-	env := brokertest.Require(t)
+	return setupPageQueuesOn(t, brokertest.Require(t), queues...)
+}
+
+// setupPageQueuesOn is setupPageQueues on the broker of env (a private
+// node's, say).
+func setupPageQueuesOn(t *testing.T, env *brokertest.Env, queues ...pageQueue) *pageBundle {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "test.job"), 0o755); err != nil {
 		t.Fatal(err)

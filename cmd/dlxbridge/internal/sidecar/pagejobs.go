@@ -5,8 +5,12 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 )
 
@@ -15,15 +19,21 @@ import (
 const pageReplayWait = 3 * time.Second
 
 // replayDetached runs a confirmed replay on a connection of its own,
-// detached from the request: closing the page, or the request timing out,
-// does not stop it (its job can be followed and cancelled on
-// /quarantine/jobs). It waits up to pageReplayWait: a replay done by then
+// detached from the request: closing the browser's page, or the request
+// timing out, does not stop it (its job can be followed and cancelled on
+// /quarantine/jobs; Close stops it). It waits up to pageReplayWait: a replay done by then
 // is answered in full, else with its plan and running true.
 func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine.ReplayOptions) (*quarantine.ReplayResult, bool, error) {
+	ctx, ok := p.background()
+	if !ok {
+		return nil, false, errShutdown
+	}
 	conn, err := p.Dial()
 	if err != nil {
+		p.bg.runs.Done()
 		return nil, false, err
 	}
+	p.bg.track(conn, true)
 	rp := &quarantine.Replayer{Conn: conn, Config: p.Config, Registry: p.Registry, By: by, LockWait: lockWait, Signer: p.Signer}
 	started := make(chan *quarantine.ReplayResult, 1)
 	opts.Started = func(r *quarantine.ReplayResult) {
@@ -36,10 +46,12 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 	var rerr error
 	done := make(chan struct{})
 	go func() {
+		defer p.bg.runs.Done()
 		defer close(done)
+		defer p.bg.track(conn, false)
 		defer conn.Close()
 		defer p.changed()
-		res, rerr = rp.Replay(context.Background(), opts)
+		res, rerr = rp.Replay(ctx, opts)
 		if res != nil {
 			p.log().Info("quarantine page: replay ended", "by", by, "run", res.Run, "selected", res.Selected,
 				"sent", len(res.Sent), "stopped", res.Stopped, "stop", res.Stop, "error", rerr)
@@ -60,6 +72,36 @@ func (p *Page) replayDetached(lockWait time.Duration, by string, opts quarantine
 		}
 	}
 }
+
+// pageBackground is what Close needs of the replays running in the
+// background.
+type pageBackground struct {
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	closed bool
+	runs   sync.WaitGroup
+	conns  map[*amqp.Connection]bool
+}
+
+func (b *pageBackground) track(conn *amqp.Connection, running bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.conns == nil {
+		b.conns = map[*amqp.Connection]bool{}
+	}
+	if running {
+		b.conns[conn] = true
+	} else {
+		delete(b.conns, conn)
+	}
+}
+
+// pageCloseWait is how long Close waits for the background replays to
+// stop by themselves: the message in flight and two events, a moment
+// unless the broker stopped answering (a resource alarm blocks the
+// connection; no confirm comes before it clears).
+const pageCloseWait = 10 * time.Second
 
 // jobsView is the replay jobs, newest first, or one job.
 type jobsView struct {
@@ -132,4 +174,54 @@ func (p *Page) cancelJob(w http.ResponseWriter, r *http.Request) {
 	}
 	p.log().Info("quarantine page: asked a replay job to stop", "job", j.ID, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/quarantine/jobs?id="+j.ID, http.StatusSeeOther)
+}
+
+// errShutdown ends the background replays when the page closes.
+var errShutdown = errors.New("the runtime is shutting down")
+
+// background is the context a replay confirmed on the page runs under
+// (ok false once Close has begun), counted so that Close can wait for it.
+func (p *Page) background() (ctx context.Context, ok bool) {
+	p.bg.mu.Lock()
+	defer p.bg.mu.Unlock()
+	if p.bg.closed {
+		return nil, false
+	}
+	if p.bg.ctx == nil {
+		p.bg.ctx, p.bg.cancel = context.WithCancelCause(context.Background())
+	}
+	p.bg.runs.Add(1)
+	return p.bg.ctx, true
+}
+
+// Close stops the replays running in the background after the message
+// each has in flight, and waits until each has marked what it sent and
+// written its end (at most pageCloseWait, then it closes their
+// connections); a replay confirmed after it is refused. The runtime
+// calls it when it shuts down: a replay the process exited under would
+// leave a message it sent unmarked (sent again by the next replay) and
+// its job without an end.
+func (p *Page) Close() {
+	p.bg.mu.Lock()
+	p.bg.closed = true
+	if p.bg.cancel != nil {
+		p.bg.cancel(errShutdown)
+	}
+	p.bg.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.bg.runs.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(pageCloseWait):
+	}
+	// Past the wait, each replay's connection is closed under it: what it
+	// sent and did not mark is sent again by the next replay (a duplicate,
+	// never a loss), and its job reads stopped once its lock is gone.
+	p.bg.mu.Lock()
+	for conn := range p.bg.conns {
+		_ = amqpx.CloseConnection(conn, 0)
+	}
+	p.bg.mu.Unlock()
+	<-done
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,22 +20,7 @@ func TestPageReplayRunsOnAsAJobAndCancels(t *testing.T) {
 	b.quarantine(n, "fp-a", "failed fp-a", func(i int) string { return fmt.Sprintf(`{"id":"a-%d"}`, i) }, nil)
 	b.keep(n)
 	rw := b.server("s3cret")
-	sel := url.Values{"queue": {b.q.Name}, "class": {"permanent"}, "fingerprint": {"fp-a"}, "token": {"s3cret"}, "rate": {"1"}}
-	code, body := post(t, rw.URL+"/quarantine/replay", sel)
-	if code != http.StatusOK || !strings.Contains(body, `id="confirm"`) {
-		t.Fatalf("dry run: %d\n%s", code, body)
-	}
-	confirmation := regexp.MustCompile(`name="confirmation" value="([^"]+)"`).FindStringSubmatch(body)
-	if confirmation == nil {
-		t.Fatalf("no confirmation in the dry run:\n%s", body)
-	}
-	// At 1/s the 8 records take 7 s: the answer comes after 3.
-	code, body = post(t, rw.URL+"/quarantine/replay", url.Values{"confirmation": {confirmation[1]}, "confirm": {"1"}})
-	m := regexp.MustCompile(`id="job" href="/quarantine/jobs\?id=([0-9a-f]+)"`).FindStringSubmatch(body)
-	if code != http.StatusOK || m == nil || !strings.Contains(body, "in the background") {
-		t.Fatalf("confirm: %d\n%s", code, body)
-	}
-	job := m[1]
+	job := confirmSlowReplay(t, b, rw.URL)
 	if code, body := get(t, rw.URL+"/quarantine/jobs"); code != http.StatusOK || !strings.Contains(body, job) || !strings.Contains(body, "running") {
 		t.Fatalf("jobs page: %d\n%s", code, body)
 	}

@@ -197,6 +197,9 @@ func Run(ctx context.Context, o Options) error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
+		if o.Page != nil {
+			o.Page.Close() // its background replays stop and write their ends
+		}
 		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
