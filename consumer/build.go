@@ -92,18 +92,10 @@ func retryLane(in *buildInput) (topology.RetryLane, time.Duration) {
 	return lane, min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
 }
 
-// republish copies d's properties into a new publishing with base's headers
-// (d.Headers or a copy without some) plus extra, and body (see
-// frame.Republish).
-func republish(d *amqp.Delivery, base amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
-	h := make(amqp.Table, len(base)+len(extra)+16)
-	maps.Copy(h, base)
-	return republishInto(d, h, body, extra)
-}
-
-// republishInto is republish onto h, a table of the caller's own (never
-// d.Headers), which it fills in place: a copy's headers are assembled in
-// the one table they go out in.
+// republishInto copies d's properties into a new publishing with h's
+// headers plus extra, and body (see frame.Republish). h is a table of the
+// caller's own (never d.Headers), which it fills in place: a copy's headers
+// are assembled in the one table they go out in.
 func republishInto(d *amqp.Delivery, h amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
 	maps.Copy(h, extra)
 	return frame.Republish(d, h, body)

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -71,7 +72,7 @@ func TestRepublishMovesExpirationAndUserIDIntoHeaders(t *testing.T) {
 		Type:        "orders.created",
 		Body:        []byte(`{"x":1}`),
 	}
-	p := republish(d, d.Headers, d.Body, amqp.Table{"b": "2"})
+	p := republishInto(d, maps.Clone(d.Headers), d.Body, amqp.Table{"b": "2"})
 	if p.Expiration != "" || p.UserId != "" {
 		t.Fatalf("expiration %q user %q must not be copied as properties", p.Expiration, p.UserId)
 	}

@@ -1,10 +1,8 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -13,38 +11,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
+	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 )
-
-// rewritingConn rewrites, in what the client writes, each old byte string
-// into its new one (same length): the way a test sends field types that
-// amqp091-go cannot encode but other clients, and the broker, accept.
-type rewritingConn struct {
-	net.Conn
-	pairs [][2][]byte
-}
-
-func (c *rewritingConn) Write(p []byte) (int, error) {
-	q := p
-	for _, r := range c.pairs {
-		q = bytes.ReplaceAll(q, r[0], r[1])
-	}
-	if _, err := c.Conn.Write(q); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
 
 // publishRewritten publishes p (as publish does) on a connection that
 // applies pairs to the bytes on the wire.
 func (b *testBundle) publishRewritten(p amqp.Publishing, pairs ...[2][]byte) {
 	b.t.Helper()
-	conn, err := amqp.DialConfig(b.env.URL, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		c, err := net.DialTimeout(network, addr, 10*time.Second)
-		if err != nil {
-			return nil, err
-		}
-		return &rewritingConn{Conn: c, pairs: pairs}, nil
-	}})
+	conn, err := amqp.DialConfig(b.env.URL, amqp.Config{Dial: brokertest.RewritingDial(pairs...)})
 	if err != nil {
 		b.t.Fatal(err)
 	}

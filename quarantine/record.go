@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"fmt"
 	"maps"
 	"time"
 
@@ -131,6 +132,7 @@ func Publishing(f *Failure) (p amqp.Publishing, changed []string, err error) {
 		delete(p.Headers, wire.HeaderDropped)
 	}
 	env.Notes = f.ownRedrives(p.Headers, env.Notes)
+	env.Notes = refusedRoutingHeaders(p.Headers, env.Notes)
 	env.Apply(p.Headers)
 	// Room for the envelope signature, written over once fitting has made
 	// the envelope final (one HMAC per record).
@@ -179,6 +181,26 @@ func (f *Failure) ownRedrives(h amqp.Table, notes []string) []string {
 	delete(h, wire.HeaderRedriveCount)
 	delete(h, wire.HeaderRedriveSignature)
 	return append(notes, unverifiedRedrives(d.Headers, v.Problem))
+}
+
+// refusedRoutingHeaders removes from h a CC or BCC that is not an array,
+// and adds a note to notes that keeps what it held. The broker refuses a
+// publish whose CC or BCC is anything else and closes the channel (406
+// unacceptable_type_in_header), failing every copy in flight on it; an
+// AMQP 0-9-1 producer cannot send one, but on RabbitMQ 4.x an AMQP 1.0
+// producer's application property CC arrives as such a header. An array
+// stays: the broker takes it, and the record keeps what was received.
+func refusedRoutingHeaders(h amqp.Table, notes []string) []string {
+	for _, k := range [...]string{wire.HeaderCC, wire.HeaderBCC} {
+		v, ok := h[k]
+		if _, isArray := v.([]any); !ok || isArray {
+			continue
+		}
+		delete(h, k)
+		notes = append(notes, fmt.Sprintf("header %s dropped: it held %q (%s), and the broker refuses a publish whose %s is not an array",
+			k, claimText(v), wireval.TypeName(v), k))
+	}
+	return notes
 }
 
 // fingerprintText is what a failure is grouped by: the error, else the
