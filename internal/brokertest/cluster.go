@@ -282,6 +282,22 @@ func (c *Cluster) ConnectionNodes(name string) ([]int, error) {
 	return nodes, nil
 }
 
+// AwaitConnectionNodes is ConnectionNodes once the management API lists a
+// connection of that name, or what it lists after within. A node reports a
+// new connection with its next stats emission (every 5 s by default), so
+// a connection a few seconds old may not be listed yet; there is no event
+// to wait on, so it asks again every 200 ms.
+func (c *Cluster) AwaitConnectionNodes(name string, within time.Duration) ([]int, error) {
+	deadline := time.Now().Add(within)
+	for {
+		nodes, err := c.ConnectionNodes(name)
+		if (err == nil && len(nodes) > 0) || time.Now().After(deadline) {
+			return nodes, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // Front is a TCP front door to the cluster, as a load balancer in front of
 // the nodes is: each new connection goes to the first node, in its order
 // of preference, that accepts it, and is cut when that node goes away. A

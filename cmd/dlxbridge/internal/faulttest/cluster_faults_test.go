@@ -223,7 +223,7 @@ func TestClusterConsumersNodeStopped(t *testing.T) {
 	if !w.ledger.waitFor(func() bool { return len(w.ledger.successes) >= n/4 }, 120*time.Second) {
 		t.Fatalf("only %d ids succeeded before the fault", w.ledger.successCount())
 	}
-	nodes, err := c.ConnectionNodes(w.env.Prefix + "/consumer")
+	nodes, err := c.AwaitConnectionNodes(w.env.Prefix+"/consumer", 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestClusterPartitionConsumerOnMinority(t *testing.T) {
 	if !w.ledger.waitFor(func() bool { return len(w.ledger.successes) >= n/4 }, 120*time.Second) {
 		t.Fatalf("only %d ids succeeded before the partition", w.ledger.successCount())
 	}
-	if nodes, err := c.ConnectionNodes(w.env.Prefix + "/consumer"); err != nil || len(nodes) != 1 || nodes[0] != minority {
+	if nodes, err := c.AwaitConnectionNodes(w.env.Prefix+"/consumer", 30*time.Second); err != nil || len(nodes) != 1 || nodes[0] != minority {
 		t.Fatalf("the runtime's connection is on nodes %v (%v), want [%d]", nodes, err, minority)
 	}
 	// The runtime's readiness, polled: it goes false when it loses its
