@@ -60,13 +60,18 @@ func (w *worker) sendCopy(o outcome) {
 }
 
 // settleInOrder returns once every settlement the worker has in flight is
-// finished and its ack written. A re-admission waits for it: its copy goes
-// to this same queue and can be delivered before its confirm reaches the
-// publishing connection, and handled while the original is unacked, a
-// crash would requeue the original and re-admit it once more.
+// finished and its ack read by the broker. A re-admission waits for it: its
+// copy goes to this same queue and can be delivered before its confirm
+// reaches the publishing connection, and handled while the original is
+// unacked, a crash would requeue the original and re-admit it once more.
+// Written is not enough: a process killed with deliveries unread resets
+// its connection, and the broker drops what it had not read yet.
 func (w *worker) settleInOrder() {
 	w.settling.Wait()
 	w.s.acks.flush(true)
+	// A closed channel fails it; the session is ending then, and the
+	// broker requeues what it had not read anyway.
+	_ = w.s.sub.sync()
 }
 
 // sessionPublisher is a worker's confirmer: a confirm pipeline on the

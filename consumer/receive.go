@@ -33,6 +33,24 @@ type subscription struct {
 	tag     string // the active consumer's, "" when none
 	n       int    // subscriptions so far, for their tags
 	stopped bool
+	// prefetch is the basic.qos of the latest start, which sync repeats.
+	prefetch int
+}
+
+// sync returns once the broker has read every frame written on the
+// channel before it, the acks included: basic.qos is synchronous, and this
+// one sets the prefetch the channel already has.
+func (s *subscription) sync() error {
+	if s == nil { // a worker without a consume (settlement tests)
+		return nil
+	}
+	s.mu.Lock()
+	prefetch := s.prefetch
+	s.mu.Unlock()
+	if prefetch == 0 {
+		return nil
+	}
+	return s.qs.ch.Qos(prefetch, 0, false)
 }
 
 // start sets the prefetch and consumes.
@@ -46,6 +64,7 @@ func (s *subscription) start(ctx context.Context, prefetch int) (<-chan amqp.Del
 	if err := qs.ch.Qos(prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("queue %q: set prefetch: %w", qs.q.cfg.Name, err)
 	}
+	s.prefetch = prefetch
 	s.n++
 	tag := qs.tag
 	if s.n > 1 {
