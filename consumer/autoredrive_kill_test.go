@@ -1,15 +1,12 @@
 package consumer
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,10 +110,7 @@ func TestAutoRedriveSurvivesAKilledRuntime(t *testing.T) {
 	t.Parallel()
 	const n = 60
 	b := setup(t, autoRedriveQueue)
-	cfgPath := filepath.Join(t.TempDir(), "child-config.json")
-	raw, err := json.Marshal(b.file)
-	must(t, err)
-	must(t, os.WriteFile(cfgPath, raw, 0o600))
+	cfgPath := childConfig(t, b)
 	for i := range n {
 		b.publishJSON(map[string]any{"id": fmt.Sprint(i)}, amqp.Publishing{MessageId: fmt.Sprintf("m-%02d", i)})
 	}
@@ -130,36 +124,20 @@ func TestAutoRedriveSurvivesAKilledRuntime(t *testing.T) {
 	// downUntil, and reads what it says until until says to stop: then it
 	// SIGKILLs it (kill) or SIGTERMs it.
 	run := func(name string, downUntil time.Time, kill bool, until func(h []handled, line string) bool) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), redriveChildEnv+"="+cfgPath, "RABBITMQ_URL="+b.env.URL,
+		c := startChild(t, redriveChildEnv+"="+cfgPath, "RABBITMQ_URL="+b.env.URL,
 			redriveDownEnv+"="+strconv.FormatInt(downUntil.UnixMilli(), 10),
 			"DLXBRIDGE_TEST_CRASH_NAME="+b.env.Prefix+"/"+name)
-		cmd.Stderr = testWriter{t}
-		stdout, err := cmd.StdoutPipe()
-		must(t, err)
-		must(t, cmd.Start())
-		lines := make(chan string, 256)
-		go func() {
-			s := bufio.NewScanner(stdout)
-			for s.Scan() {
-				lines <- s.Text()
-			}
-			close(lines)
-		}()
 		defer func() {
 			sig := syscall.SIGTERM
 			if kill {
 				sig = syscall.SIGKILL
 			}
-			_ = cmd.Process.Signal(sig)
-			for range lines {
-			}
-			_ = cmd.Wait()
+			_ = c.stop(sig)
 		}()
 		timeout := time.After(120 * time.Second)
 		for {
 			select {
-			case l, ok := <-lines:
+			case l, ok := <-c.lines:
 				if !ok {
 					t.Fatalf("%s ended by itself", name)
 				}

@@ -1,15 +1,12 @@
 package consumer
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -474,56 +471,32 @@ func TestCrashLoopOfAKilledConsumerIsCaughtAtTheConfiguredCount(t *testing.T) {
 		// at-least-once allows, but that this count can't tell apart).
 		q.Consumer.Concurrency = 1
 	})
-	cfgPath := filepath.Join(t.TempDir(), "child-config.json")
-	raw, err := json.Marshal(b.file)
-	must(t, err)
-	must(t, os.WriteFile(cfgPath, raw, 0o600))
+	cfgPath := childConfig(t, b)
 
 	// run starts one consumer process and reads what it says until its
 	// handler runs (then SIGKILLs it) or it quarantines the message (then it
 	// stops by itself). It returns the lines.
 	run := func() []string {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+cfgPath, "RABBITMQ_URL="+b.env.URL,
+		c := startChild(t, crashChildEnv+"="+cfgPath, "RABBITMQ_URL="+b.env.URL,
 			"DLXBRIDGE_TEST_CRASH_NAME="+b.env.Prefix+"/crash-child")
-		cmd.Stderr = testWriter{t}
-		stdout, err := cmd.StdoutPipe()
-		must(t, err)
-		must(t, cmd.Start())
-		exited := make(chan error, 1)
-		lines := make(chan string, 16)
-		go func() {
-			s := bufio.NewScanner(stdout)
-			for s.Scan() {
-				lines <- s.Text()
-			}
-			close(lines)
-			exited <- cmd.Wait()
-		}()
 		var said []string
 		timeout := time.After(60 * time.Second)
 		for {
 			select {
-			case l, ok := <-lines:
+			case l, ok := <-c.lines:
 				if !ok {
-					if err := <-exited; err != nil {
+					if err := c.stop(0); err != nil {
 						t.Fatalf("consumer process ended: %v (it said %q)", err, said)
 					}
 					return said
 				}
 				said = append(said, l)
 				if strings.HasPrefix(l, "handler ") {
-					must(t, cmd.Process.Signal(syscall.SIGKILL))
-					for range lines {
-					}
-					<-exited
+					_ = c.stop(syscall.SIGKILL)
 					return said
 				}
 			case <-timeout:
-				_ = cmd.Process.Kill()
-				for range lines {
-				}
-				<-exited
+				_ = c.stop(syscall.SIGKILL)
 				t.Fatalf("consumer process said %q and then nothing for 60s", said)
 			}
 		}
