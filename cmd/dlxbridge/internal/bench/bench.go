@@ -142,8 +142,16 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if spec := getenv(SideEnv); spec != "" {
 		return side(ctx, spec, stdout, stderr)
 	}
-	o, code, ok := parseFlags(args, stderr, getenv)
+	// Help asked for is the command's output (stdout, exit 0); usage after
+	// a mistake goes to stderr, as every other command does.
+	var usage bytes.Buffer
+	o, code, ok := parseFlags(args, &usage, getenv)
 	if !ok {
+		if code == exitOK {
+			stdout.Write(usage.Bytes())
+		} else {
+			stderr.Write(usage.Bytes())
+		}
 		return code
 	}
 	rep, err := run(ctx, o, stderr)

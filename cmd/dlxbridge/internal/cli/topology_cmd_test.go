@@ -396,13 +396,13 @@ func TestMissingConfigSaysHowToNameOne(t *testing.T) {
 // the usage printed after a mistake goes to stderr with exit 2.
 func TestAskedForHelpGoesToStdout(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--help"}, {"topology", "plan", "-h"}, {"quarantine", "replay", "--help"}, {"audit", "-h"}, {"run", "-help"}} {
+	for _, args := range [][]string{{"--help"}, {"topology", "plan", "-h"}, {"quarantine", "replay", "--help"}, {"audit", "-h"}, {"run", "-help"}, {"bench", "-h"}} {
 		code, out, errOut := runCLI(t, "", args...)
 		if code != cli.ExitOK || !strings.Contains(out, "usage: dlxbridge") || errOut != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and the usage on stdout only", args, code, out, errOut, cli.ExitOK)
 		}
 	}
-	for _, args := range [][]string{{}, {"nosuch"}, {"topology", "plan", "--nosuch"}, {"audit", "--nosuch"}} {
+	for _, args := range [][]string{{}, {"nosuch"}, {"topology", "plan", "--nosuch"}, {"audit", "--nosuch"}, {"bench", "--nosuch"}} {
 		code, out, errOut := runCLI(t, "", args...)
 		if code != cli.ExitUsage || out != "" || !strings.Contains(errOut, "usage: dlxbridge") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d and the usage on stderr only", args, code, out, errOut, cli.ExitUsage)
