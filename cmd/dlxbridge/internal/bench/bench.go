@@ -380,7 +380,7 @@ func runRound(ctx context.Context, conn *amqp.Connection, o *Options, sc string,
 			defer func() {
 				// Not err: the loop's own shadows the result, and a
 				// failed delete (objects left on the broker) went unsaid.
-				if derr := Delete(conn, topo); derr != nil && retErr == nil {
+				if derr := Delete(o.URL, conn, topo); derr != nil && retErr == nil {
 					retErr = fmt.Errorf("delete the round's topology (%s*): %w", prefix, derr)
 				}
 			}()

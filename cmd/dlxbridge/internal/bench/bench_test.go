@@ -417,7 +417,7 @@ func TestDeclareFailureReturnsTheTopology(t *testing.T) {
 	if topo == nil {
 		t.Fatal("a failed declaration returned no topology: what it declared cannot be deleted")
 	}
-	if err := Delete(conn, topo); err != nil {
+	if err := Delete(env.URL, conn, topo); err != nil {
 		t.Errorf("delete what a failed declaration may have left: %v", err)
 	}
 }
@@ -457,5 +457,37 @@ func TestSharedTiersFlag(t *testing.T) {
 	sc.finishShared()
 	if sc.Shared == nil || !slices.Equal(sc.SharedRatios, []float64{1.1, 0.9, 1}) || sc.SharedVsBridge != 1 || sc.Shared.Rate != 110 {
 		t.Errorf("shared summary %+v, ratios %v, median %v", sc.Shared, sc.SharedRatios, sc.SharedVsBridge)
+	}
+}
+
+// A delete that closes the connection (3.10.8 once answered a quorum
+// queue's delete with a connection-level INTERNAL_ERROR) must not leave the
+// rest of the round's queues behind: Delete dials again for them.
+func TestDeleteDialsAgainAfterTheConnectionClosed(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	cfg, err := (&sideSpec{Side: Bridge, Prefix: env.Name("del"), Prefetch: 10}).config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := env.Dial("declare")
+	topo, err := Declare(context.Background(), conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	if err := Delete(env.URL, conn, topo); err != nil {
+		t.Fatalf("Delete on a closed connection: %v", err)
+	}
+	check := env.Dial("check")
+	for _, q := range topo.Queues {
+		ch, err := check.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q.Name, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s is still there", q.Name)
+			_ = ch.Close()
+		}
 	}
 }

@@ -30,9 +30,28 @@ func Declare(ctx context.Context, conn *amqp.Connection, cfg *config.Config) (*t
 
 // Delete deletes every queue and exchange of topo, each on its own channel
 // so that one failure does not stop the rest, and returns the failures.
-func Delete(conn *amqp.Connection, topo *topology.Topology) error {
+// When conn is closed (a broker's INTERNAL_ERROR on one delete closes the
+// whole connection, seen on 3.10.8) it dials url once more for the rest:
+// quorum queues left behind use up a 3.x broker's file handles.
+func Delete(url string, conn *amqp.Connection, topo *topology.Topology) error {
 	var errs []error
+	var fresh *amqp.Connection
+	redialed := false
+	defer func() {
+		if fresh != nil {
+			_ = fresh.Close()
+		}
+	}()
 	del := func(what string, op func(ch *amqp.Channel) error) {
+		if conn.IsClosed() && !redialed {
+			redialed = true
+			c, err := dial(url, "dlxbridge-bench/cleanup")
+			if err != nil {
+				errs = append(errs, fmt.Errorf("dial again to delete the rest: %w", err))
+				return
+			}
+			fresh, conn = c, c
+		}
 		ch, err := conn.Channel()
 		if err == nil {
 			err = op(ch)
