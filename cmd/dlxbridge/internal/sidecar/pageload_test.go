@@ -356,33 +356,27 @@ func TestServerTimeoutsEndSlowConnections(t *testing.T) {
 	defer srv.Close()
 	addr := srv.Listener.Addr().String()
 
-	// Headers that never end.
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	// send opens a connection to the page and writes raw on it.
+	send := func(raw string) net.Conn {
+		t.Helper()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_, _ = conn.Write([]byte(raw))
+		return conn
 	}
-	defer conn.Close()
-	_, _ = conn.Write([]byte("GET /quarantine HTTP/1.1\r\nHost: " + addr + "\r\n"))
-	if !closedWithin(conn, 2*time.Second) {
+	// Headers that never end.
+	if !closedWithin(send("GET /quarantine HTTP/1.1\r\nHost: "+addr+"\r\n"), 2*time.Second) {
 		t.Error("a request whose headers never end was not cut")
 	}
 	// A body that never comes.
-	conn2, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Close()
-	_, _ = conn2.Write([]byte("POST /quarantine/replay HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nqueue="))
-	if !closedWithin(conn2, 2*time.Second) {
+	if !closedWithin(send("POST /quarantine/replay HTTP/1.1\r\nHost: "+addr+"\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nqueue="), 2*time.Second) {
 		t.Error("a request whose body never comes was not cut")
 	}
 	// A keep-alive connection left idle.
-	conn3, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn3.Close()
-	_, _ = conn3.Write([]byte("GET /healthz HTTP/1.1\r\nHost: " + addr + "\r\n\r\n"))
+	conn3 := send("GET /healthz HTTP/1.1\r\nHost: " + addr + "\r\n\r\n")
 	if resp, err := http.ReadResponse(bufio.NewReader(conn3), nil); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("a first request on the idle connection: %v %v", resp, err)
 	}
