@@ -223,6 +223,14 @@ func TestBenchReconcilesEveryID(t *testing.T) {
 		if len(sc.Ratios) != 2 || sc.Raw.Rate <= 0 || sc.Bridge.Rate <= 0 || sc.Bridge.MaxRSSKB <= 0 || sc.Bridge.CPUPerMsgUS <= 0 {
 			t.Errorf("%s: %+v", sc.Scenario, sc)
 		}
+		// Every side writes to its broker (acks at least) and reads from it.
+		for name, side := range sc.Sides {
+			for i, w := range side.WritesPerMsgRounds {
+				if w <= 0 || side.ReadsPerMsgRounds[i] <= 0 {
+					t.Errorf("%s %s round %d: %v writes, %v reads per message", sc.Scenario, name, i+1, w, side.ReadsPerMsgRounds[i])
+				}
+			}
+		}
 	}
 	if !strings.Contains(out, "reconciled: every id") {
 		t.Errorf("text output lacks the reconciliation line:\n%s", out)

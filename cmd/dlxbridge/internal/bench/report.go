@@ -41,6 +41,10 @@ type sideReport struct {
 	TimedOut   bool `json:"timed_out,omitempty"`
 	// ConfirmWaitMS: see sideResult.
 	ConfirmWaitMS float64 `json:"confirm_wait_ms,omitempty"`
+	// WritesPerMsg and ReadsPerMsg are the side's write and read system
+	// calls per message (see sideResult.Writes); -1 where unknown.
+	WritesPerMsg float64 `json:"writes_per_msg"`
+	ReadsPerMsg  float64 `json:"reads_per_msg"`
 }
 
 func (r *sideReport) failed() bool {
@@ -62,6 +66,7 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 		r.Rate = float64(s.Count) / res.Seconds
 	}
 	r.CPUPerMsgUS = res.CPUSeconds * 1e6 / float64(s.Count)
+	r.WritesPerMsg, r.ReadsPerMsg = perMsg(res.Writes, s.Count), perMsg(res.Reads, s.Count)
 	cfg, err := s.config()
 	if err != nil {
 		return nil, err
@@ -102,6 +107,14 @@ func reconcile(conn *amqp.Connection, s *sideSpec, res *sideResult) (*sideReport
 	}
 	tally(r, s, res.Handled, quarantined, left)
 	return r, nil
+}
+
+// perMsg is n ÷ count, or -1 when n is unknown (-1).
+func perMsg(n int64, count int) float64 {
+	if n < 0 || count <= 0 {
+		return -1
+	}
+	return float64(n) / float64(count)
 }
 
 // tally checks every id: handled[i] successes (raw: acks), quarantined[i]
@@ -204,6 +217,10 @@ type sideSummary struct {
 	// in round order (in Sides only).
 	Rates             []float64 `json:"msgs_per_s_rounds,omitempty"`
 	CPUPerMsgUSRounds []float64 `json:"cpu_us_per_msg_rounds,omitempty"`
+	// WritesPerMsgRounds and ReadsPerMsgRounds are its write and read
+	// system calls per message in each round (in Sides only).
+	WritesPerMsgRounds []float64 `json:"writes_per_msg_rounds,omitempty"`
+	ReadsPerMsgRounds  []float64 `json:"reads_per_msg_rounds,omitempty"`
 }
 
 // versus is a side's median CPU per message and rate, each ÷ the
@@ -343,6 +360,8 @@ func (sc *scenarioReport) finishSides() {
 			}
 			sum.Rates = append(sum.Rates, round3(s.Rate))
 			sum.CPUPerMsgUSRounds = append(sum.CPUPerMsgUSRounds, round3(s.CPUPerMsgUS))
+			sum.WritesPerMsgRounds = append(sum.WritesPerMsgRounds, round3(s.WritesPerMsg))
+			sum.ReadsPerMsgRounds = append(sum.ReadsPerMsgRounds, round3(s.ReadsPerMsg))
 			sum.MaxRSSKB = max(sum.MaxRSSKB, s.MaxRSSKB)
 		}
 	}
@@ -447,13 +466,13 @@ func (rep *Report) writeText(w io.Writer) {
 	fmt.Fprintf(w, "dlxbridge bench: RabbitMQ %s, %d messages × %d B per side and round, prefetch %d, bridge concurrency %d, %d round(s), %d CPUs, load %.2f\n\n",
 		rep.Broker, rep.Count, rep.Size, rep.Prefetch, rep.Concurrency, rep.Rounds, rep.CPUs, rep.Load1)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tround\tside\tmsg/s\tseconds\tCPU µs/msg\tpeak RSS MiB\thandled\tquarantined\tlost\tduplicates\t")
+	fmt.Fprintln(tw, "scenario\tround\tside\tmsg/s\tseconds\tCPU µs/msg\twrites/msg\treads/msg\tpeak RSS MiB\thandled\tquarantined\tlost\tduplicates\t")
 	for _, sc := range rep.Scenarios {
 		for _, r := range sc.rounds {
 			for _, name := range sideNames(r) {
 				s := r.Sides[name]
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%.2f\t%.1f\t%.1f\t%d\t%d\t%d\t%d\t\n", sc.Scenario, r.Round, name,
-					s.Rate, s.Seconds, s.CPUPerMsgUS, float64(s.MaxRSSKB)/1024, s.Handled, s.Quarantined, s.Lost, s.Duplicates)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%.2f\t%.1f\t%.2f\t%.2f\t%.1f\t%d\t%d\t%d\t%d\t\n", sc.Scenario, r.Round, name,
+					s.Rate, s.Seconds, s.CPUPerMsgUS, s.WritesPerMsg, s.ReadsPerMsg, float64(s.MaxRSSKB)/1024, s.Handled, s.Quarantined, s.Lost, s.Duplicates)
 			}
 		}
 	}

@@ -74,6 +74,13 @@ type sideResult struct {
 	Records    int64   `json:"records"`     // records written to the parent: it checks it read as many
 	Unknown    int     `json:"unknown"`     // deliveries whose message id is no bench id
 	TimedOut   bool    `json:"timed_out"`   // stopped for lack of progress
+	// Writes and Reads are the process's write and read system calls
+	// over the same span (/proc/self/io syscw and syscr), less its writes
+	// of records to the parent: what it wrote to and read from its broker
+	// connections, and a few to its log. Each socket write on loopback
+	// also pays the kernel's receive path for the broker. -1 where unknown.
+	Writes int64 `json:"writes"`
+	Reads  int64 `json:"reads"`
 	// ConfirmWaitMS is how long, on average, a parked (or retried)
 	// message's copy waited for the broker's confirm: the bridge's
 	// dlxbridge_publish_confirm_seconds, the floor's own clock. The
@@ -140,7 +147,7 @@ type reporter struct {
 }
 
 func newReporter(count int, w io.Writer) *reporter {
-	r := &reporter{count: count, w: bufio.NewWriterSize(w, 64<<10), stop: make(chan struct{}), flushed: make(chan struct{})}
+	r := &reporter{count: count, w: bufio.NewWriterSize(countingWriter{w}, 64<<10), stop: make(chan struct{}), flushed: make(chan struct{})}
 	go r.flushLoop()
 	return r
 }
@@ -366,17 +373,60 @@ func closed(ch <-chan struct{}) bool {
 	}
 }
 
-// stopwatch measures wall and CPU time from the first message a side sees
-// (connection setup is not part of a drain) to the last settlement.
+// recordWrites counts the side's writes of records to the parent, so that
+// they can be told from its writes to the broker (see sideResult.Writes).
+var recordWrites atomic.Int64
+
+type countingWriter struct{ w io.Writer }
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	recordWrites.Add(1)
+	return c.w.Write(p)
+}
+
+// ioCalls is the process's read and write system calls so far
+// (/proc/self/io), or -1s where unknown.
+func ioCalls() (reads, writes int64) {
+	reads, writes = -1, -1
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		var n int64
+		if _, err := fmt.Sscan(v, &n); err != nil {
+			continue
+		}
+		switch k {
+		case "syscr":
+			reads = n
+		case "syscw":
+			writes = n
+		}
+	}
+	return
+}
+
+// stopwatch measures wall and CPU time, and read and write system calls,
+// from the first message a side sees (connection setup is not part of a
+// drain) to the last settlement.
 type stopwatch struct {
-	once sync.Once
-	t0   time.Time
-	cpu0 time.Duration
+	once            sync.Once
+	t0              time.Time
+	cpu0            time.Duration
+	reads0, writes0 int64
+	records0        int64
 }
 
 // start starts the clock the first time it is called.
 func (w *stopwatch) start() {
-	w.once.Do(func() { w.cpu0 = usage(); w.t0 = time.Now() })
+	w.once.Do(func() {
+		w.reads0, w.writes0 = ioCalls()
+		w.records0 = recordWrites.Load()
+		w.cpu0 = usage()
+		w.t0 = time.Now()
+	})
 }
 
 // stop records the span in r.
@@ -385,6 +435,14 @@ func (w *stopwatch) stop(r *sideResult) {
 	cpu := usage()
 	r.Seconds = time.Since(w.t0).Seconds()
 	r.CPUSeconds = (cpu - w.cpu0).Seconds()
+	reads, writes := ioCalls()
+	r.Reads, r.Writes = -1, -1
+	if reads >= 0 && w.reads0 >= 0 {
+		r.Reads = reads - w.reads0
+	}
+	if writes >= 0 && w.writes0 >= 0 {
+		r.Writes = writes - w.writes0 - (recordWrites.Load() - w.records0)
+	}
 }
 
 // consume opens a hand-written side's connection (named after the side)
