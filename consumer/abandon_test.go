@@ -69,13 +69,13 @@ func TestAbandonedHandlerReturnsLate(t *testing.T) {
 	fed, stop := b.loopWorker(t)
 	slots := b.w.q.slots
 
-	fed <- fedDelivery{d: b.delivery()}
+	fed <- b.fed()
 	if st := b.waitSettled(t); st.Outcome != OutcomeRetried || st.Class != triage.ClassTimeout {
 		t.Fatalf("the abandoned delivery settled %s, class %q; want retried, timeout", st.Outcome, st.Class)
 	}
 	// The worker goes on: it takes the next delivery while the abandoned
 	// handler still holds the only slot.
-	fed <- fedDelivery{d: b.delivery()}
+	fed <- b.fed()
 	if n := len(slots); n != 1 {
 		t.Fatalf("%d slots held while the abandoned handler runs, want 1", n)
 	}
@@ -118,7 +118,7 @@ func TestAbandonedAtDrainDeadlineEndsTheLoop(t *testing.T) {
 		return nil
 	})
 	fed, _ := b.loopWorker(t)
-	fed <- fedDelivery{d: b.delivery()}
+	fed <- b.fed()
 	<-started
 	b.cancel()
 	if st := b.waitSettled(t); st.Outcome != OutcomeAbandoned {
@@ -147,11 +147,11 @@ func TestHandlerGoexitIsSettledAtOnceAsAPanic(t *testing.T) {
 		return nil
 	})
 	fed, stop := b.loopWorker(t)
-	fed <- fedDelivery{d: b.delivery()}
+	fed <- b.fed()
 	if st := b.waitSettled(t); st.Outcome != OutcomeRetried || st.Class != triage.ClassPanic {
 		t.Fatalf("settled %s, class %q; want retried, panic", st.Outcome, st.Class)
 	}
-	fed <- fedDelivery{d: b.delivery()}
+	fed <- b.fed()
 	if st := b.waitSettled(t); st.Outcome != OutcomeAcked {
 		t.Fatalf("the next delivery settled %s, want acked", st.Outcome)
 	}

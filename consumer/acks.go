@@ -16,14 +16,17 @@ import (
 // broker will redeliver the message (a duplicate, which idempotency keys
 // are for), so it is recorded as OutcomeAckFailed.
 func (w *worker) ackOutcome(o outcome, result Outcome) {
-	o.a.Ack(func(err error) {
-		if err != nil {
-			w.done(&o, OutcomeAckFailed, err)
-			w.deps.log.Warn("ack failed; the broker will redeliver", "queue", o.settled.Queue, "message_id", o.settled.MessageID, "error", err)
-			return
-		}
-		w.done(&o, result, nil)
-	})
+	o.a.Ack(func(err error) { w.acked(&o, result, err) })
+}
+
+// acked records o once its ack was written (err nil) or could not be.
+func (w *worker) acked(o *outcome, result Outcome, err error) {
+	if err != nil {
+		w.done(o, OutcomeAckFailed, err)
+		w.deps.log.Warn("ack failed; the broker will redeliver", "queue", o.settled.Queue, "message_id", o.settled.MessageID, "error", err)
+		return
+	}
+	w.done(o, result, nil)
 }
 
 // deadLetter settles a failure that no copy can carry (o.failed.why, see

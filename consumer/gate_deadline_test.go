@@ -57,7 +57,7 @@ func TestGateStopsAtTheHandlerTimeout(t *testing.T) {
 			long := []byte(`{"name":"` + strings.Repeat("a", 256<<10) + `"}`)
 			b.body = long
 			begin := time.Now()
-			fed <- fedDelivery{d: b.delivery()}
+			fed <- b.fed()
 			st := b.waitSettled(t)
 			took := time.Since(begin)
 			if st.Outcome != OutcomeRetried || st.Class != triage.ClassTimeout {
@@ -80,7 +80,7 @@ func TestGateStopsAtTheHandlerTimeout(t *testing.T) {
 
 			// The worker goes on with the next message.
 			b.body = []byte(`{"name":"` + strings.Repeat("a", 100) + `x"}`)
-			fed <- fedDelivery{d: b.delivery()}
+			fed <- b.fed()
 			if st := b.waitSettled(t); st.Outcome != OutcomeAcked {
 				t.Fatalf("the next message settled %s (%v), want acked", st.Outcome, st.Err)
 			}

@@ -15,10 +15,51 @@ import (
 // fedDelivery is a delivery the feeder hands to a worker, with the breaker's
 // ticket when the breaker admitted it.
 type fedDelivery struct {
-	d        amqp.Delivery
+	h        *held
 	ticket   triage.Ticket
 	admitted bool
 }
+
+// held is a delivery from the moment the feeder takes it up until it is
+// settled: the one allocation that carries it (a delivery is some 300
+// bytes) from the feeder through the worker and the ack window to its
+// settlement. It is the delivery's acker (a sessionDelivery), and it keeps
+// the outcome of an ack until the ack is written (see ackOutcome), so that
+// neither the delivery nor its outcome is copied to the heap again on the
+// way.
+type held struct {
+	d amqp.Delivery
+	s *queueSession
+	// The ack's outcome, from ackOutcome until its report.
+	w      *worker
+	o      outcome
+	result Outcome
+}
+
+// hold takes d up for qs.
+func (qs *queueSession) hold(d *amqp.Delivery) *held {
+	return &held{d: *d, s: qs}
+}
+
+func (h *held) Ack(report func(error)) { sessionDelivery{s: h.s, d: &h.d}.Ack(report) }
+func (h *held) Requeue() error         { return sessionDelivery{s: h.s, d: &h.d}.Requeue() }
+func (h *held) Reject() error          { return sessionDelivery{s: h.s, d: &h.d}.Reject() }
+
+// ack is ackOutcome for a handler's success: a delivery the feeder took up
+// keeps the outcome itself until its ack is written, so that the outcome is
+// not copied to the heap for the report, once per message.
+func (w *worker) ack(o outcome, result Outcome) {
+	h, ok := o.a.(*held)
+	if !ok {
+		w.ackOutcome(o, result)
+		return
+	}
+	h.w, h.o, h.result = w, o, result
+	h.Ack(h.acked)
+}
+
+// acked is the report of an ack asked for by worker.ack.
+func (h *held) acked(err error) { h.w.acked(&h.o, h.result, err) }
 
 // errStopped: the session is stopping; no subscription is started.
 var errStopped = errors.New("stopping")
@@ -159,8 +200,9 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 				src = nil // paused: consume again when the breaker allows
 				continue
 			}
-			qs.received(&d)
-			if !qs.hand(d, &pausedAt) {
+			h := qs.hold(&d)
+			qs.received(&h.d)
+			if !qs.hand(h, &pausedAt) {
 				return
 			}
 		case <-kick:
@@ -202,7 +244,7 @@ func (qs *queueSession) resume(ctx context.Context) (<-chan amqp.Delivery, error
 // A stopping session hands d over as it is: the drain handles what was
 // delivered. It reports false when the session's handlers were cancelled
 // (d is left for the channel close to requeue).
-func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
+func (qs *queueSession) hand(d *held, pausedAt *time.Time) bool {
 	qb := qs.q.breaker
 	send := func(f fedDelivery, kick chan struct{}) (sent, kicked bool) {
 		select {
@@ -215,7 +257,7 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 		}
 	}
 	if qb == nil {
-		sent, _ := send(fedDelivery{d: d}, nil)
+		sent, _ := send(fedDelivery{h: d}, nil)
 		return sent
 	}
 	for {
@@ -228,7 +270,7 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 			if a.Verdict == triage.AdmitDeliver {
 				*pausedAt = time.Time{} // closed: what is held goes out now
 			}
-			sent, kicked := send(fedDelivery{d: d, ticket: a.Ticket, admitted: true}, qb.kick)
+			sent, kicked := send(fedDelivery{h: d, ticket: a.Ticket, admitted: true}, qb.kick)
 			if sent {
 				return true
 			}
@@ -248,7 +290,7 @@ func (qs *queueSession) hand(d amqp.Delivery, pausedAt *time.Time) bool {
 				// prefetch follows d to the handlers) and consume again
 				// once the breaker allows.
 				qs.sub.pause()
-				sent, _ := send(fedDelivery{d: d}, nil)
+				sent, _ := send(fedDelivery{h: d}, nil)
 				return sent
 			}
 			if a.Verdict == triage.AdmitPause {
@@ -275,12 +317,12 @@ func (qs *queueSession) maxHold() time.Duration {
 // counts as gone too: the two die together when the node does, whichever
 // the client notices first, and a held delivery's handler would most
 // likely fail again with no way to publish its retry.
-func (qs *queueSession) handOver(d amqp.Delivery) bool {
+func (qs *queueSession) handOver(d *held) bool {
 	if qs.handlerCtx.Err() != nil || qs.ch.IsClosed() || qs.pubConn.IsClosed() {
 		return false
 	}
 	select {
-	case qs.fed <- fedDelivery{d: d}:
+	case qs.fed <- fedDelivery{h: d}:
 		return true
 	case <-qs.handlerCtx.Done():
 		return false

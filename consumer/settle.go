@@ -99,7 +99,7 @@ func (w *worker) settle(o outcome) {
 	}
 	switch o.kind {
 	case kindAck:
-		w.ackOutcome(o, OutcomeAcked)
+		w.ack(o, OutcomeAcked)
 		if o.span.IsRecording() {
 			o.span.SetAttributes(attribute.String("dlxbridge.outcome", string(OutcomeAcked)))
 		}

@@ -86,7 +86,7 @@ func (w *worker) work() {
 			w.admission.release()
 			break // past the drain deadline: left for the channel close to requeue
 		}
-		if !w.handle(f.d) {
+		if !w.handleHeld(f.h) {
 			return // abandoned in its handler
 		}
 		w.admission.release() // if it never reached the handler
@@ -177,7 +177,12 @@ func (a *admission) release() {
 // handle processes d and settles it; false when its handler call was
 // abandoned (see process).
 func (w *worker) handle(d amqp.Delivery) bool {
-	o, ok := w.process(d)
+	return w.handleHeld(w.s.hold(&d))
+}
+
+// handleHeld is handle on a delivery the feeder took up.
+func (w *worker) handleHeld(h *held) bool {
+	o, ok := w.process(h)
 	if ok {
 		w.settle(o)
 	}
@@ -190,13 +195,14 @@ func (w *worker) handle(d amqp.Delivery) bool {
 // is for settle to carry out. It reports false when the handler
 // call was abandoned: the calling goroutine is then no longer the
 // worker's (see runHandler) and must touch nothing of it.
-func (w *worker) process(d amqp.Delivery) (outcome, bool) {
+func (w *worker) process(h *held) (outcome, bool) {
 	qr := w.q
 	c := w.deps
 	now := c.cfg.Now()
 	w.received = now
+	d := &h.d
 	headers := map[string]any(d.Headers)
-	a := sessionDelivery{s: w.s, d: &d}
+	a := h
 
 	ctx := telemetry.Extract(w.s.handlerCtx, d.Headers)
 	// The attributes are set only on a span that records: building them
@@ -219,7 +225,7 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	// The bridge's own retry headers count only under its signature; what
 	// else was forged or malformed is noted and carried to the quarantine.
 	isRetry := w.isRetry
-	sig, sigNotes := qr.verify(&d)
+	sig, sigNotes := qr.verify(d)
 	attempts := triage.CountAttempts(triage.AttemptInput{
 		Headers:      headers,
 		Signature:    sig,
@@ -244,7 +250,7 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 				attempts.Notes = append(attempts.Notes, fmt.Sprintf("%d retry/quarantine publishes of this message failed before (the deliveries were requeued, not crashed); last: %s", n, why))
 			}
 		}
-		o := outcome{kind: kindFailed, a: a, d: &d, ctx: ctx, span: span, settled: w.settled,
+		o := outcome{kind: kindFailed, a: a, d: d, ctx: ctx, span: span, settled: w.settled,
 			failed: &failedOutcome{f: failure{verdict: v, attempts: attempts}}}
 		if v.Action != triage.ActionReadmit {
 			return o, true
@@ -261,10 +267,10 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 
 	// 2. Schema gate, before any handler, in the queue's mode (see admit).
 	w.gate = gateCtx{Context: ctx, deadline: time.Now().Add(qr.cfg.Consumer.HandlerTimeout)}
-	msg, err := qr.admit(&w.gate, &d)
+	msg, err := qr.admit(&w.gate, d)
 	w.gate = gateCtx{} // nothing of the delivery stays
 	if err != nil {
-		return outcome{kind: kindFailed, a: a, d: &d, ctx: ctx, span: span, settled: w.settled,
+		return outcome{kind: kindFailed, a: a, d: d, ctx: ctx, span: span, settled: w.settled,
 			failed: &failedOutcome{f: qr.decide(err, attempts, 0, "", "")}}, true
 	}
 	w.settled.Type, w.settled.Version, w.settled.GateError = msg.Type, msg.Version, msg.reported
@@ -273,7 +279,7 @@ func (w *worker) process(d amqp.Delivery) (outcome, bool) {
 	}
 
 	// 3. The handler (invoke.go).
-	return w.invoke(ctx, span, a, &d, msg, attempts, now)
+	return w.invoke(ctx, span, a, d, msg, attempts, now)
 }
 
 // consumerSpan starts a process span (one slice for every message).
