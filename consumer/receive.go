@@ -24,13 +24,13 @@ type fedDelivery struct {
 // settled: the one allocation that carries it (a delivery is some 300
 // bytes) from the feeder through the worker and the ack window to its
 // settlement. It is the delivery's acker (a sessionDelivery), and it keeps
-// the outcome of an ack until the ack is written (see ackOutcome), so that
+// the outcome of an ack until the ack is written (see worker.ack), so that
 // neither the delivery nor its outcome is copied to the heap again on the
 // way.
 type held struct {
 	d amqp.Delivery
 	s *queueSession
-	// The ack's outcome, from ackOutcome until its report.
+	// The ack's outcome, from worker.ack until its report.
 	w      *worker
 	o      outcome
 	result Outcome
