@@ -822,6 +822,12 @@ func writeReplay(w io.Writer, res *quarantine.ReplayResult) error {
 		_, err := fmt.Fprintf(w, "dry run: %d selected, %d would be sent; nothing changed\n", res.Selected, len(res.Plan)-len(res.Invalid)-len(res.OverBudget))
 		return err
 	}
+	if res.Selected == 0 {
+		// No job was recorded: naming one would send the reader to
+		// `quarantine jobs` for an id it does not know.
+		_, err := fmt.Fprintln(w, "nothing selected: no record matched the filters; nothing replayed")
+		return err
+	}
 	_, err := fmt.Fprintf(w, "replayed %d of %d selected in %s; %d invalid, %d over budget\njob %s: what became of them: dlxbridge quarantine jobs %s\n",
 		len(res.Sent), res.Selected, time.Duration(res.Duration).Round(time.Millisecond), len(res.Invalid), len(res.OverBudget), res.Run, res.Run)
 	return err

@@ -174,6 +174,10 @@ func TestQuarantineCommands(t *testing.T) {
 	if !strings.Contains(dry, "dry run: 3 selected, 3 would be sent; nothing changed") {
 		t.Fatalf("dry run:\n%s", dry)
 	}
+	// A replay that selects nothing names no job: there is none to follow.
+	if none := run(cli.ExitOK, "quarantine", "replay", "--fingerprint", "fp-nosuch", "--reason", "typo"); strings.Contains(none, "quarantine jobs") || !strings.Contains(none, "nothing selected") {
+		t.Errorf("a replay that selected nothing:\n%s", none)
+	}
 	code, out, errOut := b.run(t, append([]string{"quarantine", "replay", "--fingerprint", "fp-b", "--reason", "fixed in 1.2.4", "--rate", "100"}, cfgFlag...)...)
 	if code != cli.ExitOK || !strings.Contains(out, "replayed 3 of 3 selected") {
 		t.Fatalf("replay: exit %d\n%s\n%s", code, out, errOut)
