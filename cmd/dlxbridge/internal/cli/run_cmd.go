@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/dlxbridge/dlxbridge/cmd/dlxbridge/internal/sidecar"
@@ -37,6 +38,10 @@ func runRun(ctx context.Context, env *Env, args []string) int {
 		return ExitUsage
 	}
 	if *listen != "" {
+		if _, _, err := net.SplitHostPort(*listen); err != nil {
+			fmt.Fprintf(env.Stderr, "dlxbridge run: --listen %q is not host:port (say 127.0.0.1:9180, or :9180 for every interface)\n", *listen)
+			return ExitUsage
+		}
 		cfg.Run.Listen = *listen
 	}
 	missing := false

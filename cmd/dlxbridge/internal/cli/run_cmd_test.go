@@ -61,4 +61,9 @@ func TestRunNeedsAForwardURL(t *testing.T) {
 	if !strings.Contains(errOut, "neither loopback nor listed in run.forward_hosts") {
 		t.Errorf("stderr:\n%s", errOut)
 	}
+	// A bad --listen is bad usage, named by its flag.
+	b = writeRunConfig(t, env, "    forward: {url: \"http://127.0.0.1:1/x\"}\n")
+	if _, errOut = b.mustRunAll(t, cli.ExitUsage, "run", "--config", b.config, "--listen", "nonsense"); !strings.Contains(errOut, "--listen \"nonsense\" is not host:port") {
+		t.Errorf("stderr:\n%s", errOut)
+	}
 }
