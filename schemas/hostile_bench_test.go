@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-// review4Bodies are hostile invalid bodies: name, registry dir ("" for the
+// hostileBodies are hostile invalid bodies: name, registry dir ("" for the
 // embedded one), type, body.
-func review4Bodies() []struct{ name, dir, typ, body string } {
+func hostileBodies() []struct{ name, dir, typ, body string } {
 	// recur: 62 nested levels, none with the required "n", a 30 KB
 	// string at the bottom: every level's own copy fails.
 	deep := strings.Repeat(`{"c":`, 62) + `{"s":"` + strings.Repeat("x", 30000) + `"}` + strings.Repeat(`}`, 62)
@@ -28,16 +28,16 @@ func review4Bodies() []struct{ name, dir, typ, body string } {
 	items := strings.TrimSuffix(strings.Repeat(`{},`, 1000), ",")
 	orders := `{"orderId":"x","lineItems":[` + items + `]}`
 	return []struct{ name, dir, typ, body string }{
-		{"recur-deep-missing", "review4", "recur", deep},
-		{"recur-deep-bottom", "review4", "recur", deepOK},
-		{"recur-list", "review4", "recur", list.String()},
+		{"recur-deep-missing", "hostile", "recur", deep},
+		{"recur-deep-bottom", "hostile", "recur", deepOK},
+		{"recur-list", "hostile", "recur", list.String()},
 		{"orders-empty-items", "", "orders.created", orders},
 		{"orders-10k-empty-items", "", "orders.created", `{"orderId":"x","lineItems":[` + strings.TrimSuffix(strings.Repeat(`{},`, 10000), ",") + `]}`},
 	}
 }
 
-func BenchmarkReview4Invalid(b *testing.B) {
-	for _, c := range review4Bodies() {
+func BenchmarkHostileInvalid(b *testing.B) {
+	for _, c := range hostileBodies() {
 		opts := LoadOptions{}
 		version := "2"
 		if c.dir != "" {

@@ -9,27 +9,27 @@ import (
 	"testing"
 )
 
-// review4Names are property names of the hostile schemas in
-// testdata/review4, and some they do not name.
-var review4Names = []string{"", "~", "/", "~1", "%25", "é", "a b", "x1", "x2", "x~", "%a", "a/", "forbidden",
+// hostileNames are property names of the hostile schemas in
+// testdata/hostile, and some they do not name.
+var hostileNames = []string{"", "~", "/", "~1", "%25", "é", "a b", "x1", "x2", "x~", "%a", "a/", "forbidden",
 	"Zed", "p", "q", "c", "u", "n", "o", "k", "t", "f", "a", "r", "d", "x", "y", "z", "bad", "i", "m", "b",
 	"0", "12", "l", "s", "af", "rf", "nt", "nf", "e", "cst", "zz"}
 
-var review4Nums = []string{"0", "-0", "1", "1.0", "2", "3", "5", "7", "10", "-1", "1e400", "1e2", "0.1", "0.3",
+var hostileNums = []string{"0", "-0", "1", "1.0", "2", "3", "5", "7", "10", "-1", "1e400", "1e2", "0.1", "0.3",
 	"9007199254740993", "18446744073709551616", "18446744073709551617", "1.5", "1e-400", "2.0", "-0.0", "1000", "1001"}
 
-var review4Strs = []string{``, `a`, `ab`, `abc`, `Zed`, `é`, `ééé`, `x`, `1`, `\u00e9`, `\ud83d\ude00`, `bad`}
+var hostileStrs = []string{``, `a`, `ab`, `abc`, `Zed`, `é`, `ééé`, `x`, `1`, `\u00e9`, `\ud83d\ude00`, `bad`}
 
-func review4Value(r *rand.Rand, b *bytes.Buffer, depth int) {
+func hostileValue(r *rand.Rand, b *bytes.Buffer, depth int) {
 	k := r.Intn(10)
 	if depth >= 5 && k >= 7 {
 		k = r.Intn(7)
 	}
 	switch k {
 	case 0, 1:
-		b.WriteString(review4Nums[r.Intn(len(review4Nums))])
+		b.WriteString(hostileNums[r.Intn(len(hostileNums))])
 	case 2, 3:
-		b.WriteString(`"` + review4Strs[r.Intn(len(review4Strs))] + `"`)
+		b.WriteString(`"` + hostileStrs[r.Intn(len(hostileStrs))] + `"`)
 	case 4:
 		b.WriteString([]string{"true", "false"}[r.Intn(2)])
 	case 5:
@@ -40,19 +40,19 @@ func review4Value(r *rand.Rand, b *bytes.Buffer, depth int) {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			review4Value(r, b, depth+1)
+			hostileValue(r, b, depth+1)
 		}
 		b.WriteByte(']')
 	default:
-		review4Object(r, b, depth)
+		hostileObject(r, b, depth)
 	}
 }
 
-func review4Object(r *rand.Rand, b *bytes.Buffer, depth int) {
+func hostileObject(r *rand.Rand, b *bytes.Buffer, depth int) {
 	b.WriteByte('{')
 	seen := map[string]bool{}
 	for i, n := 0, r.Intn(7); i < n; i++ {
-		name := review4Names[r.Intn(len(review4Names))]
+		name := hostileNames[r.Intn(len(hostileNames))]
 		if seen[name] && r.Intn(8) != 0 {
 			continue
 		}
@@ -65,17 +65,17 @@ func review4Object(r *rand.Rand, b *bytes.Buffer, depth int) {
 			key = `"\u` + strconv.FormatInt(int64(name[0])+0x10000, 16)[1:] + name[1:] + `"`
 		}
 		b.WriteString(key + ":")
-		review4Value(r, b, depth+1)
+		hostileValue(r, b, depth+1)
 	}
 	b.WriteByte('}')
 }
 
-// TestReview4HostileAgree: random bodies against the hostile schemas in
-// testdata/review4; the gate and the invalid path must give the full
+// TestHostileSchemasAgreeWithFullValidation: random bodies against the hostile schemas in
+// testdata/hostile; the gate and the invalid path must give the full
 // validation's error exactly.
-func TestReview4HostileAgree(t *testing.T) {
+func TestHostileSchemasAgreeWithFullValidation(t *testing.T) {
 	t.Parallel()
-	reg, err := Load(LoadOptions{Dir: filepath.Join("testdata", "review4"), NoEmbedded: true})
+	reg, err := Load(LoadOptions{Dir: filepath.Join("testdata", "hostile"), NoEmbedded: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +101,9 @@ func TestReview4HostileAgree(t *testing.T) {
 	for i := 0; i < n; i++ {
 		var b bytes.Buffer
 		if r.Intn(6) == 0 {
-			review4Value(r, &b, 0)
+			hostileValue(r, &b, 0)
 		} else {
-			review4Object(r, &b, 0)
+			hostileObject(r, &b, 0)
 		}
 		body := b.Bytes()
 		for _, c := range cases {
