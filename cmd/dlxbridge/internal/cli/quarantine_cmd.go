@@ -252,7 +252,7 @@ type filterFlags struct {
 func (f *filterFlags) register(fs *flag.FlagSet, states bool) {
 	fs.StringVar(&f.ids, "id", "", "record ids (or unique prefixes of at least 4), comma-separated")
 	fs.StringVar(&f.queue, "queue", "", "work queue (or quarantine queue)")
-	fs.StringVar(&f.class, "class", "", "failure class: schema, permanent, transient, timeout, panic, crash-loop, expired, maxlen")
+	fs.StringVar(&f.class, "class", "", "failure class: "+classNames())
 	fs.StringVar(&f.reason, "reason-contains", "", "text in the quarantine reason")
 	fs.StringVar(&f.fingerprint, "fingerprint", "", "failure fingerprint (or a prefix)")
 	fs.StringVar(&f.typ, "type", "", "message type")
@@ -298,17 +298,22 @@ func (f *filterFlags) filter(now time.Time) (quarantine.Filter, error) {
 	return q, nil
 }
 
+// classNames lists the failure classes, for --class's help and errors.
+func classNames() string {
+	names := make([]string, 0, len(triage.Classes()))
+	for _, c := range triage.Classes() {
+		names = append(names, string(c))
+	}
+	return strings.Join(names, ", ")
+}
+
 // checkSelectors catches a typo before it selects nothing in silence: a
 // --class that is no class is refused (false); a --queue that the config
 // does not name is only warned about, since records of a queue since
 // removed from the config may still be in the stream.
 func checkSelectors(env *Env, sub string, f quarantine.Filter, cfg *config.Config) bool {
 	if f.Class != "" && !slices.Contains(triage.Classes(), triage.Class(f.Class)) {
-		names := make([]string, 0, len(triage.Classes()))
-		for _, c := range triage.Classes() {
-			names = append(names, string(c))
-		}
-		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --class %q is not a failure class (%s)\n", sub, f.Class, strings.Join(names, ", "))
+		fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --class %q is not a failure class (%s)\n", sub, f.Class, classNames())
 		return false
 	}
 	if f.Queue == "" {
