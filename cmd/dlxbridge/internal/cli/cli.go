@@ -106,7 +106,7 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet, env *Env) {
-	fs.StringVar(&c.configPath, "config", "config.yaml", "path to the config file")
+	fs.StringVar(&c.configPath, "config", "config.yaml", "path to the config file ($RABBITMQ_MANAGEMENT_URL, when set, replaces its broker.management_url)")
 	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
 	fs.StringVar(&c.url, "url", "", "AMQP URL, or several nodes' URLs comma separated (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
 	fs.StringVar(&c.output, "output", "text", "output format: text or json")
