@@ -349,6 +349,10 @@ func (w *worker) takeOver(c *handlerCall, exited error) {
 	// Abandoned: never retried in process (its handler still holds a slot).
 	o, _ := w.handled(c.ctx, c.span, sessionDelivery{s: w.s, d: c.d}, c.d, &c.msg, &c.attempts, 0, herr, true)
 	w.settle(o)
+	// The abandoned handler may keep its context (c) for as long as it
+	// runs, or longer: as on a return in time (runHandler), c lets go of
+	// the delivery, which is its held and, through it, its session.
+	c.ctx, c.span, c.d, c.msg = nil, nil, nil, admitted{}
 	w.admission.release()
 	if w.looping {
 		w.work()
