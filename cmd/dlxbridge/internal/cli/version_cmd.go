@@ -70,6 +70,8 @@ func runVersion(_ context.Context, env *Env, args []string) int {
 				dirty = " (modified)"
 			}
 			fmt.Fprintf(env.Stdout, "revision  %s%s %s\n", bi.Revision, dirty, bi.Time)
+		} else {
+			fmt.Fprintln(env.Stdout, "revision  unknown (built without version control information: -buildvcs=false, or outside a git checkout)")
 		}
 		fmt.Fprintf(env.Stdout, "go        %s\n", bi.Go)
 		if bi.AMQP != "" {
