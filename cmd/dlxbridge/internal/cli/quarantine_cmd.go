@@ -757,13 +757,18 @@ func writeAudit(w io.Writer, events []quarantine.Event, wide, keyed bool, keyEnv
 		{name: "KIND", max: 15}, {name: "SIGNED", max: 8}, {name: "BY", max: 16}, {name: "RUN", wideOnly: true}, {name: "COUNTS", wideOnly: true},
 		{name: "FILTER", max: 18}, {name: "IDS", wideOnly: true}, {name: "REPAIR", wideOnly: true}, {name: "REASON", min: 16},
 	}}
-	unverified, ignored := 0, 0
+	unverified, ignored, verified, mismatched := 0, 0, 0, 0
 	for _, e := range events {
 		switch {
 		case e.Ignored:
 			ignored++
 		case !e.Verified:
 			unverified++
+		}
+		if e.Verified {
+			verified++
+		} else if strings.Contains(e.Unverified, "does not match") {
+			mismatched++
 		}
 		counts := make([]string, 0, len(e.Counts))
 		for k, v := range e.Counts {
@@ -787,6 +792,10 @@ func writeAudit(w io.Writer, events []quarantine.Event, wide, keyed bool, keyEnv
 		notes = append(notes, fmt.Sprintf("?: not verified: $%s is unset, so no signature was checked and every event counts; BY and the rest are the event's word", keyEnv))
 	case unverified > 0:
 		notes = append(notes, fmt.Sprintf("?: %d event(s) without a valid signature that no signed event precedes in its stream (an older version's, or a writer's without the key): counted, their word unverified", unverified))
+	}
+	if keyed && verified == 0 && mismatched > 0 {
+		// A mistyped key otherwise reads like no key at all.
+		notes = append(notes, fmt.Sprintf("KEY: none of the %d signed event(s) verifies with $%s: it is not the key that signed them (is it the runtime's and the other commands' key?)", mismatched, keyEnv))
 	}
 	if ignored > 0 {
 		notes = append(notes, fmt.Sprintf("UNSIGNED: %d event(s) without a valid signature after a signed one in its stream (a forgery, or a writer without the key): they change nothing", ignored))

@@ -380,7 +380,7 @@ func TestQuarantineAuditMarksAnUnsignedEvent(t *testing.T) {
 	t.Parallel()
 	b, cfg := setupQuarantine(t, map[string]int{"fp-s": 1, "fp-f": 1})
 	const key = "the operators' key, 32 bytes...."
-	keyed := func(code int, args ...string) string {
+	keyedWith := func(key string, code int, args ...string) string {
 		t.Helper()
 		var out, errOut bytes.Buffer
 		env := &cli.Env{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string {
@@ -397,6 +397,7 @@ func TestQuarantineAuditMarksAnUnsignedEvent(t *testing.T) {
 		}
 		return out.String()
 	}
+	keyed := func(code int, args ...string) string { t.Helper(); return keyedWith(key, code, args...) }
 	keyed(cli.ExitOK, "quarantine", "purge", "--fingerprint", "fp-s", "--reason", "signed by the operators")
 	var list struct {
 		Records []quarantine.Record `json:"records"`
@@ -437,6 +438,13 @@ func TestQuarantineAuditMarksAnUnsignedEvent(t *testing.T) {
 	}
 	if len(rows) != 2 {
 		t.Fatalf("%d purged events listed, want 2:\n%s", len(rows), audit)
+	}
+	if strings.Contains(audit, "KEY:") {
+		t.Errorf("audit with the right key says the key is wrong:\n%s", audit)
+	}
+	// A mistyped key is told so, not read as no key.
+	if wrong := keyedWith("a mistyped key, also 32 bytes...", cli.ExitOK, "quarantine", "audit"); !strings.Contains(wrong, "KEY: none of the") {
+		t.Errorf("audit with a key that signed nothing does not say so:\n%s", wrong)
 	}
 	state := func(out string) string {
 		for _, line := range strings.Split(out, "\n") {
