@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	"github.com/dlxbridge/dlxbridge/internal/mgmtapi"
+	"github.com/dlxbridge/dlxbridge/internal/wireval"
 )
 
 // overridingPolicyKeys are the policy keys that change how a queue
@@ -25,11 +26,39 @@ var overridingPolicyKeys = map[string]string{
 	"max-age":                 ArgMaxAge,
 }
 
+// lowerWins are the policy keys of which the broker applies the lower of
+// the policy's value and the queue's argument.
+var lowerWins = map[string]bool{
+	"message-ttl": true, "delivery-limit": true, "max-length": true, "max-length-bytes": true, "expires": true,
+}
+
+// argumentApplies reports whether the queue's own argument want beats the
+// policy's value have for key: a lower-wins key whose argument is the
+// lower (for delivery-limit, a positive argument against a higher or
+// negative policy value: on 4.x a positive value beats -1). Operators set
+// such policies broker-wide (a delivery limit above 4.x's default of 20,
+// say); they change nothing on a dlxbridge queue that sets its own.
+func argumentApplies(key string, want, have any) bool {
+	if !lowerWins[key] || want == nil {
+		return false
+	}
+	a, ra := wireval.Int(want)
+	p, rp := wireval.Int(have)
+	if ra != wireval.IntOK || rp != wireval.IntOK || a < 0 {
+		return false
+	}
+	if key == "delivery-limit" && p < 0 {
+		return a > 0
+	}
+	return a <= p
+}
+
 // policyProblems reports every overriding key of the policy and operator
-// policy in effect on a queue. The broker reports a queue's policy with its
+// policy in effect on a queue, and as notes the lower-wins keys its own
+// arguments outrank. The broker reports a queue's policy with its
 // stats, a few seconds after the queue is declared; until then the policy
 // is found by matching the vhost's policies the way the broker does.
-func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Problem {
+func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) (ps, notes []Problem) {
 	type source struct {
 		name string
 		def  map[string]any
@@ -65,7 +94,6 @@ func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Pr
 			}
 		}
 	}
-	var ps []Problem
 	for _, s := range sources {
 		keys := make([]string, 0, len(s.def))
 		for k := range s.def {
@@ -77,9 +105,15 @@ func policyProblems(want QueueSpec, have *MgmtQueue, policies []MgmtPolicy) []Pr
 			if !ok {
 				continue
 			}
-			ps = append(ps, Problem{Kind: KindQueue, Object: queueObject(want.Name), Issue: IssuePolicy,
-				Arg: k, Want: FormatArg(want.Args[arg]), Have: FormatArg(s.def[k]), Policy: s.name})
+			p := Problem{Kind: KindQueue, Object: queueObject(want.Name), Issue: IssuePolicy,
+				Arg: k, Want: FormatArg(want.Args[arg]), Have: FormatArg(s.def[k]), Policy: s.name}
+			if argumentApplies(k, want.Args[arg], s.def[k]) {
+				p.Issue = IssuePolicyOutranked
+				notes = append(notes, p)
+				continue
+			}
+			ps = append(ps, p)
 		}
 	}
-	return ps
+	return ps, notes
 }

@@ -213,6 +213,10 @@ const (
 	// IssueFewerReplicas: fewer members than broker.replicas, though the
 	// cluster has the nodes for them.
 	IssueFewerReplicas Issue = "fewer replicas than configured"
+	// IssuePolicyOutranked: a policy sets a limit (TTL, length, delivery
+	// limit) higher than the queue's own argument; the broker applies the
+	// lower, the argument, so the policy changes nothing on this queue.
+	IssuePolicyOutranked Issue = "policy outranked by the queue's argument"
 )
 
 // Problem is one difference between the broker and the config.

@@ -130,7 +130,9 @@ func (in *Broker) verifyManagement(ctx context.Context, t *Topology, r *VerifyRe
 		ps, notes := queueProblems(q, have)
 		r.Problems = append(r.Problems, ps...)
 		r.Notes = append(r.Notes, notes...)
-		r.Problems = append(r.Problems, policyProblems(q, have, policies)...)
+		ps, notes = policyProblems(q, have, policies)
+		r.Problems = append(r.Problems, ps...)
+		r.Notes = append(r.Notes, notes...)
 		r.Problems = append(r.Problems, dropRisks(q, have)...)
 		if h, ok := have.Replicas(); ok && nodes < 0 && t.Replicas > h.Members {
 			if nodes, err = m.clusterNodes(ctx); err != nil {
