@@ -267,8 +267,10 @@ func TestPanickingHandlerEndsInQuarantine(t *testing.T) {
 }
 
 // A retry whose publish is unroutable (its lane queue was deleted) must not
-// ack the original: it is requeued, and the crash-loop guard quarantines it
-// once it has been delivered crash_loop_deliveries times. Nothing is lost.
+// ack the original before a copy is confirmed: the broker returns it, and
+// the message is quarantined at once, its reason naming the lane (see
+// retryQueueMissing), rather than requeued until the crash-loop guard
+// called it a crash loop. Nothing is lost; the handler ran once.
 func TestUnroutableRetryIsNotAckedAndNotLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil) // crash_loop_deliveries 2, delivery_limit 4
@@ -285,21 +287,19 @@ func TestUnroutableRetryIsNotAckedAndNotLost(t *testing.T) {
 		})))
 	})
 	b.publishJSON(map[string]any{"id": "j-6"}, amqp.Publishing{MessageId: "m-6"})
-	b.waitOutcome(OutcomeRequeued, 10*time.Second)
-	b.waitOutcome(OutcomeRequeued, 10*time.Second)
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
-	if n := calls.Load(); n != 2 {
-		t.Fatalf("handler ran %d times, want 2 (then the crash-loop guard)", n)
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
 	}
-	if got := testutil.ToFloat64(b.consumer.metrics.publishFailures.WithLabelValues(b.queue.Name, "retry")); got != 2 {
-		t.Fatalf("retry publish failures = %v, want 2", got)
+	if got := testutil.ToFloat64(b.consumer.metrics.publishFailures.WithLabelValues(b.queue.Name, "retry")); got != 1 {
+		t.Fatalf("retry publish failures = %v, want 1", got)
 	}
 	env, _ := quarantine.Read(ptr(b.quarantined()))
-	if env.Class != triage.ClassCrashLoop || env.MessageID != "m-6" || env.Attempts != 2 {
-		t.Fatalf("class %q message %q attempts %d (want crash-loop, m-6, 2)", env.Class, env.MessageID, env.Attempts)
+	if env.Class != triage.ClassTransient || env.MessageID != "m-6" || env.Attempts != 1 {
+		t.Fatalf("class %q message %q attempts %d (want transient, m-6, 1)", env.Class, env.MessageID, env.Attempts)
 	}
-	if notes := strings.Join(env.Notes, "; "); !strings.Contains(notes, "2 retry/quarantine publishes of this message failed") || !strings.Contains(notes, "unroutable") {
-		t.Fatalf("notes %q do not say the publishes failed", notes)
+	if !strings.Contains(env.Reason, "retry tier queue "+lane+" is missing") {
+		t.Fatalf("reason %q does not name the missing lane", env.Reason)
 	}
 	if d := b.queueDepth(b.queue.Name); d != 0 {
 		t.Fatalf("work queue holds %d, want 0", d)

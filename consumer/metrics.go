@@ -30,7 +30,10 @@ type metrics struct {
 	publishFailures *prometheus.CounterVec
 	publishConfirm  *prometheus.HistogramVec
 	deadLettered    *prometheus.CounterVec
-	reconnects      prometheus.Counter
+	// retryQueueMissing counts retries the broker returned because their
+	// retry queue is gone, by work queue and that queue's name.
+	retryQueueMissing *prometheus.CounterVec
+	reconnects        prometheus.Counter
 	// publishingBlocked is 1 while the broker blocks the publishing
 	// connection (connection.blocked: a memory or disk alarm).
 	publishingBlocked *prometheus.GaugeVec
@@ -89,6 +92,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dlxbridge_dead_lettered_total",
 			Help: "Failed deliveries that no retry or quarantine copy could carry, rejected without requeue so that the broker dead-letters them as received into the quarantine, by queue and reason (max_message_size: the body is over the broker's limit; frame_max: not even the bare envelope fits one frame).",
 		}, []string{"queue", "reason"}),
+		retryQueueMissing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dlxbridge_retry_queue_missing_total",
+			Help: "Retries the broker returned because no retry queue took them (the tier or lane queue, by name, was deleted or unbound; `dlxbridge topology apply` restores it), quarantined instead, by queue and retry_queue.",
+		}, []string{"queue", "retry_queue"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dlxbridge_reconnects_total",
 			Help: "Times the runtime lost its connection or a channel and reconnected.",
@@ -111,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"queue", "from", "to", "cause"}),
 	}
 	if err := telemetry.Register(reg, m.deliveries, m.handlerDuration, m.retries, m.immediate, m.quarantined,
-		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.reconnects, m.publishingBlocked, m.abandonedHandler,
+		m.validation, m.attemptsSuccess, m.publishFailures, m.publishConfirm, m.deadLettered, m.retryQueueMissing, m.reconnects, m.publishingBlocked, m.abandonedHandler,
 		m.breakerState, m.breakerTransitions); err != nil {
 		return nil, err
 	}

@@ -40,6 +40,12 @@ func (w *worker) sendCopy(o outcome) {
 		return
 	}
 	w.settling.Add(1)
+	w.publishCopy(o)
+}
+
+// publishCopy publishes o's copy for the settler. The caller holds a slot
+// of w.awaiting for it and counts it in w.settling.
+func (w *worker) publishCopy(o outcome) {
 	fo := o.failed
 	wait := w.q.metrics.confirmWait(fo.f.verdict.Action)
 	sent := time.Now()
@@ -253,6 +259,11 @@ type confirmation struct {
 func (w *worker) settler() {
 	defer close(w.settlerDone)
 	for c := range w.confirmed {
+		if q, ok := w.retryQueueMissing(c); ok {
+			// Its quarantine copy keeps the slot and the count.
+			go w.publishCopy(w.quarantineInstead(c.o, q, c.err))
+			continue
+		}
 		w.afterConfirm(c.o, c.err, c.at)
 		<-w.awaiting
 		w.settling.Done()

@@ -549,6 +549,12 @@ func (h *heldConfirmer) Publish(_ context.Context, _, _ string, p amqp.Publishin
 	h.held[p.MessageId] = confirmed
 }
 
+func (h *heldConfirmer) holds(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held[id] != nil
+}
+
 func (h *heldConfirmer) release(id string, err error) {
 	h.mu.Lock()
 	confirmed := h.held[id]
@@ -559,8 +565,8 @@ func (h *heldConfirmer) release(id string, err error) {
 
 // Publishes are pipelined: the worker goes on while confirms are awaited,
 // and each original is acked when its own confirm arrives, in whatever
-// order they come, or requeued when its publish was returned, nacked or
-// lost with its channel.
+// order they come, or requeued when its publish was returned (a retry's
+// quarantine copy too), nacked or lost with its channel.
 func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 	t.Parallel()
 	b := newSettleBundle(t, frame.DefaultFrameSize)
@@ -597,6 +603,14 @@ func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 		{"m-2", amqpx.ErrPublisherClosed, "requeue"},
 	}
 	for i, c := range confirms {
+		if c.id == "m-5" {
+			// A returned retry is sent again as its quarantine copy
+			// (retryQueueMissing); that copy returned too is requeued.
+			held.release(c.id, c.err)
+			for deadline := time.Now().Add(5 * time.Second); !held.holds(c.id) && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}
 		held.release(c.id, c.err)
 		for deadline := time.Now().Add(5 * time.Second); ackers[c.id].log() == "" && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)

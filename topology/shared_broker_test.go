@@ -56,13 +56,10 @@ func withManagement(t *testing.T, env *brokertest.Env, conn *amqp.Connection) *t
 	return in
 }
 
-// Verify checks the shared objects like the config's own: the return
-// exchange internal with its alternate exchange, and no binding on the
-// shared exchanges that takes retries somewhere else. Another config's
-// tier and work queue bound there the way the runtime binds them are not
-// drift; a queue bound to the return exchange under a work queue's name is.
-func TestVerifyChecksTheSharedTiers(t *testing.T) {
-	t.Parallel()
+// appliedShared applies sharedConfig on shared tiers named from the test's
+// prefix, and returns the broker with the management API.
+func appliedShared(t *testing.T) (*brokertest.Env, *topology.Broker, *topology.Topology) {
+	t.Helper()
 	env := brokertest.Require(t)
 	conn := env.Dial("topology")
 	in := withManagement(t, env, conn)
@@ -70,10 +67,21 @@ func TestVerifyChecksTheSharedTiers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if _, err := in.Apply(ctx, topo); err != nil {
+	if _, err := in.Apply(context.Background(), topo); err != nil {
 		t.Fatal(err)
 	}
+	return env, in, topo
+}
+
+// Verify checks the shared objects like the config's own: the return
+// exchange internal with its alternate exchange, and no binding on the
+// shared exchanges that takes retries somewhere else. Another config's
+// tier and work queue bound there the way the runtime binds them are not
+// drift; a queue bound to the return exchange under a work queue's name is.
+func TestVerifyChecksTheSharedTiers(t *testing.T) {
+	t.Parallel()
+	env, in, topo := appliedShared(t)
+	ctx := context.Background()
 	r, err := in.Verify(ctx, topo)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,59 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel/codes"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/triage"
+)
+
+// retryQueueMissing reports the retry queue c's copy was for, when c is a
+// retry the broker returned: its exchange routed it to no queue, because
+// that tier's (or lane's) queue was deleted or unbound, by hand or by a
+// `topology delete` of another config. Requeued, as other failed publishes
+// are, the message would run its handler again at every delivery, each
+// retry returned the same way, until the crash-loop guard quarantined it
+// as a crash loop, naming neither the cause nor the fix. No other queue
+// can take the retry without changing its delay behind the handler's
+// back, so the caller quarantines it instead (quarantineInstead): nothing
+// is lost, and the record says what to restore. Not while the runtime is
+// draining: afterConfirm leaves those to the channel close.
+func (w *worker) retryQueueMissing(c confirmation) (queue string, ok bool) {
+	if c.o.kind != kindRetry || !errors.Is(c.err, amqpx.ErrUnroutable) || w.s.handlerCtx.Err() != nil {
+		return "", false
+	}
+	v := c.o.failed.f.verdict
+	tiers := w.s.wq.Tiers // the route the retry was built for (see retryRoute)
+	if v.Tier < 0 || v.Tier >= len(tiers) || v.Lane < 0 || v.Lane >= len(tiers[v.Tier].Lanes) {
+		return "", false
+	}
+	return tiers[v.Tier].Lanes[v.Lane].Queue, true
+}
+
+// quarantineInstead turns o, a retry returned for want of retry queue
+// queue (err), into the quarantine copy of the same failure, whose reason
+// names the missing queue; logged and counted by that name. A quarantine
+// copy that cannot be built is settled as its failed publish (see
+// publishCopy), as buildCopy's would be.
+func (w *worker) quarantineInstead(o outcome, queue string, err error) outcome {
+	fo := o.failed
+	fo.out.span.RecordError(err)
+	fo.out.span.SetStatus(codes.Error, err.Error())
+	fo.out.span.End()
+	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, "retry").Inc()
+	w.deps.metrics.retryQueueMissing.WithLabelValues(w.q.cfg.Name, queue).Inc()
+	fo.log.Error("retry tier queue is missing: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue)",
+		"retry_queue", queue, "exchange", fo.out.b.exchange, "error", err)
+	f := fo.f
+	f.verdict.Action = triage.ActionQuarantine
+	f.verdict.Reason = fmt.Sprintf("%s; not retried: the retry tier queue %s is missing (the broker routed the retry to no queue; run `dlxbridge topology apply` to restore it)",
+		f.verdict.Reason, queue)
+	o.settled.noteFailure(f)
+	out, perr := w.prepare(o.ctx, o.span, o.d, f, panicStack(f.err))
+	o.kind = kindQuarantine
+	fo.f, fo.out, fo.err = f, out, perr
+	return o
+}
