@@ -266,6 +266,12 @@ func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, bloc
 	qs := &queueSession{deps: qr.deps, q: qr, wq: retryRoute(conn, wq, qr.deps.log), isRetry: retryQueues(wq), carriedCounts: carriedCounts,
 		pubConn: pubConn, blocking: blocking, maxSize: maxSize, ch: ch, tag: tag, handlerCtx: hctx, cancelHandler: cancel,
 		stopping: make(chan struct{}), cancelled: make(chan struct{}), fed: make(chan fedDelivery)}
+	// Each retry queue's series exists at 0 from the start, as forQueue's
+	// do, so that an increase() alert sees the first retry a missing queue
+	// returns.
+	for name := range qs.isRetry {
+		qr.deps.metrics.retryQueueMissing.WithLabelValues(qr.cfg.Name, name)
+	}
 	qs.acks = newAckWindow(qs.settle, qr.cfg.Consumer.Prefetch, qr.cfg.Consumer.Concurrency)
 	qs.sub = &subscription{qs: qs}
 	// A session that starts while the queue's breaker is open consumes

@@ -68,6 +68,10 @@ func retryToAMissingTierQueue(t *testing.T, layout string) {
 	if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, lane)); n != 1 {
 		t.Errorf("dlxbridge_retry_queue_missing_total{queue=%s,retry_queue=%s} = %v, want 1", m.Name, lane, n)
 	}
+	// Every retry queue's series was there at 0 before its first event.
+	if n, want := testutil.CollectAndCount(c.metrics.retryQueueMissing), len(retryQueues(&w.topo.Work[0])); n != want {
+		t.Errorf("dlxbridge_retry_queue_missing_total has %d series, want one per retry queue (%d)", n, want)
+	}
 	select {
 	case a := <-calls:
 		t.Fatalf("the handler ran again: %+v", a)
