@@ -45,12 +45,16 @@ func (w *worker) quarantineInstead(o outcome, queue string, err error) outcome {
 	fo.out.span.End()
 	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, "retry").Inc()
 	w.deps.metrics.retryQueueMissing.WithLabelValues(w.q.cfg.Name, queue).Inc()
-	fo.log.Error("retry tier queue is missing: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue)",
-		"retry_queue", queue, "exchange", fo.out.b.exchange, "error", err)
+	fo.log.Error("retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue and its binding)",
+		"retry_queue", queue, "exchange", fo.out.b.exchange, "routing_key", fo.out.b.key, "error", err)
 	f := fo.f
 	f.verdict.Action = triage.ActionQuarantine
-	f.verdict.Reason = fmt.Sprintf("%s; not retried: the retry tier queue %s is missing (the broker routed the retry to no queue; run `dlxbridge topology apply` to restore it)",
-		f.verdict.Reason, queue)
+	// The record outlives the log line: it names the binding as well,
+	// since the broker returns the retry just the same when the queue is
+	// there but unbound, and "missing" alone would send whoever finds the
+	// queue in its place looking for something else.
+	f.verdict.Reason = fmt.Sprintf("%s; not retried: the retry tier queue %s is missing, or not bound to exchange %s with key %s (the broker routed the retry to no queue; run `dlxbridge topology apply` to restore it)",
+		f.verdict.Reason, queue, fo.out.b.exchange, fo.out.b.key)
 	o.settled.noteFailure(f)
 	out, perr := w.prepare(o.ctx, o.span, o.d, f, panicStack(f.err))
 	o.kind = kindQuarantine

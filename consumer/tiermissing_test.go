@@ -17,56 +17,82 @@ import (
 )
 
 // A retry whose tier queue was deleted (by hand, or a `topology delete`
-// of another config) is returned by the broker: no queue would hold it.
-// The message is quarantined at once, its handler called once, with a
-// reason that names the missing queue and the command that restores it;
-// not requeued until the crash-loop guard quarantines it as a crash loop
+// of another config), or is there but unbound from the retry exchange, is
+// returned by the broker: no queue would hold it. The message is
+// quarantined at once, its handler called once, with a reason that names
+// the queue, the binding and the command that restores them (the queue
+// alone would send whoever finds it in its place looking elsewhere); not
+// requeued until the crash-loop guard quarantines it as a crash loop
 // (which runs the handler again at every delivery and says nothing of the
-// cause). The metric names the missing queue too. The same for a queue's
-// own lanes.
+// cause). The metric names the missing queue too, and the record is the
+// runtime's own (verified, the handler's class, one attempt). Once
+// `topology apply` restores the tier, the same consumer, not restarted,
+// retries through it again. The same for a queue's own lanes.
 func TestARetryToAMissingTierQueueIsQuarantinedNamingIt(t *testing.T) {
 	t.Parallel()
 	for _, layout := range []string{config.TierQueuesShared, config.TierQueuesPerQueue} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			retryToAMissingTierQueue(t, layout)
-		})
+		for _, how := range []string{"deleted", "unbound"} {
+			t.Run(layout+"/"+how, func(t *testing.T) {
+				t.Parallel()
+				retryToAMissingTierQueue(t, layout, how)
+			})
+		}
 	}
 }
 
-func retryToAMissingTierQueue(t *testing.T, layout string) {
+func retryToAMissingTierQueue(t *testing.T, layout, how string) {
 	env := brokertest.Require(t)
 	w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.TierQueues = layout }, "m")
 	m := w.queue("m")
-	lane := w.topo.Work[0].Tiers[0].Lanes[0].Queue
-	if _, err := env.Channel("delete").QueueDelete(lane, false, false, false); err != nil {
+	wq := w.topo.Work[0]
+	lane := wq.Tiers[0].Lanes[0]
+	ch := env.Channel("break")
+	var err error
+	if how == "deleted" {
+		_, err = ch.QueueDelete(lane.Queue, false, false, false)
+	} else {
+		err = ch.QueueUnbind(lane.Queue, lane.RoutingKey, wq.RetryExchange, nil)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	calls := make(chan arrival, 64)
 	var c *Consumer
 	settled, _ := w.run([]string{"m"}, func(cc *Consumer) { c = cc; failOnce(calls, m.Name)(cc) })
+	next := func(id string) Settled {
+		t.Helper()
+		for deadline := time.After(20 * time.Second); ; {
+			select {
+			case s := <-settled:
+				if s.MessageID == id {
+					return s
+				}
+			case <-deadline:
+				t.Fatalf("%s not settled", id)
+			}
+		}
+	}
 	w.publish("m", "m-1", nil)
 
 	first := waitArrival(t, calls, 15*time.Second)
 	if first.attempt != 1 {
 		t.Fatalf("first call: %+v", first)
 	}
-	var s Settled
-	select {
-	case s = <-settled:
-	case <-time.After(20 * time.Second):
-		t.Fatal("not settled")
-	}
+	s := next("m-1")
 	if s.Outcome != OutcomeQuarantined || s.Class == triage.ClassCrashLoop {
 		t.Fatalf("settled as %s (class %s, reason %q, settle error %v), want quarantined at once, not requeued into a crash loop", s.Outcome, s.Class, s.Reason, s.SettleErr)
 	}
-	for _, want := range []string{"retry tier queue " + lane + " is missing", "dlxbridge topology apply"} {
+	for _, want := range []string{
+		"retry tier queue " + lane.Queue + " is missing",
+		"or not bound to exchange " + wq.RetryExchange + " with key " + lane.RoutingKey,
+		"dlxbridge topology apply",
+	} {
 		if !strings.Contains(s.Reason, want) {
 			t.Errorf("reason %q does not say %q", s.Reason, want)
 		}
 	}
-	if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, lane)); n != 1 {
-		t.Errorf("dlxbridge_retry_queue_missing_total{queue=%s,retry_queue=%s} = %v, want 1", m.Name, lane, n)
+	if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, lane.Queue)); n != 1 {
+		t.Errorf("dlxbridge_retry_queue_missing_total{queue=%s,retry_queue=%s} = %v, want 1", m.Name, lane.Queue, n)
 	}
 	select {
 	case a := <-calls:
@@ -85,8 +111,24 @@ func retryToAMissingTierQueue(t *testing.T, layout string) {
 		}
 		return rec != nil
 	})
-	if rec.Queue != m.Name || !strings.Contains(rec.Envelope.Reason, "retry tier queue "+lane+" is missing") {
-		t.Fatalf("record of queue %q, reason %q", rec.Queue, rec.Envelope.Reason)
+	if e := rec.Envelope; rec.Queue != m.Name || !e.Verified || e.Class != triage.ClassTransient || e.Attempts != 1 || e.Reason != s.Reason {
+		t.Fatalf("record of queue %q: verified %v, class %q, attempts %d, reason %q (settled with %q)", rec.Queue, e.Verified, e.Class, e.Attempts, e.Reason, s.Reason)
+	}
+
+	// Restored, the tier takes the next retry.
+	applyTopology(t, env.Dial("restore"), w.topo)
+	w.publish("m", "m-2", nil)
+	if a := waitArrival(t, calls, 15*time.Second); a.id != "m-2" || a.attempt != 1 {
+		t.Fatalf("m-2 first call: %+v", a)
+	}
+	if s := next("m-2"); s.Outcome != OutcomeRetried || s.Tier != 0 {
+		t.Fatalf("m-2 settled as %s tier %d (%q, %v) after the apply, want retried through tier 0", s.Outcome, s.Tier, s.Reason, s.SettleErr)
+	}
+	if a := waitArrival(t, calls, 15*time.Second); a.id != "m-2" || a.attempt != 2 || a.lane != lane.Queue {
+		t.Fatalf("m-2 came back as %+v, want attempt 2 through %s", a, lane.Queue)
+	}
+	if s := next("m-2"); s.Outcome != OutcomeAcked {
+		t.Fatalf("m-2 settled as %s on its retry", s.Outcome)
 	}
 }
 
