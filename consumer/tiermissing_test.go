@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +164,53 @@ func TestSettleQuarantinesARetryReturnedForWantOfItsQueue(t *testing.T) {
 		if r := b.settled[0].Reason; !strings.Contains(r, "retry tier queue "+lane.Queue+" is missing") {
 			t.Errorf("reason %q", r)
 		}
+	}
+}
+
+// The tier queue and the quarantine intake both gone: the retry is
+// returned, and so is its quarantine copy. Nothing may be lost: the
+// original is requeued (not acked), and once `topology apply` restores
+// both, the same consumer retries it through the tier and handles it.
+func TestARetryReturnedWithItsQuarantineCopyIsRequeuedUntilApply(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	w := newSharedWorld(t, env, func(q *config.Queue) {
+		// Room for the deliveries spent before the apply: neither the
+		// crash-loop guard nor the delivery limit may end it meanwhile.
+		q.DeliveryLimit, q.Consumer.CrashLoopDeliveries = 20, 10
+	}, "m")
+	m := w.queue("m")
+	lane := w.topo.Work[0].Tiers[0].Lanes[0]
+	ch := env.Channel("delete")
+	for _, q := range []string{lane.Queue, m.Quarantine.Queue} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := make(chan arrival, 64)
+	settled, _ := w.run([]string{"m"}, failOnce(calls, m.Name))
+	w.publish("m", "m-1", nil)
+	var s Settled
+	select {
+	case s = <-settled:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not settled")
+	}
+	if s.Outcome != OutcomeRequeued || !errors.Is(s.SettleErr, amqpx.ErrUnroutable) {
+		t.Fatalf("settled as %s (%v), want requeued: the quarantine copy was returned too", s.Outcome, s.SettleErr)
+	}
+	applyTopology(t, env.Dial("restore"), w.topo)
+	for deadline := time.After(30 * time.Second); s.Outcome != OutcomeAcked; {
+		select {
+		case s = <-settled:
+			if s.Outcome != OutcomeRequeued && s.Outcome != OutcomeRetried && s.Outcome != OutcomeAcked {
+				t.Fatalf("settled as %s (%q, %v) after the apply, want retried then acked", s.Outcome, s.Reason, s.SettleErr)
+			}
+		case <-deadline:
+			t.Fatalf("not handled after the apply; last settled as %s", s.Outcome)
+		}
+	}
+	if s.Attempt != 2 {
+		t.Fatalf("acked on attempt %d, want 2 (through the restored tier)", s.Attempt)
 	}
 }
