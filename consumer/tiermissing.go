@@ -35,9 +35,9 @@ func (w *worker) retryQueueMissing(c confirmation) (queue string, ok bool) {
 
 // quarantineInstead turns o, a retry returned for want of retry queue
 // queue (err), into the quarantine copy of the same failure, whose reason
-// names the missing queue; logged and counted by that name. A quarantine
-// copy that cannot be built is settled as its failed publish (see
-// publishCopy), as buildCopy's would be.
+// names the missing queue; counted by that name, and logged (sampled). A
+// quarantine copy that cannot be built is settled as its failed publish
+// (see publishCopy), as buildCopy's would be.
 func (w *worker) quarantineInstead(o outcome, queue string, err error) outcome {
 	fo := o.failed
 	fo.out.span.RecordError(err)
@@ -45,8 +45,14 @@ func (w *worker) quarantineInstead(o outcome, queue string, err error) outcome {
 	fo.out.span.End()
 	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, "retry").Inc()
 	w.deps.metrics.retryQueueMissing.WithLabelValues(w.q.cfg.Name, queue).Inc()
-	fo.log.Error("retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue and its binding)",
-		"retry_queue", queue, "exchange", fo.out.b.exchange, "routing_key", fo.out.b.key, "error", err)
+	// Every retry for that queue comes back so while it is gone: each
+	// message's "quarantined" line has the reason and the metric counts
+	// them all, so this line is sampled, as the gate's report-mode lines
+	// are, rather than double the log in a storm of failures.
+	if ok, suppressed := w.q.missingTierLog.allow(w.deps.cfg.Now()); ok {
+		fo.log.Error("retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue and its binding)",
+			"retry_queue", queue, "exchange", fo.out.b.exchange, "routing_key", fo.out.b.key, "error", err, "suppressed_since_last", suppressed)
+	}
 	f := fo.f
 	f.verdict.Action = triage.ActionQuarantine
 	// The record outlives the log line: it names the binding as well,

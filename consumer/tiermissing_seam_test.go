@@ -3,11 +3,14 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -102,5 +105,44 @@ func TestAReturnedRetryWhoseQuarantineCopyIsOverTheLimitIsDeadLettered(t *testin
 	var ol *overLimitError
 	if s := b.settled[0]; !errors.As(s.SettleErr, &ol) || !strings.Contains(s.Reason, "retry tier queue") {
 		t.Fatalf("settle error %v, reason %q", s.SettleErr, s.Reason)
+	}
+}
+
+// A tier queue gone under a storm of failures: every retry for it is
+// returned. Each message is quarantined and counted, and its own
+// "quarantined" line has the reason, but the error line that says the
+// tier is gone is sampled like the gate's report-mode lines (at most
+// reportLogBurst per window and queue, with what it held back): one error
+// line per message as well would double the log at the worst moment.
+func TestRetriesReturnedForAMissingTierAreLoggedSampled(t *testing.T) {
+	t.Parallel()
+	const n = 3 * reportLogBurst
+	b := newSettleBundle(t, frame.DefaultFrameSize)
+	logs := &syncBuffer{}
+	b.w.deps.log = slog.New(slog.NewJSONHandler(logs, nil))
+	lane := b.w.s.wq.Tiers[1].Lanes[0]
+	b.out.fail = func(p published) error {
+		if p.key == lane.RoutingKey {
+			return &amqpx.ReturnedError{ReplyCode: 312, ReplyText: "NO_ROUTE"}
+		}
+		return nil
+	}
+	for i := range n {
+		d := delivery()
+		d.MessageId, d.DeliveryTag = fmt.Sprintf("m-%d", i), uint64(i+1)
+		b.settle(context.Background(), &fakeAcker{}, d, retryFailure())
+	}
+	if got := strings.Count(strings.Join(b.outcomes(), ","), string(OutcomeQuarantined)); got != n {
+		t.Fatalf("%d of %d quarantined: %v", got, n, b.outcomes())
+	}
+	if got := testutil.ToFloat64(b.w.deps.metrics.retryQueueMissing.WithLabelValues(settleQueue, lane.Queue)); got != n {
+		t.Fatalf("dlxbridge_retry_queue_missing_total = %v, want %d", got, n)
+	}
+	const msg = "retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue and its binding)"
+	if got := len(logs.records(t, msg)); got != reportLogBurst {
+		t.Fatalf("%d error lines for %d returned retries, want %d (sampled)", got, n, reportLogBurst)
+	}
+	if got := len(logs.records(t, "quarantined")); got != n {
+		t.Fatalf("%d quarantined lines, want %d", got, n)
 	}
 }
