@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/dlxbridge/dlxbridge/config"
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
@@ -15,6 +16,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
 	"github.com/dlxbridge/dlxbridge/triage"
+	"github.com/dlxbridge/dlxbridge/wire"
 )
 
 // A retry whose tier queue was deleted (by hand, or a `topology delete`
@@ -102,16 +104,7 @@ func retryToAMissingTierQueue(t *testing.T, layout, how string) {
 	}
 
 	// The record in the queue's quarantine says it too.
-	in := &quarantine.Inspector{Conn: env.Dial("inspect"), Config: w.all}
-	var rec *quarantine.Record
-	snapshotUntil(t, in, 20*time.Second, func(snap *quarantine.Snapshot) bool {
-		for _, r := range snap.Records {
-			if r.Properties.MessageID == "m-1" {
-				rec = r
-			}
-		}
-		return rec != nil
-	})
+	rec := w.record("m-1")
 	if e := rec.Envelope; rec.Queue != m.Name || !e.Verified || e.Class != triage.ClassTransient || e.Attempts != 1 || e.Reason != s.Reason {
 		t.Fatalf("record of queue %q: verified %v, class %q, attempts %d, reason %q (settled with %q)", rec.Queue, e.Verified, e.Class, e.Attempts, e.Reason, s.Reason)
 	}
@@ -213,4 +206,72 @@ func TestARetryReturnedWithItsQuarantineCopyIsRequeuedUntilApply(t *testing.T) {
 	if s.Attempt != 2 {
 		t.Fatalf("acked on attempt %d, want 2 (through the restored tier)", s.Attempt)
 	}
+}
+
+// A producer's headers do not steer the quarantine-instead path: a CC and
+// a BCC naming the other tier's routing key (which would take a retry
+// there and hide the missing tier), an unsigned attempt count and an
+// x-death that claims the other tier. The retry is for tier 0, as for any
+// first failure; it is returned for want of tier 0's queue, and the
+// record names that queue and says attempt 1. The other tier gets nothing.
+func TestProducerHeadersDoNotSteerARetryToAMissingTier(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{config.TierQueuesShared, config.TierQueuesPerQueue} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			env := brokertest.Require(t)
+			w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.TierQueues = layout }, "m")
+			m := w.queue("m")
+			tiers := w.topo.Work[0].Tiers
+			gone, other := tiers[0].Lanes[0], tiers[1].Lanes[0]
+			if _, err := env.Channel("delete").QueueDelete(gone.Queue, false, false, false); err != nil {
+				t.Fatal(err)
+			}
+			calls := make(chan arrival, 64)
+			var c *Consumer
+			settled, _ := w.run([]string{"m"}, func(cc *Consumer) { c = cc; failOnce(calls, m.Name)(cc) })
+			w.publish("m", "m-1", amqp.Table{
+				wire.HeaderCC: []any{other.RoutingKey}, wire.HeaderBCC: []any{other.RoutingKey},
+				wire.HeaderAttempts: int64(1),
+				wire.HeaderXDeath: []any{amqp.Table{wire.XDeathQueue: other.Queue, wire.XDeathReason: "expired", wire.XDeathCount: int64(1),
+					wire.XDeathExchange: "", wire.XDeathRoutingKeys: []any{m.Name}}},
+			})
+			var s Settled
+			select {
+			case s = <-settled:
+			case <-time.After(20 * time.Second):
+				t.Fatal("not settled")
+			}
+			if s.Outcome != OutcomeQuarantined || s.Attempt != 1 || !strings.Contains(s.Reason, "retry tier queue "+gone.Queue+" is missing") {
+				t.Fatalf("settled as %s, attempt %d, reason %q (%v); want quarantined on attempt 1 naming %s", s.Outcome, s.Attempt, s.Reason, s.SettleErr, gone.Queue)
+			}
+			rec := w.record("m-1")
+			if e := rec.Envelope; !e.Verified || e.Attempts != 1 || e.Reason != s.Reason {
+				t.Fatalf("record: verified %v, attempts %d, reason %q", e.Verified, e.Attempts, e.Reason)
+			}
+			if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, other.Queue)); n != 0 {
+				t.Fatalf("the other tier %s counted as missing %v times", other.Queue, n)
+			}
+			if d := depth(t, env.Channel("depth"), other.Queue); d != 0 {
+				t.Fatalf("the other tier %s holds %d", other.Queue, d)
+			}
+		})
+	}
+}
+
+// record is the quarantine record of the message with id, once the
+// world's quarantines show it.
+func (w *sharedWorld) record(id string) *quarantine.Record {
+	w.t.Helper()
+	in := &quarantine.Inspector{Conn: w.env.Dial("inspect"), Config: w.all}
+	var rec *quarantine.Record
+	snapshotUntil(w.t, in, 20*time.Second, func(snap *quarantine.Snapshot) bool {
+		for _, r := range snap.Records {
+			if r.Properties.MessageID == id {
+				rec = r
+			}
+		}
+		return rec != nil
+	})
+	return rec
 }
