@@ -138,7 +138,7 @@ func TestRetriesReturnedForAMissingTierAreLoggedSampled(t *testing.T) {
 	if got := testutil.ToFloat64(b.w.deps.metrics.retryQueueMissing.WithLabelValues(settleQueue, lane.Queue)); got != n {
 		t.Fatalf("dlxbridge_retry_queue_missing_total = %v, want %d", got, n)
 	}
-	const msg = "retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead (run `dlxbridge topology apply` to restore the queue and its binding)"
+	const msg = "retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead"
 	if got := len(logs.records(t, msg)); got != reportLogBurst {
 		t.Fatalf("%d error lines for %d returned retries, want %d (sampled)", got, n, reportLogBurst)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/brokertest"
 	"github.com/dlxbridge/dlxbridge/internal/frame"
 	"github.com/dlxbridge/dlxbridge/quarantine"
+	"github.com/dlxbridge/dlxbridge/topology"
 	"github.com/dlxbridge/dlxbridge/triage"
 	"github.com/dlxbridge/dlxbridge/wire"
 )
@@ -183,12 +184,7 @@ func TestARetryReturnedWithItsQuarantineCopyIsRequeuedUntilApply(t *testing.T) {
 	calls := make(chan arrival, 64)
 	settled, _ := w.run([]string{"m"}, failOnce(calls, m.Name))
 	w.publish("m", "m-1", nil)
-	var s Settled
-	select {
-	case s = <-settled:
-	case <-time.After(20 * time.Second):
-		t.Fatal("not settled")
-	}
+	s := nextSettled(t, settled)
 	if s.Outcome != OutcomeRequeued || !errors.Is(s.SettleErr, amqpx.ErrUnroutable) {
 		t.Fatalf("settled as %s (%v), want requeued: the quarantine copy was returned too", s.Outcome, s.SettleErr)
 	}
@@ -236,12 +232,7 @@ func TestProducerHeadersDoNotSteerARetryToAMissingTier(t *testing.T) {
 				wire.HeaderXDeath: []any{amqp.Table{wire.XDeathQueue: other.Queue, wire.XDeathReason: "expired", wire.XDeathCount: int64(1),
 					wire.XDeathExchange: "", wire.XDeathRoutingKeys: []any{m.Name}}},
 			})
-			var s Settled
-			select {
-			case s = <-settled:
-			case <-time.After(20 * time.Second):
-				t.Fatal("not settled")
-			}
+			s := nextSettled(t, settled)
 			if s.Outcome != OutcomeQuarantined || s.Attempt != 1 || !strings.Contains(s.Reason, "retry tier queue "+gone.Queue+" is missing") {
 				t.Fatalf("settled as %s, attempt %d, reason %q (%v); want quarantined on attempt 1 naming %s", s.Outcome, s.Attempt, s.Reason, s.SettleErr, gone.Queue)
 			}
@@ -274,4 +265,53 @@ func (w *sharedWorld) record(id string) *quarantine.Record {
 		return rec != nil
 	})
 	return rec
+}
+
+// A runtime whose config moved to the shared tiers before they were
+// declared retries into the queue's own lanes for as long as its session
+// lasts (retryRoute), the apply notwithstanding. An own lane then gone
+// (`topology delete --retired` removes an empty one once the apply has
+// run; here deleted by hand) returns its retries, and the record must not
+// send the operator to `topology apply`, which has run and does not
+// declare a retired lane: it says to restart the runtime, which then
+// retries through the shared tiers.
+func TestARetryReturnedFromAnOwnLaneAfterTheMoveSaysRestart(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.TierQueues = config.TierQueuesPerQueue }, "moving")
+	own := w.topo.Work[0].Tiers[0].Lanes[0]
+	q := w.queue("moving")
+	q.Retry.TierQueues = config.TierQueuesShared
+	calls := make(chan arrival, 16)
+	settled, _ := w.run([]string{"moving"}, failOnce(calls, q.Name)) // before the apply: own lanes
+
+	conn := env.Dial("setup-shared")
+	shared, err := topology.BuildFor(w.all, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyTopology(t, conn, shared)
+	if _, err := env.Channel("delete").QueueDelete(own.Queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	w.publish("moving", "m-1", nil)
+	s := nextSettled(t, settled)
+	if s.Outcome != OutcomeQuarantined || !strings.Contains(s.Reason, "retry tier queue "+own.Queue+" is missing") {
+		t.Fatalf("settled as %s, reason %q (%v); want quarantined naming %s", s.Outcome, s.Reason, s.SettleErr, own.Queue)
+	}
+	if !strings.Contains(s.Reason, "restart") || strings.Contains(s.Reason, "run `dlxbridge topology apply` to restore it") {
+		t.Fatalf("reason %q: the apply has run and does not restore a retired lane; it should say to restart the runtime", s.Reason)
+	}
+}
+
+// nextSettled is the next outcome the consumer reports.
+func nextSettled(t *testing.T, settled <-chan Settled) Settled {
+	t.Helper()
+	select {
+	case s := <-settled:
+		return s
+	case <-time.After(20 * time.Second):
+		t.Fatal("not settled")
+		return Settled{}
+	}
 }
