@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -212,42 +213,33 @@ func TestARetryReturnedWithItsQuarantineCopyIsRequeuedUntilApply(t *testing.T) {
 // record names that queue and says attempt 1. The other tier gets nothing.
 func TestProducerHeadersDoNotSteerARetryToAMissingTier(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{config.TierQueuesShared, config.TierQueuesPerQueue} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			env := brokertest.Require(t)
-			w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.TierQueues = layout }, "m")
-			m := w.queue("m")
-			tiers := w.topo.Work[0].Tiers
-			gone, other := tiers[0].Lanes[0], tiers[1].Lanes[0]
-			if _, err := env.Channel("delete").QueueDelete(gone.Queue, false, false, false); err != nil {
-				t.Fatal(err)
-			}
-			calls := make(chan arrival, 64)
-			var c *Consumer
-			settled, _ := w.run([]string{"m"}, func(cc *Consumer) { c = cc; failOnce(calls, m.Name)(cc) })
-			w.publish("m", "m-1", amqp.Table{
-				wire.HeaderCC: []any{other.RoutingKey}, wire.HeaderBCC: []any{other.RoutingKey},
-				wire.HeaderAttempts: int64(1),
-				wire.HeaderXDeath: []any{amqp.Table{wire.XDeathQueue: other.Queue, wire.XDeathReason: "expired", wire.XDeathCount: int64(1),
-					wire.XDeathExchange: "", wire.XDeathRoutingKeys: []any{m.Name}}},
-			})
-			s := nextSettled(t, settled)
-			if s.Outcome != OutcomeQuarantined || s.Attempt != 1 || !strings.Contains(s.Reason, "retry tier queue "+gone.Queue+" is missing") {
-				t.Fatalf("settled as %s, attempt %d, reason %q (%v); want quarantined on attempt 1 naming %s", s.Outcome, s.Attempt, s.Reason, s.SettleErr, gone.Queue)
-			}
-			rec := w.record("m-1")
-			if e := rec.Envelope; !e.Verified || e.Attempts != 1 || e.Reason != s.Reason {
-				t.Fatalf("record: verified %v, attempts %d, reason %q", e.Verified, e.Attempts, e.Reason)
-			}
-			if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, other.Queue)); n != 0 {
-				t.Fatalf("the other tier %s counted as missing %v times", other.Queue, n)
-			}
-			if d := depth(t, env.Channel("depth"), other.Queue); d != 0 {
-				t.Fatalf("the other tier %s holds %d", other.Queue, d)
-			}
+	withoutTier0(t, func(t *testing.T, env *brokertest.Env, w *sharedWorld, m *config.Queue) {
+		tiers := w.topo.Work[0].Tiers
+		gone, other := tiers[0].Lanes[0], tiers[1].Lanes[0]
+		calls := make(chan arrival, 64)
+		var c *Consumer
+		settled, _ := w.run([]string{"m"}, func(cc *Consumer) { c = cc; failOnce(calls, m.Name)(cc) })
+		w.publish("m", "m-1", amqp.Table{
+			wire.HeaderCC: []any{other.RoutingKey}, wire.HeaderBCC: []any{other.RoutingKey},
+			wire.HeaderAttempts: int64(1),
+			wire.HeaderXDeath: []any{amqp.Table{wire.XDeathQueue: other.Queue, wire.XDeathReason: "expired", wire.XDeathCount: int64(1),
+				wire.XDeathExchange: "", wire.XDeathRoutingKeys: []any{m.Name}}},
 		})
-	}
+		s := nextSettled(t, settled)
+		if s.Outcome != OutcomeQuarantined || s.Attempt != 1 || !strings.Contains(s.Reason, "retry tier queue "+gone.Queue+" is missing") {
+			t.Fatalf("settled as %s, attempt %d, reason %q (%v); want quarantined on attempt 1 naming %s", s.Outcome, s.Attempt, s.Reason, s.SettleErr, gone.Queue)
+		}
+		rec := w.record("m-1")
+		if e := rec.Envelope; !e.Verified || e.Attempts != 1 || e.Reason != s.Reason {
+			t.Fatalf("record: verified %v, attempts %d, reason %q", e.Verified, e.Attempts, e.Reason)
+		}
+		if n := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, other.Queue)); n != 0 {
+			t.Fatalf("the other tier %s counted as missing %v times", other.Queue, n)
+		}
+		if d := depth(t, env.Channel("depth"), other.Queue); d != 0 {
+			t.Fatalf("the other tier %s holds %d", other.Queue, d)
+		}
+	})
 }
 
 // record is the quarantine record of the message with id, once the
@@ -313,5 +305,79 @@ func nextSettled(t *testing.T, settled <-chan Settled) Settled {
 	case <-time.After(20 * time.Second):
 		t.Fatal("not settled")
 		return Settled{}
+	}
+}
+
+// A storm against a missing tier: 100 messages over 4 workers with their
+// copies pipelined, every other one failing. Each failing one is
+// quarantined once and each other acked once, no delivery settled twice
+// (an ack twice would close the channel: the runtime would reconnect),
+// nothing left in the work queue, and one record per failing message.
+func TestAStormAgainstAMissingTierSettlesEachMessageOnce(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	withoutTier0(t, func(t *testing.T, env *brokertest.Env, w *sharedWorld, m *config.Queue) {
+		lane := w.topo.Work[0].Tiers[0].Lanes[0]
+		var c *Consumer
+		settled, _ := w.run([]string{"m"}, func(cc *Consumer) {
+			c = cc
+			must(t, cc.Handle(m.Name, testType, HandlerFunc(func(ctx context.Context, msg *Message) error {
+				var i int
+				fmt.Sscanf(msg.MessageID, "m-%d", &i)
+				if i%2 == 1 {
+					return errors.New("not now")
+				}
+				return nil
+			})))
+		})
+		for i := range n {
+			w.publish("m", fmt.Sprintf("m-%d", i), nil)
+		}
+		got := map[string][]Outcome{}
+		for range n {
+			s := nextSettled(t, settled)
+			got[s.MessageID] = append(got[s.MessageID], s.Outcome)
+		}
+		for i := range n {
+			id, want := fmt.Sprintf("m-%d", i), OutcomeAcked
+			if i%2 == 1 {
+				want = OutcomeQuarantined
+			}
+			if o := got[id]; len(o) != 1 || o[0] != want {
+				t.Errorf("%s settled as %v, want once %s", id, o, want)
+			}
+		}
+		select {
+		case s := <-settled:
+			t.Fatalf("settled again: %+v", s)
+		case <-time.After(500 * time.Millisecond): // a redelivery would come well within this
+		}
+		if r := testutil.ToFloat64(c.metrics.reconnects); r != 0 {
+			t.Fatalf("%v reconnects: a channel closed under the storm", r)
+		}
+		if got := testutil.ToFloat64(c.metrics.retryQueueMissing.WithLabelValues(m.Name, lane.Queue)); got != n/2 {
+			t.Fatalf("dlxbridge_retry_queue_missing_total = %v, want %d", got, n/2)
+		}
+		if d := depth(t, env.Channel("depth"), m.Name); d != 0 {
+			t.Fatalf("work queue holds %d", d)
+		}
+		in := &quarantine.Inspector{Conn: env.Dial("inspect"), Config: w.all}
+		snapshotUntil(t, in, 20*time.Second, func(snap *quarantine.Snapshot) bool { return len(openOf(snap, m.Name)) == n/2 })
+	})
+}
+
+// withoutTier0 runs f, in parallel, on the shared tiers and on per-queue
+// lanes: a world of one queue m whose tier 0 queue is deleted.
+func withoutTier0(t *testing.T, f func(t *testing.T, env *brokertest.Env, w *sharedWorld, m *config.Queue)) {
+	for _, layout := range []string{config.TierQueuesShared, config.TierQueuesPerQueue} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			env := brokertest.Require(t)
+			w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.TierQueues = layout }, "m")
+			if _, err := env.Channel("delete").QueueDelete(w.topo.Work[0].Tiers[0].Lanes[0].Queue, false, false, false); err != nil {
+				t.Fatal(err)
+			}
+			f(t, env, w, w.queue("m"))
+		})
 	}
 }
