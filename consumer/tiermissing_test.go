@@ -381,3 +381,40 @@ func withoutTier0(t *testing.T, f func(t *testing.T, env *brokertest.Env, w *sha
 		})
 	}
 }
+
+// Immediate retries, then a delayed retry returned for want of its tier:
+// the message is quarantined with the attempts made in process counted
+// (the handler ran twice: attempt 1 and its immediate retry), in the
+// record too, and the handler is not called again.
+func TestAnImmediateRetryThenAReturnedRetryCountsBothAttempts(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Require(t)
+	w := newSharedWorld(t, env, func(q *config.Queue) { q.Retry.ImmediateRetries = 1 }, "m")
+	m := w.queue("m")
+	ch := env.Channel("delete")
+	for _, tier := range w.topo.Work[0].Tiers {
+		if _, err := ch.QueueDelete(tier.Lanes[0].Queue, false, false, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := make(chan struct{}, 16)
+	settled, _ := w.run([]string{"m"}, func(c *Consumer) {
+		must(t, c.Handle(m.Name, testType, HandlerFunc(func(ctx context.Context, msg *Message) error {
+			calls <- struct{}{}
+			return errors.New("not now")
+		})))
+	})
+	w.publish("m", "m-1", nil)
+	s := nextSettled(t, settled)
+	if s.Outcome != OutcomeQuarantined || s.Attempt != 2 || !strings.Contains(s.Reason, "is missing") || len(calls) != 2 {
+		t.Fatalf("settled as %s on attempt %d after %d calls, reason %q; want quarantined on attempt 2 after 2 calls", s.Outcome, s.Attempt, len(calls), s.Reason)
+	}
+	if e := w.record("m-1").Envelope; !e.Verified || e.Attempts != 2 || e.Reason != s.Reason {
+		t.Fatalf("record: verified %v, attempts %d, reason %q", e.Verified, e.Attempts, e.Reason)
+	}
+	select {
+	case s := <-settled:
+		t.Fatalf("settled again: %+v", s)
+	case <-time.After(500 * time.Millisecond): // a requeue would be redelivered well within this
+	}
+}
