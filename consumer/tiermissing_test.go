@@ -418,3 +418,31 @@ func TestAnImmediateRetryThenAReturnedRetryCountsBothAttempts(t *testing.T) {
 	case <-time.After(500 * time.Millisecond): // a requeue would be redelivered well within this
 	}
 }
+
+// A message an upstream queue dead-lettered into the work queue after a
+// requeue (re-admitted on RabbitMQ 4.x: its count may be upstream's; on
+// 3.10 handled at once), whose handler then fails while tier 0's lane is
+// gone: quarantined at once naming the lane, the handler run once, one
+// attempt, and nothing left in the work queue.
+func TestAReadmittedMessageWhoseRetryIsReturnedIsQuarantinedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	lane := b.wq.Tiers[0].Lanes[0].Queue
+	if _, err := b.env.Channel("sabotage").QueueDelete(lane, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	calls := b.startFailing()
+	b.upstreamRejectWith("up", 1, amqp.Table{})
+	outcomes := b.settledPastReadmission()
+	t.Logf("broker %s: outcomes %v", b.env.ServerVersion, outcomes)
+	if n := calls.Load(); n != 1 || outcomes[len(outcomes)-1] != OutcomeQuarantined {
+		t.Fatalf("handler ran %d times, outcomes %v; want once, then quarantined", n, outcomes)
+	}
+	env, _ := quarantine.Read(ptr(b.quarantined()))
+	if env.Attempts != 1 || !strings.Contains(env.Reason, "retry tier queue "+lane+" is missing") {
+		t.Fatalf("attempts %d, reason %q", env.Attempts, env.Reason)
+	}
+	if d := b.queueDepth(b.queue.Name); d != 0 {
+		t.Fatalf("work queue holds %d, want 0", d)
+	}
+}
