@@ -3,10 +3,12 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +307,36 @@ func applyTopology(t testing.TB, conn *amqp.Connection, topo *topology.Topology)
 	defer cancel()
 	if _, err := (&topology.Broker{Conn: conn}).Apply(ctx, topo); err != nil {
 		t.Fatalf("apply topology: %v", err)
+	}
+}
+
+// startFailing starts the consumer with a handler that fails every call
+// (a transient error), and returns its count of calls.
+func (b *testBundle) startFailing() *atomic.Int32 {
+	var calls atomic.Int32
+	b.start(func(c *Consumer) {
+		must(b.t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			calls.Add(1)
+			return errors.New("transient")
+		})))
+	})
+	return &calls
+}
+
+// settledPastReadmission returns the outcomes up to the first that is not
+// a re-admission (4.x re-admits what an upstream queue dead-lettered).
+func (b *testBundle) settledPastReadmission() []Outcome {
+	b.t.Helper()
+	var outcomes []Outcome
+	for {
+		select {
+		case o := <-b.settled:
+			outcomes = append(outcomes, o)
+			if o != OutcomeReadmitted {
+				return outcomes
+			}
+		case <-time.After(15 * time.Second):
+			b.t.Fatalf("not settled within 15s (outcomes %v)", outcomes)
+		}
 	}
 }

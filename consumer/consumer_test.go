@@ -279,13 +279,7 @@ func TestUnroutableRetryIsNotAckedAndNotLost(t *testing.T) {
 	if _, err := ch.QueueDelete(lane, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	var calls atomic.Int32
-	b.start(func(c *Consumer) {
-		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
-			calls.Add(1)
-			return errors.New("transient")
-		})))
-	})
+	calls := b.startFailing()
 	b.publishJSON(map[string]any{"id": "j-6"}, amqp.Publishing{MessageId: "m-6"})
 	b.waitOutcome(OutcomeQuarantined, 10*time.Second)
 	if n := calls.Load(); n != 1 {

@@ -34,8 +34,10 @@ type queueRuntime struct {
 	// processSpan names the span of a delivery's processing.
 	processSpan string
 
-	// reportLog samples the gate's report-mode logs.
-	reportLog logSampler
+	// reportLog samples the gate's report-mode logs, and missingTierLog
+	// the error lines of retries returned for want of their queue
+	// (quarantineInstead).
+	reportLog, missingTierLog logSampler
 	// breaker pauses the queue while its dependency is down; nil when
 	// queues[].breaker is off (breaker.go).
 	breaker *queueBreaker
