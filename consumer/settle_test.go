@@ -536,8 +536,9 @@ func TestSessionSettlementWaitsForTheCancelOk(t *testing.T) {
 // heldConfirmer keeps each publish's confirm for the test to release, in
 // any order.
 type heldConfirmer struct {
-	mu   sync.Mutex
-	held map[string]func(error) // by message id
+	mu      sync.Mutex
+	held    map[string]func(error) // by message id
+	changed chan struct{}          // closed at the next publish
 }
 
 func (h *heldConfirmer) Publish(_ context.Context, _, _ string, p amqp.Publishing, confirmed func(error)) {
@@ -547,12 +548,33 @@ func (h *heldConfirmer) Publish(_ context.Context, _, _ string, p amqp.Publishin
 		h.held = map[string]func(error){}
 	}
 	h.held[p.MessageId] = confirmed
+	if h.changed != nil {
+		close(h.changed)
+		h.changed = nil
+	}
 }
 
-func (h *heldConfirmer) holds(id string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.held[id] != nil
+// await reports whether a publish of id is held, waiting up to timeout
+// for one.
+func (h *heldConfirmer) await(id string, timeout time.Duration) bool {
+	deadline := time.After(timeout)
+	for {
+		h.mu.Lock()
+		ok := h.held[id] != nil
+		if h.changed == nil {
+			h.changed = make(chan struct{})
+		}
+		changed := h.changed
+		h.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return false
+		}
+	}
 }
 
 func (h *heldConfirmer) release(id string, err error) {
@@ -607,8 +629,8 @@ func TestSettlePipelinedFinishesEachOnItsOwnConfirm(t *testing.T) {
 			// A returned retry is sent again as its quarantine copy
 			// (retryQueueMissing); that copy returned too is requeued.
 			held.release(c.id, c.err)
-			for deadline := time.Now().Add(5 * time.Second); !held.holds(c.id) && time.Now().Before(deadline); {
-				time.Sleep(time.Millisecond)
+			if !held.await(c.id, 5*time.Second) {
+				t.Fatalf("%s: the returned retry was not sent again as its quarantine copy", c.id)
 			}
 		}
 		held.release(c.id, c.err)
