@@ -262,11 +262,11 @@ func (w *worker) settler() {
 		if q, ok := w.retryQueueMissing(c); ok {
 			// Its quarantine copy keeps the slot and the count.
 			go w.publishCopy(w.quarantineInstead(c.o, q, c.err))
-			continue
+		} else {
+			w.afterConfirm(c.o, c.err, c.at)
+			<-w.awaiting
+			w.settling.Done()
 		}
-		w.afterConfirm(c.o, c.err, c.at)
-		<-w.awaiting
-		w.settling.Done()
 		if len(w.confirmed) == 0 {
 			// About to wait: its acks must not wait for a worker that may
 			// itself be waiting for a delivery.
