@@ -767,7 +767,9 @@ func writeAudit(w io.Writer, events []quarantine.Event, wide, keyed bool, keyEnv
 		}
 		if e.Verified {
 			verified++
-		} else if strings.Contains(e.Unverified, "does not match") {
+		} else if strings.HasPrefix(e.Unverified, wire.HeaderEventSignature+" does not match") {
+			// Signed, but not with this key (triage's problem text for an
+			// event signature that is there and differs).
 			mismatched++
 		}
 		counts := make([]string, 0, len(e.Counts))
