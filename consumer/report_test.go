@@ -1,0 +1,121 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// What the runtime says happened to a delivery (OnSettled, the metrics)
+// must be what happened at the broker: on-call people read these, not the
+// wire.
+
+// A delivery a worker takes past the drain deadline is not handled: it is
+// left for the channel close to requeue, and reported once, as abandoned
+// (OnSettled and dlxbridge_deliveries_total), never acked or rejected.
+// Before, it was reported nowhere.
+func TestADeliveryTakenPastTheDrainDeadlineIsReportedAbandoned(t *testing.T) {
+	t.Parallel()
+	var b *processBundle
+	b = newProcessBundle(t, nil, func(ctx context.Context, m *Message) error {
+		b.cancel() // the drain deadline passes while this one is handled
+		return nil
+	})
+	qs := b.w.s
+	// Both queued before the worker starts: once the first is handled, the
+	// worker takes the second at once, past the deadline.
+	qs.fed = make(chan fedDelivery, 2)
+	first, second := b.fed(), b.fed()
+	second.h.d.MessageId = "m-left"
+	qs.fed <- first
+	qs.fed <- second
+	qs.workers.Add(1)
+	go newWorker(qs, &fakeConfirmer{}).work()
+	qs.workers.Wait()
+	qs.acks.flush(true)
+	got := map[string]Outcome{}
+	for len(got) < 2 {
+		st := b.waitSettled(t)
+		if _, dup := got[st.MessageID]; dup {
+			t.Fatalf("%s reported twice", st.MessageID)
+		}
+		got[st.MessageID] = st.Outcome
+	}
+	if got["m-left"] != OutcomeAbandoned || got["m-0000001"] != OutcomeAcked {
+		t.Fatalf("outcomes %v; want m-0000001 acked, m-left abandoned", got)
+	}
+	m := b.w.deps.metrics
+	if n := testutil.ToFloat64(m.deliveries.WithLabelValues("orders", string(OutcomeAbandoned))); n != 1 {
+		t.Errorf("deliveries_total{outcome=abandoned} = %v, want 1", n)
+	}
+	if n := qs.unsettled.Load(); n != 1 {
+		t.Errorf("the session counted %d deliveries left unsettled, want 1", n)
+	}
+}
+
+// The feeder holds a delivery it cannot hand to a worker when the drain
+// deadline passes: it is left for the channel close to requeue, and
+// reported once, as abandoned.
+func TestADeliveryTheFeederHeldAtTheDrainDeadlineIsReportedAbandoned(t *testing.T) {
+	t.Parallel()
+	b := newProcessBundle(t, nil, nil)
+	qs := b.w.s
+	qs.fed = make(chan fedDelivery) // no worker takes it
+	src := make(chan amqp.Delivery)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		qs.feed(context.Background(), src, make(chan error, 1))
+	}()
+	d := b.delivery()
+	d.MessageId = "m-held"
+	src <- d // the feeder has it in hand
+	b.cancel()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the feeder did not end at the drain deadline")
+	}
+	if st := b.waitSettled(t); st.MessageID != "m-held" || st.Outcome != OutcomeAbandoned {
+		t.Fatalf("settled %s as %s, want m-held abandoned", st.MessageID, st.Outcome)
+	}
+	if n := qs.unsettled.Load(); n != 1 {
+		t.Errorf("the session counted %d deliveries left unsettled, want 1", n)
+	}
+}
+
+// On a real broker: a stop whose drain deadline passes with a handler
+// still in flight reports that delivery abandoned, and says once, at the
+// stop, how many deliveries it left for the broker to requeue; the
+// message is back in its queue.
+func TestAStopPastItsDrainDeadlineCountsWhatItLeft(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	logs := &syncBuffer{}
+	b.cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	b.cfg.DrainTimeout = 200 * time.Millisecond
+	entered := make(chan struct{})
+	stop := b.start(func(c *Consumer) {
+		must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
+			close(entered)
+			<-ctx.Done() // ends at the drain deadline
+			return ctx.Err()
+		})))
+	})
+	b.publishJSON(map[string]any{"id": "left"}, amqp.Publishing{MessageId: "left"})
+	<-entered
+	stop()
+	b.waitOutcome(OutcomeAbandoned, 10*time.Second)
+	const msg = "deliveries left unsettled at the stop; the broker requeues them when the channel closes"
+	recs := logs.records(t, msg)
+	if len(recs) != 1 || recs[0]["queue"] != b.queue.Name || recs[0]["count"] != float64(1) {
+		t.Fatalf("stop log lines %v; want one for queue %s with count 1", recs, b.queue.Name)
+	}
+	if d := b.queueDepth(b.queue.Name); d != 1 {
+		t.Fatalf("work queue holds %d after the stop, want 1 (requeued by the channel close)", d)
+	}
+}
