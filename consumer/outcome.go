@@ -42,10 +42,11 @@ type Settled struct {
 	// (see Reason).
 	Err error
 	// SettleErr is why the runtime could not settle as decided: the failed
-	// retry or quarantine publish (OutcomeRequeued) or ack, the reject of
-	// what could not be parked (OutcomeAckFailed), or why no copy could be
-	// published (OutcomeDeadLettered: over the broker's max message size,
-	// or over one frame).
+	// retry or quarantine publish (OutcomeRequeued); the failed ack, the
+	// reject of what could not be parked, or the requeue after a failed
+	// publish, which wraps that publish's error too (OutcomeAckFailed); or
+	// why no copy could be published (OutcomeDeadLettered: over the
+	// broker's max message size, or over one frame).
 	SettleErr error
 	// GateError is the schema gate's objection to a message that was
 	// delivered anyway because the queue's gate is in report mode; nil
@@ -62,7 +63,7 @@ const (
 	OutcomeRetried     Outcome = "retried"     // a delayed retry was confirmed, then the original acked
 	OutcomeQuarantined Outcome = "quarantined" // the envelope was confirmed, then the original acked
 	OutcomeRequeued    Outcome = "requeued"    // a publish failed: the original was rejected with requeue
-	OutcomeAckFailed   Outcome = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
+	OutcomeAckFailed   Outcome = "ack_failed"  // the ack or reject (a requeue too) could not be written (channel gone): the broker will redeliver
 	OutcomeAbandoned   Outcome = "abandoned"   // the session ended (drain deadline passed, channel or connection lost) with the message taken up but unsettled (in a handler, awaiting a confirm, or not handled yet): the broker requeues it
 	OutcomeReadmitted  Outcome = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
 	// OutcomeDeadLettered: no retry or quarantine copy could be published

@@ -365,7 +365,11 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 	// reject, not nack: from RabbitMQ 4.3 only reject with requeue raises
 	// the delivery count the crash-loop guard relies on.
 	if rerr := o.a.Requeue(); rerr != nil {
+		// Not requeued by us: the broker requeues it when the channel
+		// closes. Said as a failed reject is (see deadLetter).
 		fo.log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+		w.done(&o, OutcomeAckFailed, fmt.Errorf("requeue after the failed %s publish: %w (the publish: %w)", kind, rerr, err))
+		return
 	}
 	w.done(&o, OutcomeRequeued, err)
 }

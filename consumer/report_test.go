@@ -2,12 +2,17 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/dlxbridge/dlxbridge/internal/amqpx"
+	"github.com/dlxbridge/dlxbridge/internal/frame"
 )
 
 // What the runtime says happened to a delivery (OnSettled, the metrics)
@@ -85,6 +90,31 @@ func TestADeliveryTheFeederHeldAtTheDrainDeadlineIsReportedAbandoned(t *testing.
 	}
 	if n := qs.unsettled.Load(); n != 1 {
 		t.Errorf("the session counted %d deliveries left unsettled, want 1", n)
+	}
+}
+
+// A requeue after a failed publish that cannot be written (the channel is
+// gone) is no "requeued": the broker requeues the message when the channel
+// closes, and the report says the reject failed (ack_failed), with both
+// errors. The publish failure itself is still counted.
+func TestARequeueThatCannotBeWrittenIsReportedAsAFailedSettlement(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, frame.DefaultFrameSize)
+	b.out.fail = func(published) error { return amqpx.ErrNacked }
+	a := &fakeAcker{requeueErr: amqp.ErrClosed}
+	b.settle(context.Background(), a, delivery(), quarantineFailure())
+	if a.log() != "requeue" || strings.Join(b.outcomes(), ",") != string(OutcomeAckFailed) {
+		t.Fatalf("calls %q, outcomes %v; want requeue, ack_failed", a.log(), b.outcomes())
+	}
+	if err := b.settled[0].SettleErr; !errors.Is(err, amqp.ErrClosed) || !errors.Is(err, amqpx.ErrNacked) {
+		t.Errorf("settle error %v: want the requeue's and the publish's", err)
+	}
+	m := b.w.deps.metrics
+	if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != 1 {
+		t.Errorf("publish_failures_total{kind=quarantine} = %v, want 1 (the publish did fail)", n)
+	}
+	if n := testutil.ToFloat64(m.deliveries.WithLabelValues(settleQueue, string(OutcomeRequeued))); n != 0 {
+		t.Errorf("deliveries_total{outcome=requeued} = %v, want 0", n)
 	}
 }
 
