@@ -118,6 +118,75 @@ func TestARequeueThatCannotBeWrittenIsReportedAsAFailedSettlement(t *testing.T) 
 	}
 }
 
+// A retry returned for want of its tier queue, whose quarantine copy
+// cannot be built (not even the bare envelope fits one frame) or is over
+// the broker's limit as learned: nothing of that copy was published, so
+// it is no publish failure. The original is dead-lettered and counted so
+// (dlxbridge_dead_lettered_total), as buildCopy's are; the returned retry
+// is a publish failure (kind retry).
+func TestAQuarantineCopyThatCannotBeBuiltIsNoPublishFailure(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		before func(w *worker)
+		reason string
+	}{
+		{"frame", func(w *worker) { w.s.frameMax = 600 }, deadLetterFrameMax},
+		{"max size", func(w *worker) { w.s.maxSize.learn(4) }, deadLetterMaxMessageSize},
+	} {
+		b := newSettleBundle(t, frame.DefaultFrameSize)
+		out := &returnThenHold{held: make(chan func(error), 1)}
+		out.before = func() { c.before(b.w) }
+		b.w.out = out
+		a := &fakeAcker{}
+		b.settle(context.Background(), a, delivery(), retryFailure())
+		if a.log() != "reject" || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) {
+			t.Fatalf("%s: calls %q, outcomes %v; want reject, dead_lettered", c.name, a.log(), b.outcomes())
+		}
+		m := b.w.deps.metrics
+		if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != 0 {
+			t.Errorf("%s: publish_failures_total{kind=quarantine} = %v, want 0 (nothing was published)", c.name, n)
+		}
+		if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "retry")); n != 1 {
+			t.Errorf("%s: publish_failures_total{kind=retry} = %v, want 1 (the returned retry)", c.name, n)
+		}
+		if n := testutil.ToFloat64(m.deadLettered.WithLabelValues(settleQueue, c.reason)); n != 1 {
+			t.Errorf("%s: dead_lettered_total{reason=%s} = %v, want 1", c.name, c.reason, n)
+		}
+	}
+}
+
+// A copy the publisher holds back, its body over the broker's limit
+// learned meanwhile on the connection (sessionPublisher.publish), was not
+// published either: dead-lettered, counted so, no publish failure. A
+// refusal by the broker is one (it was published): counted as both.
+func TestACopyHeldBackOverTheLearnedLimitIsNoPublishFailure(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		err      error
+		failures float64
+	}{
+		{"held back", &overLimitError{size: 12, limit: 4}, 0},
+		{"refused", &amqpx.TooLargeError{Size: 12, Max: 4, Closed: amqpx.ErrPublisherClosed}, 1},
+	} {
+		b := newSettleBundle(t, frame.DefaultFrameSize)
+		b.out.fail = func(published) error { return c.err }
+		a := &fakeAcker{}
+		b.settle(context.Background(), a, delivery(), quarantineFailure())
+		if a.log() != "reject" || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) {
+			t.Fatalf("%s: calls %q, outcomes %v; want reject, dead_lettered", c.name, a.log(), b.outcomes())
+		}
+		m := b.w.deps.metrics
+		if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != c.failures {
+			t.Errorf("%s: publish_failures_total{kind=quarantine} = %v, want %v", c.name, n, c.failures)
+		}
+		if n := testutil.ToFloat64(m.deadLettered.WithLabelValues(settleQueue, deadLetterMaxMessageSize)); n != 1 {
+			t.Errorf("%s: dead_lettered_total{reason=max_message_size} = %v, want 1", c.name, n)
+		}
+	}
+}
+
 // On a real broker: a stop whose drain deadline passes with a handler
 // still in flight reports that delivery abandoned, and says once, at the
 // stop, how many deliveries it left for the broker to requeue; the
