@@ -59,6 +59,9 @@ func (w *worker) done(o *outcome, result Outcome, settleErr error) {
 	}
 	qr.recordSettled(st, result)
 	w.deps.jobs.settled(qr.cfg.Name, o.d, result)
+	if result == OutcomeAbandoned {
+		w.s.unsettled.Add(1)
+	}
 	m := w.deps.metrics
 	switch result {
 	case OutcomeAcked:

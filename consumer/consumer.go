@@ -109,8 +109,10 @@ type Config struct {
 	SigningKey []byte
 	// OnSettled, if set, is told every delivery's outcome (see Settled)
 	// once the runtime has settled it: after the ack, after the reject with
-	// requeue, or when shutdown left it to the broker (OutcomeAbandoned).
-	// Deliveries prefetched but never started at shutdown are not reported.
+	// requeue, or when the session's end left it to the broker
+	// (OutcomeAbandoned). Deliveries the client had received but the
+	// runtime had not taken up yet at the end (the rest of the prefetch)
+	// are not reported: the broker requeues them too.
 	// Acks are coalesced and retry or quarantine publishes pipelined, so it
 	// runs once the ack is written (at the latest when a worker waits for
 	// its next delivery) or the confirm is in, on a goroutine of the

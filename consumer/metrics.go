@@ -77,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"queue"}),
 		publishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlxbridge_publish_failures_total",
-			Help: "Retry or quarantine publishes that were not confirmed (returned, nacked, channel lost), by queue and kind.",
+			Help: "Retry, quarantine or re-admission copies published but not confirmed (returned, nacked, refused, channel lost, no confirm in time), by queue and kind. A copy never sent (it fits no frame, or its body is over the broker's limit learned on the connection) is not counted: its original is dead-lettered (dlxbridge_dead_lettered_total) or, a re-admission, handled in place.",
 		}, []string{"queue", "kind"}),
 		publishConfirm: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dlxbridge_publish_confirm_seconds",

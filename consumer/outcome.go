@@ -15,7 +15,8 @@ type Settled struct {
 	MessageID string
 	// Type and Version name the message's schema as far as the runtime read
 	// them (the version on the wire, before any upcast): "" when the
-	// crash-loop guard settled it before it was read, or when the message
+	// crash-loop guard settled it before it was read, when the session
+	// ended before it was read (OutcomeAbandoned), or when the message
 	// names none.
 	Type, Version string
 	// Outcome is what the runtime did (the outcome label of
@@ -29,7 +30,8 @@ type Settled struct {
 	// quarantine envelope does; "" when the handler succeeded.
 	Reason string
 	// Attempt is the attempt's number, 1 on the first delivery (for a
-	// crash-loop, the attempts made).
+	// crash-loop, the attempts made); 0 when the session ended before the
+	// delivery was read (OutcomeAbandoned).
 	Attempt int
 	// Tier indexes the queue's retry tiers and Delay is the retry's delay
 	// (its TTL), when Outcome is OutcomeRetried.
@@ -40,10 +42,11 @@ type Settled struct {
 	// (see Reason).
 	Err error
 	// SettleErr is why the runtime could not settle as decided: the failed
-	// retry or quarantine publish (OutcomeRequeued) or ack, the reject of
-	// what could not be parked (OutcomeAckFailed), or why no copy could be
-	// published (OutcomeDeadLettered: over the broker's max message size,
-	// or over one frame).
+	// retry or quarantine publish (OutcomeRequeued); the failed ack, the
+	// reject of what could not be parked, or the requeue after a failed
+	// publish, which wraps that publish's error too (OutcomeAckFailed); or
+	// why no copy could be published (OutcomeDeadLettered: over the
+	// broker's max message size, or over one frame).
 	SettleErr error
 	// GateError is the schema gate's objection to a message that was
 	// delivered anyway because the queue's gate is in report mode; nil
@@ -60,8 +63,8 @@ const (
 	OutcomeRetried     Outcome = "retried"     // a delayed retry was confirmed, then the original acked
 	OutcomeQuarantined Outcome = "quarantined" // the envelope was confirmed, then the original acked
 	OutcomeRequeued    Outcome = "requeued"    // a publish failed: the original was rejected with requeue
-	OutcomeAckFailed   Outcome = "ack_failed"  // the ack (or reject) could not be sent (channel gone): the broker will redeliver
-	OutcomeAbandoned   Outcome = "abandoned"   // shutdown passed its deadline with the message unsettled
+	OutcomeAckFailed   Outcome = "ack_failed"  // the ack or reject (a requeue too) could not be written (channel gone): the broker will redeliver
+	OutcomeAbandoned   Outcome = "abandoned"   // the session ended (drain deadline passed, channel or connection lost) with the message taken up but unsettled (in a handler, awaiting a confirm, or not handled yet): the broker requeues it
 	OutcomeReadmitted  Outcome = "readmitted"  // republished to its own work queue (its count may have been carried from upstream), then acked
 	// OutcomeDeadLettered: no retry or quarantine copy could be published
 	// (the body is over the broker's max message size, or not even the

@@ -52,6 +52,15 @@ func (e *overLimitError) Error() string {
 	return fmt.Sprintf("body of %d bytes is over the broker's max message size %d (learned from its refusal on this connection)", e.size, e.limit)
 }
 
+// heldBack reports whether err says the runtime did not send a copy at
+// all: it does not fit one frame, or its body is over the broker's limit
+// as learned on this connection. Nothing was published, so it is no
+// failed publish (a broker's refusal, amqpx.TooLargeError, is one).
+func heldBack(err error) bool {
+	var ol *overLimitError
+	return errors.As(err, &ol) || errors.Is(err, frame.ErrNoFit)
+}
+
 // unsendable reports whether err says a copy cannot be published at all
 // (no retry could help), and why, as a dead_lettered reason: it does not
 // fit one frame (frame.ErrNoFit), or its body is over the broker's

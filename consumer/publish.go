@@ -328,7 +328,12 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 	fo := o.failed
 	v := fo.f.verdict
 	_, kind := o.kind.labels()
-	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
+	if fo.err == nil && !heldBack(err) {
+		// Only a copy that went out is a failed publish: one never built
+		// or held back (dead-lettered below, or a re-admission requeued)
+		// says nothing of the broker, and would trip its alert.
+		w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
+	}
 	if max, ok := amqpx.IsTooLarge(err); ok {
 		// The broker refused this copy for its body's size (before routing
 		// it: no queue has it) and named its limit, which the connection's
@@ -365,7 +370,11 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 	// reject, not nack: from RabbitMQ 4.3 only reject with requeue raises
 	// the delivery count the crash-loop guard relies on.
 	if rerr := o.a.Requeue(); rerr != nil {
+		// Not requeued by us: the broker requeues it when the channel
+		// closes. Said as a failed reject is (see deadLetter).
 		fo.log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+		w.done(&o, OutcomeAckFailed, fmt.Errorf("requeue after the failed %s publish: %w (the publish: %w)", kind, rerr, err))
+		return
 	}
 	w.done(&o, OutcomeRequeued, err)
 }

@@ -203,6 +203,7 @@ func (qs *queueSession) feed(ctx context.Context, src <-chan amqp.Delivery, lost
 			h := qs.hold(&d)
 			qs.received(&h.d)
 			if !qs.hand(h, &pausedAt) {
+				qs.leave(h)
 				return
 			}
 		case <-kick:
@@ -301,6 +302,15 @@ func (qs *queueSession) hand(d *held, pausedAt *time.Time) bool {
 			}
 		}
 	}
+}
+
+// leave reports h, taken up but never handled, as abandoned: the session
+// ended first (the drain deadline passed, or its channel or connection is
+// gone), and the broker requeues it when the channel closes. Nothing else
+// reports it, and the stop's count of what it left includes it.
+func (qs *queueSession) leave(h *held) {
+	qs.unsettled.Add(1)
+	qs.q.recordSettled(Settled{Queue: qs.q.cfg.Name, MessageID: h.d.MessageId}, OutcomeAbandoned)
 }
 
 // maxHold is the constant maxHold, or the tests' replacement.

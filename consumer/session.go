@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -198,6 +199,13 @@ func (c *Consumer) stopAll(runners []*queueSession, drain time.Duration, conn *a
 			<-done
 		}
 	}
+	// Each was reported (abandoned) as it was left; this says how many a
+	// stop handed back, once, where whoever stopped it looks.
+	for _, r := range runners {
+		if n := r.unsettled.Load(); n > 0 {
+			c.log.Warn("deliveries left unsettled at the stop; the broker requeues them when the channel closes", "queue", r.q.cfg.Name, "count", n)
+		}
+	}
 	// An ack written just before a channel close can be lost on some
 	// brokers (seen on 3.10.8); a short pause lets acks reach the wire.
 	time.Sleep(20 * time.Millisecond)
@@ -254,6 +262,9 @@ type queueSession struct {
 	fed chan fedDelivery
 	// acks coalesces the channel's acks.
 	acks *ackWindow
+	// unsettled counts the deliveries reported abandoned: left unsettled
+	// for the channel close to requeue (the stop logs it once).
+	unsettled atomic.Int64
 }
 
 func startQueueSession(ctx context.Context, conn, pubConn *amqp.Connection, blocking *amqpx.Blocking, maxSize *sizeLimit, qr *queueRuntime, wq *topology.WorkQueue, carriedCounts bool, lost chan<- error) (*queueSession, error) {

@@ -84,7 +84,8 @@ func (w *worker) work() {
 		w.admission.take(w.q.breaker, f)
 		if qs.handlerCtx.Err() != nil {
 			w.admission.release()
-			break // past the drain deadline: left for the channel close to requeue
+			qs.leave(f.h) // past the drain deadline: left for the channel close to requeue
+			break
 		}
 		if !w.handleHeld(f.h) {
 			return // abandoned in its handler
