@@ -345,8 +345,15 @@ func (s *fastSchema) validInPlaceTok(d *tokDoc, i int32) bool {
 	return s.inPlace(func(sub *fastSchema) bool { return sub.validTok(d, i) })
 }
 
-// prop finds name in s.props (sorted by name).
+// prop finds name in s.props (sorted by name): at one place of s.propIndex
+// if it has one, else by binary search.
 func (s *fastSchema) prop(name string) *fastProp {
+	if s.propIndex != nil {
+		if j := s.propIndex[propHash(name, s.propMul, s.propShift)]; j != 0 && s.props[j-1].name == name {
+			return &s.props[j-1]
+		}
+		return nil
+	}
 	lo, hi := 0, len(s.props)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
