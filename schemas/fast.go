@@ -42,6 +42,9 @@ type fastSchema struct {
 	constant any
 	enum     []any
 	format   func(any) bool
+	// plainFormat is format's plain check (plainFormats), which the
+	// token path calls on a string before format itself.
+	plainFormat func(string) bool
 
 	// objects
 	minProps, maxProps int
@@ -930,6 +933,10 @@ func (c *fastCompiler) compileFormat(s *jsonschema.Schema, f *fastSchema) error 
 		return nil
 	}
 	fn := c.formats[s.Format]
+	if fn != nil {
+		// registerFormats' checker, which asks plainFormats first.
+		f.plainFormat = plainFormats[s.Format]
+	}
 	if fn == nil {
 		fn = jsonschema.Formats[s.Format]
 	}

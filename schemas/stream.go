@@ -290,10 +290,19 @@ func (s *fastSchema) validTok(d *tokDoc, i int32) bool {
 			return false
 		}
 	}
-	if s.format != nil && !s.format(d.formatArg(i)) {
+	if s.format != nil && !s.formatTok(d, i) {
 		return false
 	}
 	return s.validInPlaceTok(d, i)
+}
+
+// formatTok is s.format of the value at i: a string its plain check
+// accepts is valid without passing it as an any.
+func (s *fastSchema) formatTok(d *tokDoc, i int32) bool {
+	if k := d.toks[i].kind; s.plainFormat != nil && (k == jsonscan.String || k == jsonscan.Key) && s.plainFormat(d.str(i)) {
+		return true
+	}
+	return s.format(d.formatArg(i))
 }
 
 // formatArg is the value at i as a format checker gets it from the tree
