@@ -313,3 +313,38 @@ func TestMessageData(t *testing.T) {
 		t.Errorf("duplicate key: %v", err)
 	}
 }
+
+// TestGateResolve: resolve says what known says, and on nil gives the
+// schema Lookup gives and its fast path, for types and versions accepted,
+// not accepted, unknown, and spelled otherwise ("v2", " 2").
+func TestGateResolve(t *testing.T) {
+	t.Parallel()
+	r, err := Load(LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gates []*Gate
+	for _, accepts := range []map[string][]string{nil, {"orders.created": {"v2"}, "orders.cancelled": {"1"}}} {
+		g, err := NewGate(GateConfig{Registry: r, Accepts: accepts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gates = append(gates, g)
+	}
+	for _, g := range gates {
+		for _, typ := range []string{"orders.created", "orders.cancelled", "notifications.sms", "common", "nope", "", "orders.created "} {
+			for _, version := range []string{"1", "2", "3", "v2", "V1", " 2", "2 ", "", "02"} {
+				rt, got := g.resolve(typ, version)
+				want := g.known(typ, version)
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%q v%q: resolve says %v, known %v", typ, version, got, want)
+					continue
+				}
+				schema, _ := r.Lookup(typ, version)
+				if got == nil && (rt.schema != schema || rt.fast != r.fast[schema] || schema == nil) {
+					t.Errorf("%q v%q: resolve gives %p (fast %p), Lookup %p (fast %p)", typ, version, rt.schema, rt.fast, schema, r.fast[schema])
+				}
+			}
+		}
+	}
+}
