@@ -115,3 +115,18 @@ func TestPlainFormatsAreValid(t *testing.T) {
 		}
 	}
 }
+
+// FuzzPlainFormats: what a plain check accepts, jsonschema's own check of
+// that format accepts.
+func FuzzPlainFormats(f *testing.F) {
+	for _, s := range []string{"5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7b", "2026-11-29T19:13:25.123Z", "2024-02-29T00:00:00Z", "jane.doe@example.com", "2016-12-31T23:59:60Z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for name, plain := range plainFormats {
+			if plain(s) && !jsonschema.Formats[name](s) {
+				t.Fatalf("%s: plain check accepts %q, jsonschema refuses it", name, s)
+			}
+		}
+	})
+}
