@@ -42,6 +42,9 @@ type fastSchema struct {
 	constant any
 	enum     []any
 	format   func(any) bool
+	// plainFormat is format's plain check (plainFormats), which the
+	// token path calls on a string before format itself.
+	plainFormat func(string) bool
 
 	// objects
 	minProps, maxProps int
@@ -52,14 +55,20 @@ type fastSchema struct {
 	// count the required ones it meets.
 	requiredInProps bool
 	nRequired       int
-	propSet         map[string]bool // names in props; only with keyPass
-	patternProps    []fastPattern
-	additional      *fastSchema // additionalProperties as a schema
-	noAdditional    bool        // additionalProperties: false
-	keyPass         bool        // additional or pattern properties need a look at every member
-	propertyNames   *fastSchema
-	depRequired     []fastDepRequired
-	depSchemas      []fastDepSchema
+	// propIndex places each name of props at propHash(name, propMul,
+	// propShift), as its index plus one (see indexProps); nil when no
+	// multiplier tried separates them, and prop searches.
+	propIndex     []uint8
+	propMul       uint32
+	propShift     uint8
+	propSet       map[string]bool // names in props; only with keyPass
+	patternProps  []fastPattern
+	additional    *fastSchema // additionalProperties as a schema
+	noAdditional  bool        // additionalProperties: false
+	keyPass       bool        // additional or pattern properties need a look at every member
+	propertyNames *fastSchema
+	depRequired   []fastDepRequired
+	depSchemas    []fastDepSchema
 
 	// arrays
 	minItems, maxItems       int
@@ -776,6 +785,7 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 		f.props = append(f.props, fastProp{name: name, schema: one(s.Properties[name]), required: req[name]})
 		delete(req, name)
 	}
+	f.indexProps()
 	f.requiredInProps, f.nRequired = len(req) == 0, len(f.required)
 	if f.requiredInProps {
 		f.nRequired = 0
@@ -853,6 +863,53 @@ func (c *fastCompiler) compile(s *jsonschema.Schema) (*fastSchema, error) {
 	return f, nil
 }
 
+// indexProps builds s.propIndex: a table of a power of two places, two to
+// eight per property, where each property's name hashes to a place of its
+// own (a perfect hash), so that finding a member's property is one hash and
+// one comparison, where a binary search compared strings several times for
+// every member of every object. The hash reads a name's length and three of
+// its bytes; names it cannot tell apart leave s without a table.
+func (s *fastSchema) indexProps() {
+	n := len(s.props)
+	if n == 0 || n > 255 {
+		return
+	}
+	bits := uint8(1)
+	for 1<<bits < 2*n {
+		bits++
+	}
+	for size := bits; size <= bits+2; size++ {
+		table := make([]uint8, 1<<size)
+	next:
+		for k := uint32(0); k < 64; k++ {
+			mul := propMuls[k%uint32(len(propMuls))] + 2*(k/uint32(len(propMuls)))*0x10001
+			clear(table)
+			for i := range s.props {
+				h := propHash(s.props[i].name, mul, 32-size)
+				if table[h] != 0 {
+					continue next
+				}
+				table[h] = uint8(i + 1)
+			}
+			s.propIndex, s.propMul, s.propShift = table, mul, 32-size
+			return
+		}
+	}
+}
+
+// propMuls are odd multipliers for propHash to try.
+var propMuls = [...]uint32{0x9e3779b1, 0x85ebca77, 0xc2b2ae3d, 0x27d4eb2f, 0x165667b1, 0xd3a2646d, 0xfd7046c5, 0xb55a4f09}
+
+// propHash is the place of name in a table of 1<<(32-shift) places: its
+// length and its first, middle and last bytes, multiplied by mul, top bits.
+func propHash(name string, mul uint32, shift uint8) uint32 {
+	x := uint32(len(name))
+	if n := len(name); n > 0 {
+		x ^= uint32(name[0])<<8 | uint32(name[n/2])<<16 | uint32(name[n-1])<<24
+	}
+	return (x * mul) >> shift
+}
+
 // boolOrSchema reads additionalProperties or additionalItems: nil, false
 // (forbid) or a schema; ok is false for anything else.
 func boolOrSchema(x any) (forbid bool, sub *jsonschema.Schema, ok bool) {
@@ -876,6 +933,10 @@ func (c *fastCompiler) compileFormat(s *jsonschema.Schema, f *fastSchema) error 
 		return nil
 	}
 	fn := c.formats[s.Format]
+	if fn != nil {
+		// registerFormats' checker, which asks plainFormats first.
+		f.plainFormat = plainFormats[s.Format]
+	}
 	if fn == nil {
 		fn = jsonschema.Formats[s.Format]
 	}

@@ -5,6 +5,8 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -252,4 +254,80 @@ func replaceNth(doc any, n int, v any, seen *int) any {
 		}
 	}
 	return doc
+}
+
+// TestPropLookup: prop finds exactly the properties of every object schema
+// of the registry and testdata/fastpath, and nothing else, whether
+// indexProps gave it a table or not (names the hash cannot tell apart, and
+// more than fit a table).
+func TestPropLookup(t *testing.T) {
+	t.Parallel()
+	var objects []*fastSchema
+	seen := map[*fastSchema]bool{}
+	var walk func(f *fastSchema)
+	walk = func(f *fastSchema) {
+		if f == nil || seen[f] {
+			return
+		}
+		seen[f] = true
+		if len(f.props) > 0 {
+			objects = append(objects, f)
+		}
+		for _, p := range f.props {
+			walk(p.schema)
+		}
+		for _, sub := range slices.Concat([]*fastSchema{f.additional, f.itemsAll, f.items, f.contains, f.ref, f.not, f.ifS, f.thenS, f.elseS, f.tupleAdditional, f.propertyNames},
+			f.allOf, f.anyOf, f.oneOf, f.tuple, f.prefix) {
+			walk(sub)
+		}
+		for _, pp := range f.patternProps {
+			walk(pp.schema)
+		}
+		for _, d := range f.depSchemas {
+			walk(d.schema)
+		}
+	}
+	for _, c := range fastPathCases(t) {
+		walk(c.fast)
+	}
+	indexed := 0
+	for _, f := range objects {
+		if f.propIndex != nil {
+			indexed++
+		}
+	}
+	if indexed == 0 || indexed < len(objects)*9/10 {
+		t.Errorf("%d of %d object schemas have a property table", indexed, len(objects))
+	}
+	// Same length, first, middle and last byte: one hash for any multiplier.
+	alike := &fastSchema{}
+	for _, name := range []string{"aXbXc", "aYbYc", "id", "name"} {
+		alike.props = append(alike.props, fastProp{name: name})
+	}
+	many := &fastSchema{}
+	for i := range 300 {
+		many.props = append(many.props, fastProp{name: strconv.Itoa(i)})
+	}
+	for _, f := range []*fastSchema{alike, many} {
+		slices.SortFunc(f.props, func(a, b fastProp) int { return strings.Compare(a.name, b.name) })
+		f.indexProps()
+		if f.propIndex != nil {
+			t.Errorf("%d properties (%s...) got a table", len(f.props), f.props[0].name)
+		}
+	}
+	objects = append(objects, alike, many)
+	for _, f := range objects {
+		for i := range f.props {
+			name := f.props[i].name
+			if got := f.prop(name); got != &f.props[i] {
+				t.Fatalf("prop(%q) = %v, want property %d of %d", name, got, i, len(f.props))
+			}
+			for _, other := range []string{name + "x", "x" + name, name[:len(name)/2], strings.ToUpper(name), name + "\x00", ""} {
+				want := slices.IndexFunc(f.props, func(p fastProp) bool { return p.name == other })
+				if got := f.prop(other); (got == nil) != (want < 0) || want >= 0 && got != &f.props[want] {
+					t.Fatalf("prop(%q) = %v, want property %d", other, got, want)
+				}
+			}
+		}
+	}
 }

@@ -4,18 +4,98 @@ import "github.com/santhosh-tekuri/jsonschema/v5"
 
 // registerFormats gives the compiler faster checkers for formats the shipped
 // schemas assert on every message. Each accepts at once only values that
-// are plainly valid and hands everything else to jsonschema's own checker,
-// so a value is valid exactly when it was before. They are registered per
-// compiler; jsonschema.Formats, which the whole process shares, is only read.
+// are plainly valid (plainFormats) and hands everything else to jsonschema's
+// own checker, so a value is valid exactly when it was before. They are
+// registered per compiler; jsonschema.Formats, which the whole process
+// shares, is only read.
 func registerFormats(c *jsonschema.Compiler) {
-	if slow := jsonschema.Formats["email"]; slow != nil {
-		c.Formats["email"] = func(v any) bool {
-			if s, ok := v.(string); ok && plainEmail(s) {
-				return true
+	for name, plain := range plainFormats {
+		if slow := jsonschema.Formats[name]; slow != nil {
+			c.Formats[name] = func(v any) bool {
+				if s, ok := v.(string); ok && plain(s) {
+					return true
+				}
+				return slow(v)
 			}
-			return slow(v)
 		}
 	}
+}
+
+// plainFormats are the plain checks of registerFormats. The fast path calls
+// them on a string itself: passing it to a checker as an any allocated a
+// copy of its header for every format checked.
+var plainFormats = map[string]func(string) bool{"email": plainEmail, "uuid": plainUUID, "date-time": plainDateTime}
+
+// plainUUID reports whether s is 8-4-4-4-12 hex digits, as jsonschema's
+// uuid check wants.
+func plainUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// plainDateTime reports whether s is YYYY-MM-DDThh:mm:ss, optionally a
+// fraction of a second, then Z, a day that its month has (as time.Parse
+// counts them) and no leap second: every such string passes jsonschema's
+// date-time check. A false result says nothing (an offset, a lower-case t
+// or z, a leap second): the caller asks jsonschema.
+func plainDateTime(s string) bool {
+	if len(s) < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[len(s)-1] != 'Z' {
+		return false
+	}
+	two := func(i int, lo, hi byte) bool {
+		a, b := s[i], s[i+1]
+		if a < '0' || a > '9' || b < '0' || b > '9' {
+			return false
+		}
+		n := (a-'0')*10 + b - '0'
+		return n >= lo && n <= hi
+	}
+	if !two(0, 0, 99) || !two(2, 0, 99) || !two(5, 1, 12) || !two(8, 1, 31) || !two(11, 0, 23) || !two(14, 0, 59) || !two(17, 0, 59) {
+		return false
+	}
+	num := func(i, n int) int {
+		v := 0
+		for _, c := range []byte(s[i : i+n]) {
+			v = v*10 + int(c-'0')
+		}
+		return v
+	}
+	year, month, day := num(0, 4), num(5, 2), num(8, 2)
+	days := [13]int{0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}[month]
+	if month == 2 && year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+		days = 29
+	}
+	if day > days {
+		return false
+	}
+	frac := s[19 : len(s)-1]
+	if frac == "" {
+		return true
+	}
+	if len(frac) < 2 || frac[0] != '.' {
+		return false
+	}
+	for i := 1; i < len(frac); i++ {
+		if frac[i] < '0' || frac[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // plainEmail reports whether s is local@domain with a dot-atom local part of

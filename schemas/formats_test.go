@@ -56,3 +56,77 @@ func TestPlainEmailIsValidEmail(t *testing.T) {
 		t.Errorf("only %d random addresses accepted: the test proves little", accepted)
 	}
 }
+
+// TestPlainFormatsAreValid: whatever plainUUID and plainDateTime accept,
+// jsonschema's own uuid and date-time checks accept too, on hand-picked
+// strings and random ones near the shape; and they take the common forms.
+func TestPlainFormatsAreValid(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewSource(2))
+	mutate := func(s string) string {
+		b := []byte(s)
+		for range 1 + rng.Intn(3) {
+			const alphabet = "0123456789-:TtZz.+ aFgé"
+			switch i := rng.Intn(len(b) + 1); rng.Intn(3) {
+			case 0:
+				if i < len(b) {
+					b[i] = alphabet[rng.Intn(len(alphabet))]
+				}
+			case 1:
+				b = append(b[:i], append([]byte{alphabet[rng.Intn(len(alphabet))]}, b[i:]...)...)
+			default:
+				if i < len(b) {
+					b = append(b[:i], b[i+1:]...)
+				}
+			}
+		}
+		return string(b)
+	}
+	for _, tc := range []struct {
+		name  string
+		plain func(string) bool
+		takes []string
+		seeds []string
+	}{
+		{"uuid", plainUUID,
+			[]string{"5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7b", "00000000-0000-4000-8000-000000000007", "ABCDEF01-2345-6789-abcd-ef0123456789"},
+			[]string{"5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7", "5f1c9b4e8d3a-4f7e-9a1b-2c3d4e5f6a7b-", "5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7g", "{5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7b}"}},
+		{"date-time", plainDateTime,
+			[]string{"2026-11-29T19:13:25.123Z", "2026-01-02T03:04:05Z", "2024-02-29T00:00:00Z", "2000-02-29T23:59:59.9Z", "0001-12-31T00:00:00Z"},
+			[]string{"2026-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-00-01T00:00:00Z",
+				"2026-01-00T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T23:60:00Z", "2026-01-01T23:59:60Z", "2016-12-31T23:59:60Z",
+				"2026-01-01T00:00:00.Z", "2026-01-01T00:00:00z", "2026-01-01t00:00:00Z", "2026-01-01T00:00:00+01:00", "0000-01-01T00:00:00Z",
+				"2026-01-01T00:00:00", "2026-1-01T00:00:00Z", "+026-01-01T00:00:00Z", "2026-01-01T00:00:00.1234567890Z"}},
+	} {
+		slow := jsonschema.Formats[tc.name]
+		for _, s := range tc.takes {
+			if !tc.plain(s) {
+				t.Errorf("%s: %q not taken", tc.name, s)
+			}
+		}
+		cases := append(append([]string{""}, tc.takes...), tc.seeds...)
+		for range 100000 {
+			cases = append(cases, mutate(cases[rng.Intn(len(tc.takes)+len(tc.seeds))+1]))
+		}
+		for _, s := range cases {
+			if tc.plain(s) && !slow(s) {
+				t.Errorf("%s: plain check accepts %q, jsonschema refuses it", tc.name, s)
+			}
+		}
+	}
+}
+
+// FuzzPlainFormats: what a plain check accepts, jsonschema's own check of
+// that format accepts.
+func FuzzPlainFormats(f *testing.F) {
+	for _, s := range []string{"5f1c9b4e-8d3a-4f7e-9a1b-2c3d4e5f6a7b", "2026-11-29T19:13:25.123Z", "2024-02-29T00:00:00Z", "jane.doe@example.com", "2016-12-31T23:59:60Z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for name, plain := range plainFormats {
+			if plain(s) && !jsonschema.Formats[name](s) {
+				t.Fatalf("%s: plain check accepts %q, jsonschema refuses it", name, s)
+			}
+		}
+	})
+}

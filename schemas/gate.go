@@ -45,6 +45,10 @@ type Gate struct {
 	accepts       map[string]map[string]bool
 	maxBody       int
 	maxViolations int
+	// routes holds each accepted type and version (as accepts does) with
+	// its schema and fast path: one lookup for what known, Lookup and
+	// the fast path's map found for every message.
+	routes map[routeKey]route
 	// noStream turns the tree-free path off, and fullValidate the invalid
 	// path (for tests that compare).
 	noStream, fullValidate bool
@@ -104,6 +108,32 @@ func (g *Gate) accept(typ, version string) {
 		g.accepts[typ] = map[string]bool{}
 	}
 	g.accepts[typ][version] = true
+	if g.routes == nil {
+		g.routes = map[routeKey]route{}
+	}
+	schema, _ := g.reg.Lookup(typ, version)
+	g.routes[routeKey{typ, version}] = route{schema, g.reg.fast[schema]}
+}
+
+type routeKey struct{ typ, version string }
+
+type route struct {
+	schema *jsonschema.Schema
+	fast   *fastSchema // nil: no fast path
+}
+
+// resolve is known, and on nil the schema of typ and version and its fast
+// path. An accepted type and version is one lookup in routes; anything
+// else, which known refuses, takes known for its error.
+func (g *Gate) resolve(typ, version string) (route, *ValidationError) {
+	if r, ok := g.routes[routeKey{typ, version}]; ok {
+		return r, nil
+	}
+	if verr := g.known(typ, version); verr != nil {
+		return route{}, verr
+	}
+	schema, _ := g.reg.Lookup(typ, version)
+	return route{schema, g.reg.fast[schema]}, nil
 }
 
 // Input is what the gate sees of a delivery.
@@ -206,17 +236,18 @@ func (g *Gate) check(d *tokDoc, in Input) (*Message, *ValidationError) {
 	}
 
 	var typ, version string
+	var rt route // the route of typ and version with FromProperties
 	if g.id.From == FromProperties {
 		var verr *ValidationError
 		if typ, version, verr = g.fromProperties(in); verr != nil {
 			return nil, verr
 		}
-		if verr := g.known(typ, version); verr != nil {
+		if rt, verr = g.resolve(typ, version); verr != nil {
 			return nil, verr
 		}
 	}
 
-	m, verr, invalidFor, overBudget := g.checkStream(d, in.Body, typ, version)
+	m, verr, invalidFor, overBudget := g.checkStream(d, in.Body, typ, version, rt)
 	if m != nil || verr != nil || d.run.err != nil {
 		return m, verr
 	}
@@ -282,14 +313,14 @@ func (g *Gate) validate(r *run, schema *jsonschema.Schema, data any, prefix stri
 
 // checkStream runs the gate's tree-free path (see stream.go) on a body that
 // passed the size, content type and encoding checks; typ and version are
-// set for FromProperties. It returns a message the gate passes, or with
+// set for FromProperties, with their route rt. It returns a message the gate passes, or with
 // FromProperties the error of one it refuses (through the invalid path, on
 // the tokens), or neither: the tree path then decides, and gives the error.
 // invalidFor is the schema whose fast path found the body's data (the
 // body, or an envelope's "data" member) invalid, if it got that far;
 // overBudget says the invalid path on the tokens gave up for too many
 // failing values (the tree path then validates in full at once).
-func (g *Gate) checkStream(d *tokDoc, body []byte, typ, version string) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema, overBudget bool) {
+func (g *Gate) checkStream(d *tokDoc, body []byte, typ, version string, rt route) (m *Message, verr *ValidationError, invalidFor *jsonschema.Schema, overBudget bool) {
 	if g.noStream {
 		return nil, nil, nil, false
 	}
@@ -315,11 +346,13 @@ func (g *Gate) checkStream(d *tokDoc, body []byte, typ, version string) (m *Mess
 			return nil, nil, nil, false
 		}
 	}
-	if g.id.From != FromProperties && g.known(typ, version) != nil {
-		return nil, nil, nil, false
+	if g.id.From != FromProperties {
+		var verr *ValidationError
+		if rt, verr = g.resolve(typ, version); verr != nil {
+			return nil, nil, nil, false
+		}
 	}
-	schema, _ := g.reg.Lookup(typ, version)
-	f := g.reg.fast[schema]
+	schema, f := rt.schema, rt.fast
 	if f == nil {
 		return nil, nil, nil, false
 	}
@@ -370,8 +403,8 @@ func (r *Registry) fastValid(run *run, schema *jsonschema.Schema, data any) (ok 
 // checkContentType accepts "", application/json and application/*+json,
 // with no charset or charset=utf-8.
 func checkContentType(ct string) *ValidationError {
-	if strings.TrimSpace(ct) == "" {
-		return nil
+	if ct == "application/json" || strings.TrimSpace(ct) == "" {
+		return nil // the first: what nearly every message says
 	}
 	bad := func(why string) *ValidationError {
 		return &ValidationError{Reason: ReasonContentType, Detail: fmt.Sprintf("content type %q %s", capLen(ct), why)}

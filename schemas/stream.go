@@ -290,10 +290,19 @@ func (s *fastSchema) validTok(d *tokDoc, i int32) bool {
 			return false
 		}
 	}
-	if s.format != nil && !s.format(d.formatArg(i)) {
+	if s.format != nil && !s.formatTok(d, i) {
 		return false
 	}
 	return s.validInPlaceTok(d, i)
+}
+
+// formatTok is s.format of the value at i: a string its plain check
+// accepts is valid without passing it as an any.
+func (s *fastSchema) formatTok(d *tokDoc, i int32) bool {
+	if k := d.toks[i].kind; s.plainFormat != nil && (k == jsonscan.String || k == jsonscan.Key) && s.plainFormat(d.str(i)) {
+		return true
+	}
+	return s.format(d.formatArg(i))
 }
 
 // formatArg is the value at i as a format checker gets it from the tree
@@ -345,8 +354,15 @@ func (s *fastSchema) validInPlaceTok(d *tokDoc, i int32) bool {
 	return s.inPlace(func(sub *fastSchema) bool { return sub.validTok(d, i) })
 }
 
-// prop finds name in s.props (sorted by name).
+// prop finds name in s.props (sorted by name): at one place of s.propIndex
+// if it has one, else by binary search.
 func (s *fastSchema) prop(name string) *fastProp {
+	if s.propIndex != nil {
+		if j := s.propIndex[propHash(name, s.propMul, s.propShift)]; j != 0 && s.props[j-1].name == name {
+			return &s.props[j-1]
+		}
+		return nil
+	}
 	lo, hi := 0, len(s.props)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)

@@ -4,6 +4,8 @@
 package jsonscan
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -403,6 +405,10 @@ func (s *Scanner) str() (bool, *Problem) {
 	start := s.pos
 	data := s.data
 	for p := start; p < len(data); {
+		p = plainRun(data, p)
+		if p >= len(data) {
+			break
+		}
 		c := data[p]
 		switch {
 		case c == '"':
@@ -435,6 +441,12 @@ func (s *Scanner) strEscaped(start int) *Problem {
 	b := append(s.buf[:0], data[start:s.pos]...)
 	p := s.pos
 	for p < len(data) {
+		if q := plainRun(data, p); q > p {
+			b = append(b, data[p:q]...)
+			if p = q; p >= len(data) {
+				break
+			}
+		}
 		c := data[p]
 		switch {
 		case c == '"':
@@ -520,6 +532,34 @@ func (s *Scanner) unicodeEscape(p int) (rune, int, *Problem) {
 		return utf8.RuneError, p, nil
 	}
 	return 0, 0, &Problem{Msg: "unpaired UTF-16 surrogate escape in string", Offset: p - 6}
+}
+
+// plainRun skips, eight bytes at a time, the bytes from p on that a string
+// takes as they are: printable ASCII other than '"' and '\\'. It returns
+// the offset of the first other byte (which the caller looks at alone), or
+// of the last few bytes, fewer than eight, which it leaves to the caller.
+// Strings in messages are mostly such runs, and a byte at a time was most
+// of the tokenizer's time.
+func plainRun(data []byte, p int) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	for p+8 <= len(data) {
+		w := binary.LittleEndian.Uint64(data[p:])
+		// A byte's high bit is set in special when the byte is a
+		// control character (below 0x20), '"', '\\' or not ASCII.
+		// Every such byte is flagged; a borrow may also flag a byte
+		// after one, never before, so the lowest flag is the first
+		// such byte.
+		quote, backslash := w^(ones*'"'), w^(ones*'\\')
+		special := (w-ones*0x20)&^w | (quote-ones)&^quote | (backslash-ones)&^backslash | w
+		if special &= highs; special != 0 {
+			return p + bits.TrailingZeros64(special)/8
+		}
+		p += 8
+	}
+	return p
 }
 
 func hex4(data []byte, p int) (rune, bool) {
