@@ -66,14 +66,10 @@ func heldBack(err error) bool {
 // fit one frame (frame.ErrNoFit), or its body is over the broker's
 // max message size.
 func unsendable(err error) (reason string, ok bool) {
-	if err == nil {
-		return "", false // a built copy: no target for errors.As to allocate
-	}
-	var ol *overLimitError
-	switch {
-	case errors.As(err, &ol):
+	if _, ok := errors.AsType[*overLimitError](err); ok {
 		return deadLetterMaxMessageSize, true
-	case errors.Is(err, frame.ErrNoFit):
+	}
+	if errors.Is(err, frame.ErrNoFit) {
 		return deadLetterFrameMax, true
 	}
 	if _, ok := amqpx.IsTooLarge(err); ok {

@@ -271,8 +271,8 @@ func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span)
 
 // panicStack is the truncated stack of a handler or upcaster panic, or "".
 func panicStack(err error) string {
-	var pe *triage.PanicError
-	if !errors.As(err, &pe) {
+	pe, ok := errors.AsType[*triage.PanicError](err)
+	if !ok {
 		return ""
 	}
 	return trimStack(pe.Stack)
