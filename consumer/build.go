@@ -70,17 +70,30 @@ func build(in *buildInput) (built, error) {
 	return buildQuarantine(in)
 }
 
-// destination is where build's publishing goes, and the span attributes
-// that say so.
-func destination(in *buildInput) (exchange, key string, attrs []attribute.KeyValue) {
+// destination is where build's publishing goes.
+func destination(in *buildInput) (exchange, key string) {
+	switch in.f.verdict.Action {
+	case triage.ActionRetry:
+		lane, _ := retryLane(in)
+		return in.wq.RetryExchange, lane.RoutingKey
+	case triage.ActionReadmit:
+		return "", in.queue
+	default:
+		return in.wq.DeadExchange, in.queue
+	}
+}
+
+// destinationAttr is the span attribute that says what build's publishing
+// is.
+func destinationAttr(in *buildInput) attribute.KeyValue {
 	switch v := in.f.verdict; v.Action {
 	case triage.ActionRetry:
-		lane, delay := retryLane(in)
-		return in.wq.RetryExchange, lane.RoutingKey, []attribute.KeyValue{attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds())}
+		_, delay := retryLane(in)
+		return attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds())
 	case triage.ActionReadmit:
-		return "", in.queue, []attribute.KeyValue{attribute.Bool("dlxbridge.readmit", true)}
+		return attribute.Bool("dlxbridge.readmit", true)
 	default:
-		return in.wq.DeadExchange, in.queue, []attribute.KeyValue{attribute.String("dlxbridge.class", string(v.Class))}
+		return attribute.String("dlxbridge.class", string(v.Class))
 	}
 }
 
