@@ -307,7 +307,7 @@ func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
 			o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
 		}
 	}
-	w.ackOutcome(o, result)
+	w.ack(o, result)
 }
 
 // labels names a copy's kind: its outcome once acked, and its label in
