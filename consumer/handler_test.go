@@ -72,7 +72,9 @@ func TestRepublishMovesExpirationAndUserIDIntoHeaders(t *testing.T) {
 		Type:        "orders.created",
 		Body:        []byte(`{"x":1}`),
 	}
-	p := republishInto(d, maps.Clone(d.Headers), d.Body, amqp.Table{"b": "2"})
+	h := maps.Clone(d.Headers)
+	h["b"] = "2"
+	p := frame.Republish(d, h, d.Body)
 	if p.Expiration != "" || p.UserId != "" {
 		t.Fatalf("expiration %q user %q must not be copied as properties", p.Expiration, p.UserId)
 	}

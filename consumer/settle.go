@@ -230,7 +230,9 @@ type outgoing struct {
 // sent, and the span is ended. stack is f's panic stack as trimmed by
 // buildCopy (see panicStack), or "".
 func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure, stack string) (outgoing, error) {
-	in := w.buildInput(d, f, consumeSpan)
+	// A value on the stack: the builders keep nothing of it.
+	input := w.buildInput(d, f, consumeSpan)
+	in := &input
 	in.stack = stack
 	exchange, key := destination(in)
 	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish", producerSpan...)
@@ -271,8 +273,8 @@ func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.De
 var producerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
 
 // buildInput gathers what the builders read for d's failure f.
-func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
-	in := &buildInput{
+func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) buildInput {
+	in := buildInput{
 		d:             d,
 		f:             f,
 		queue:         w.q.cfg.Name,
