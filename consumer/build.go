@@ -115,7 +115,7 @@ func buildRetry(in *buildInput) (built, error) {
 	if first.IsZero() {
 		first = in.now
 	}
-	h := frame.StripHeaders(d.Headers, nil)
+	h := frame.StripHeaders(d.Headers, nil, retryRoom(in))
 	setRetryState(in, h, int64(f.verdict.Attempt), first)
 	p := frame.Republish(d, h, d.Body)
 	p.Headers[wire.HeaderLastError] = frame.Truncate(errString(f.err), frame.MaxErrorBytes)
@@ -129,6 +129,25 @@ func buildRetry(in *buildInput) (built, error) {
 	}
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
 	return finish(in, in.wq.RetryExchange, lane.RoutingKey, p)
+}
+
+// retryRoom is how many headers buildRetry may add to those it keeps of
+// the delivery's: the retry state (five), the last error, the notes, the
+// signature, what fitting records, the expiration and user id moved into
+// headers, a shared tier's CC, the trace context. A table sized for
+// frame.CopyRoom more was twice the size a first retry needs.
+func retryRoom(in *buildInput) int {
+	n := 9 + len(in.trace)
+	if in.d.Expiration != "" {
+		n++
+	}
+	if in.d.UserId != "" {
+		n++
+	}
+	if in.wq.Shared() {
+		n++
+	}
+	return n
 }
 
 // buildReadmit republishes d to its own work queue (through the default

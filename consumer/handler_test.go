@@ -114,7 +114,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		wire.HeaderIdempotencyKey:  "k",
 		"dlxbridge-original-queue": "orders",
 	}
-	out := frame.StripHeaders(in, nil)
+	out := frame.StripHeaders(in, nil, frame.CopyRoom)
 	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count", "x-acquired-count"} {
 		if _, ok := out[gone]; ok {
 			t.Errorf("%s survived", gone)
