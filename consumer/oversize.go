@@ -57,8 +57,8 @@ func (e *overLimitError) Error() string {
 // as learned on this connection. Nothing was published, so it is no
 // failed publish (a broker's refusal, amqpx.TooLargeError, is one).
 func heldBack(err error) bool {
-	var ol *overLimitError
-	return errors.As(err, &ol) || errors.Is(err, frame.ErrNoFit)
+	_, ol := errors.AsType[*overLimitError](err)
+	return ol || errors.Is(err, frame.ErrNoFit)
 }
 
 // unsendable reports whether err says a copy cannot be published at all
