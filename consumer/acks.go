@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"cmp"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ func (w *worker) acked(o *outcome, result Outcome, err error) {
 func (w *worker) deadLetter(o outcome) {
 	fo := o.failed
 	if err := o.a.Reject(); err != nil {
-		fo.log.Warn("reject failed (channel gone); the broker will redeliver", "error", err)
+		w.failLog(&o).Warn("reject failed (channel gone); the broker will redeliver", "error", err)
 		w.done(&o, OutcomeAckFailed, err)
 		return
 	}
@@ -76,16 +77,22 @@ func (w *worker) done(o *outcome, result Outcome, settleErr error) {
 	switch result {
 	case OutcomeRetried:
 		m.retries.WithLabelValues(qr.cfg.Name, tierLabel(v.Tier)).Inc()
-		fo.log.Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
+		if w.logs(slog.LevelInfo) {
+			w.failLog(o).Info("retry scheduled", "delay", v.Delay.String(), "tier", v.Tier, "reason", v.Reason, "error", errString(fo.f.err))
+		}
 	case OutcomeReadmitted:
-		fo.log.Debug("re-admitted", "reason", v.Reason)
+		if w.logs(slog.LevelDebug) {
+			w.failLog(o).Debug("re-admitted", "reason", v.Reason)
+		}
 	case OutcomeQuarantined:
 		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		fo.log.Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
+		if w.logs(slog.LevelWarn) {
+			w.failLog(o).Warn("quarantined", "reason", v.Reason, "error", errString(fo.f.err))
+		}
 	case OutcomeDeadLettered:
 		m.deadLettered.WithLabelValues(qr.cfg.Name, fo.why).Inc()
 		m.quarantined.WithLabelValues(qr.cfg.Name, string(v.Class)).Inc()
-		fo.log.Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
+		w.failLog(o).Error("no retry or quarantine copy can be published; rejected the original without requeue: the broker dead-letters it as received into the quarantine",
 			"why", fo.why, "cause", fo.err, "action", v.Action, "reason", v.Reason, "error", errString(fo.f.err))
 	}
 }

@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -70,17 +69,30 @@ func build(in *buildInput) (built, error) {
 	return buildQuarantine(in)
 }
 
-// destination is where build's publishing goes, and the span attributes
-// that say so.
-func destination(in *buildInput) (exchange, key string, attrs []attribute.KeyValue) {
+// destination is where build's publishing goes.
+func destination(in *buildInput) (exchange, key string) {
+	switch in.f.verdict.Action {
+	case triage.ActionRetry:
+		lane, _ := retryLane(in)
+		return in.wq.RetryExchange, lane.RoutingKey
+	case triage.ActionReadmit:
+		return "", in.queue
+	default:
+		return in.wq.DeadExchange, in.queue
+	}
+}
+
+// destinationAttr is the span attribute that says what build's publishing
+// is.
+func destinationAttr(in *buildInput) attribute.KeyValue {
 	switch v := in.f.verdict; v.Action {
 	case triage.ActionRetry:
-		lane, delay := retryLane(in)
-		return in.wq.RetryExchange, lane.RoutingKey, []attribute.KeyValue{attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds())}
+		_, delay := retryLane(in)
+		return attribute.Int64("dlxbridge.retry.delay_ms", delay.Milliseconds())
 	case triage.ActionReadmit:
-		return "", in.queue, []attribute.KeyValue{attribute.Bool("dlxbridge.readmit", true)}
+		return attribute.Bool("dlxbridge.readmit", true)
 	default:
-		return in.wq.DeadExchange, in.queue, []attribute.KeyValue{attribute.String("dlxbridge.class", string(v.Class))}
+		return attribute.String("dlxbridge.class", string(v.Class))
 	}
 }
 
@@ -90,15 +102,6 @@ func retryLane(in *buildInput) (topology.RetryLane, time.Duration) {
 	v := in.f.verdict
 	lane := in.wq.Tiers[v.Tier].Lanes[v.Lane]
 	return lane, min(max(v.Delay, lane.MinDelay), lane.MaxDelay)
-}
-
-// republishInto copies d's properties into a new publishing with h's
-// headers plus extra, and body (see frame.Republish). h is a table of the
-// caller's own (never d.Headers), which it fills in place: a copy's headers
-// are assembled in the one table they go out in.
-func republishInto(d *amqp.Delivery, h amqp.Table, body []byte, extra amqp.Table) amqp.Publishing {
-	maps.Copy(h, extra)
-	return frame.Republish(d, h, body)
 }
 
 // buildRetry is a delayed retry: the message as received, without the
@@ -112,9 +115,9 @@ func buildRetry(in *buildInput) (built, error) {
 	if first.IsZero() {
 		first = in.now
 	}
-	state := retryState(in, int64(f.verdict.Attempt), first)
-	p := republishInto(d, frame.StripHeaders(d.Headers, nil), d.Body, state)
-	ownState(p.Headers, state)
+	h := frame.StripHeaders(d.Headers, nil, retryRoom(in))
+	setRetryState(in, h, int64(f.verdict.Attempt), first)
+	p := frame.Republish(d, h, d.Body)
 	p.Headers[wire.HeaderLastError] = frame.Truncate(errString(f.err), frame.MaxErrorBytes)
 	p.Expiration = strconv.FormatInt(delay.Milliseconds(), 10)
 	if in.wq.Shared() {
@@ -126,6 +129,25 @@ func buildRetry(in *buildInput) (built, error) {
 	}
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), f.attempts.Notes))
 	return finish(in, in.wq.RetryExchange, lane.RoutingKey, p)
+}
+
+// retryRoom is how many headers buildRetry may add to those it keeps of
+// the delivery's: the retry state (five), the last error, the notes, the
+// signature, what fitting records, the expiration and user id moved into
+// headers, a shared tier's CC, the trace context. A table sized for
+// frame.CopyRoom more was twice the size a first retry needs.
+func retryRoom(in *buildInput) int {
+	n := 9 + len(in.trace)
+	if in.d.Expiration != "" {
+		n++
+	}
+	if in.d.UserId != "" {
+		n++
+	}
+	if in.wq.Shared() {
+		n++
+	}
+	return n
 }
 
 // buildReadmit republishes d to its own work queue (through the default
@@ -147,42 +169,37 @@ func buildReadmit(in *buildInput) (built, error) {
 			base[k] = v
 		}
 	}
-	state := retryState(in, int64(f.attempts.Failed), f.attempts.FirstFailure)
-	state[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
-	p := republishInto(d, base, d.Body, state)
-	ownState(p.Headers, state)
+	setRetryState(in, base, int64(f.attempts.Failed), f.attempts.FirstFailure)
+	base[wire.HeaderReadmitted] = triage.XDeathDigest(d.Headers)
+	p := frame.Republish(d, base, d.Body)
 	notes := append(slices.Clip(f.attempts.Notes), f.verdict.Reason)
 	seal(in, p.Headers, mergeNotes(priorNotes(d, f.attempts.Signed), notes))
 	return finish(in, "", in.queue, p)
 }
 
-// retryState is the bridge's state a message carries back into its work
-// queue: failed attempts so far, when the first failed, where it first came
-// from. seal adds the notes and signs it.
-func retryState(in *buildInput, attempts int64, first time.Time) amqp.Table {
+// setRetryState writes into h, a copy's headers, the bridge's state a
+// message carries back into its work queue: failed attempts so far, when
+// the first failed, where it first came from. seal adds the notes and
+// signs it. Every other retry-signed header is removed first (the notes
+// but for seal, and a re-admission sets its own after): a producer's
+// header must not travel under the runtime's signature as if the bridge
+// wrote it, and one of a type the signature cannot vouch for would void
+// the signature, so that a failing message is retried for ever. Written
+// into h directly: a table of its own was two allocations and a copy per
+// copy.
+func setRetryState(in *buildInput, h amqp.Table, attempts int64, first time.Time) {
 	ex, key, queue := origin(in.d, in.queue, in.f.attempts.Signed)
-	h := amqp.Table{
-		wire.HeaderAttempts:           attempts,
-		wire.HeaderOriginalExchange:   ex,
-		wire.HeaderOriginalRoutingKey: key,
-		wire.HeaderOriginalQueue:      queue,
-	}
-	if !first.IsZero() {
-		h[wire.HeaderFirstFailureAt] = first.UTC().Format(rfc3339Nano)
-	}
-	return h
-}
-
-// ownState removes from h every retry-signed header that state, the
-// runtime's own retry state, does not set (seal writes the notes). A
-// producer's header must not travel under the runtime's signature as if
-// the bridge wrote it, and one of a type the signature cannot vouch for
-// would void the signature, so that a failing message is retried for ever.
-func ownState(h, state amqp.Table) {
 	for _, k := range signedHeaders {
-		if _, ours := state[k]; !ours && k != wire.HeaderNotes {
+		if k != wire.HeaderNotes {
 			delete(h, k)
 		}
+	}
+	h[wire.HeaderAttempts] = attempts
+	h[wire.HeaderOriginalExchange] = ex
+	h[wire.HeaderOriginalRoutingKey] = key
+	h[wire.HeaderOriginalQueue] = queue
+	if !first.IsZero() {
+		h[wire.HeaderFirstFailureAt] = first.UTC().Format(rfc3339Nano)
 	}
 }
 

@@ -72,7 +72,9 @@ func TestRepublishMovesExpirationAndUserIDIntoHeaders(t *testing.T) {
 		Type:        "orders.created",
 		Body:        []byte(`{"x":1}`),
 	}
-	p := republishInto(d, maps.Clone(d.Headers), d.Body, amqp.Table{"b": "2"})
+	h := maps.Clone(d.Headers)
+	h["b"] = "2"
+	p := frame.Republish(d, h, d.Body)
 	if p.Expiration != "" || p.UserId != "" {
 		t.Fatalf("expiration %q user %q must not be copied as properties", p.Expiration, p.UserId)
 	}
@@ -112,7 +114,7 @@ func TestRetryHeadersDropBrokerOwnedHeaders(t *testing.T) {
 		wire.HeaderIdempotencyKey:  "k",
 		"dlxbridge-original-queue": "orders",
 	}
-	out := frame.StripHeaders(in, nil)
+	out := frame.StripHeaders(in, nil, frame.CopyRoom)
 	for _, gone := range []string{"x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue", "x-delivery-count", "x-acquired-count"} {
 		if _, ok := out[gone]; ok {
 			t.Errorf("%s survived", gone)

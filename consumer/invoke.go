@@ -315,8 +315,12 @@ func (w *worker) breakerOutcome(herr error) (again bool) {
 // delivery had. typ and version default to the ones the gate's error names.
 func (qr *queueRuntime) decide(err error, attempts triage.Attempts, immediate int, typ, version string) failure {
 	f := failure{attempts: attempts, err: err, msgType: typ, version: version, at: qr.deps.cfg.Now()}
-	if errors.As(err, &f.validation) && typ == "" {
-		f.msgType, f.version = f.validation.Type, f.validation.Version
+	// errors.AsType: errors.As(err, &f.validation) would move f to the heap.
+	if verr, ok := errors.AsType[*schemas.ValidationError](err); ok {
+		f.validation = verr
+		if typ == "" {
+			f.msgType, f.version = verr.Type, verr.Version
+		}
 	}
 	class, hint := triage.Classify(err)
 	f.verdict = triage.Decide(qr.policy, triage.Failure{Class: class, Hint: hint, Attempts: attempts, ImmediateRetries: immediate, Now: f.at}, randFunc(qr.deps.cfg.Rand))

@@ -57,8 +57,8 @@ func (e *overLimitError) Error() string {
 // as learned on this connection. Nothing was published, so it is no
 // failed publish (a broker's refusal, amqpx.TooLargeError, is one).
 func heldBack(err error) bool {
-	var ol *overLimitError
-	return errors.As(err, &ol) || errors.Is(err, frame.ErrNoFit)
+	_, ol := errors.AsType[*overLimitError](err)
+	return ol || errors.Is(err, frame.ErrNoFit)
 }
 
 // unsendable reports whether err says a copy cannot be published at all
@@ -66,14 +66,10 @@ func heldBack(err error) bool {
 // fit one frame (frame.ErrNoFit), or its body is over the broker's
 // max message size.
 func unsendable(err error) (reason string, ok bool) {
-	if err == nil {
-		return "", false // a built copy: no target for errors.As to allocate
-	}
-	var ol *overLimitError
-	switch {
-	case errors.As(err, &ol):
+	if _, ok := errors.AsType[*overLimitError](err); ok {
 		return deadLetterMaxMessageSize, true
-	case errors.Is(err, frame.ErrNoFit):
+	}
+	if errors.Is(err, frame.ErrNoFit) {
 		return deadLetterFrameMax, true
 	}
 	if _, ok := amqpx.IsTooLarge(err); ok {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -241,12 +242,15 @@ func TestProcessAllocs(t *testing.T) {
 // confirmed at once by a fake: what each costs the runtime beyond the
 // network. ok is BenchmarkProcess; invalid is refused by the gate and
 // quarantined; transient fails its first call and succeeds on the
-// immediate retry; failing fails both calls and is sent to a retry lane.
+// immediate retry; failing fails both calls and is sent to a retry lane;
+// retried is such a retry back from its lane (its signed state, the
+// broker's x-death), and succeeds.
 func BenchmarkProcessKinds(b *testing.B) {
 	errTransient := errors.New("transient")
-	for _, kind := range []string{"ok", "invalid", "transient", "failing"} {
+	for _, kind := range []string{"ok", "invalid", "transient", "failing", "retried"} {
 		b.Run(kind, func(b *testing.B) {
 			var calls int
+			fail := kind == "failing" || kind == "retried" // retried: its first delivery only
 			h := HandlerFunc(func(ctx context.Context, m *Message) error {
 				var o processOrder
 				if err := m.Bind(&o); err != nil {
@@ -254,7 +258,7 @@ func BenchmarkProcessKinds(b *testing.B) {
 				}
 				calls++
 				switch {
-				case kind == "transient" && m.Attempt == 1, kind == "failing":
+				case kind == "transient" && m.Attempt == 1, fail:
 					return errTransient
 				}
 				return nil
@@ -269,6 +273,11 @@ func BenchmarkProcessKinds(b *testing.B) {
 				pb.body = bytes.Replace(pb.body, []byte(`"quantity":1`), []byte(`"quantity":0`), 1)
 			}
 			pb.w.handle(pb.delivery())
+			if kind == "retried" {
+				pb.headers = returnedRetry(b, pb.out)
+				fail = false
+				pb.w.handle(pb.delivery())
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -279,4 +288,27 @@ func BenchmarkProcessKinds(b *testing.B) {
 			}
 		})
 	}
+}
+
+// returnedRetry is the headers of the one retry out sent, as the work
+// queue delivers it once its lane's TTL has expired: the broker's x-death
+// added.
+func returnedRetry(tb testing.TB, out *fakeConfirmer) amqp.Table {
+	tb.Helper()
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if len(out.sent) != 1 {
+		tb.Fatalf("%d publishes, want the one retry", len(out.sent))
+	}
+	r := out.sent[0]
+	out.sent = out.sent[:0]
+	h := maps.Clone(r.p.Headers)
+	h["x-death"] = []any{amqp.Table{
+		"count": int64(1), "reason": "expired", "queue": r.key, "exchange": r.exchange,
+		"routing-keys": []any{r.key}, "original-expiration": r.p.Expiration, "time": time.Now().Truncate(time.Second),
+	}}
+	h["x-first-death-exchange"] = r.exchange
+	h["x-first-death-queue"] = r.key
+	h["x-first-death-reason"] = "expired"
+	return h
 }

@@ -293,7 +293,7 @@ func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
 		// channel close requeues it. Not a failure of the message's.
 		w.done(&o, OutcomeAbandoned, nil)
 		o.span.SetStatus(codes.Error, "shutdown before settle")
-		fo.log.Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", fo.f.verdict.Action, "error", err)
+		w.failLog(&o).Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", fo.f.verdict.Action, "error", err)
 		return
 	}
 	if err != nil {
@@ -301,11 +301,13 @@ func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
 		return
 	}
 	w.pubFailures = 0
-	o.span.SetAttributes(attribute.String("dlxbridge.outcome", string(result)))
-	if o.kind == kindQuarantine {
-		o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
+	if o.span.IsRecording() {
+		o.span.SetAttributes(attribute.String("dlxbridge.outcome", string(result)))
+		if o.kind == kindQuarantine {
+			o.span.SetStatus(codes.Error, "quarantined: "+fo.f.verdict.Reason)
+		}
 	}
-	w.ackOutcome(o, result)
+	w.ack(o, result)
 }
 
 // labels names a copy's kind: its outcome once acked, and its label in
@@ -359,7 +361,7 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 		until = time.Now().Add(w.publishBackoff())
 		w.pauseUntil.Store(until.UnixNano())
 	}
-	fo.log.Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
+	w.failLog(&o).Error("publish failed; requeueing the original (not acked)", "action", v.Action, "error", err, "after", time.Until(until).Round(time.Millisecond).String())
 	o.span.SetStatus(codes.Error, kind+" publish failed")
 	t := time.NewTimer(time.Until(until))
 	select {
@@ -372,7 +374,7 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 	if rerr := o.a.Requeue(); rerr != nil {
 		// Not requeued by us: the broker requeues it when the channel
 		// closes. Said as a failed reject is (see deadLetter).
-		fo.log.Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
+		w.failLog(&o).Warn("requeue failed (channel gone); the broker will redeliver", "error", rerr)
 		w.done(&o, OutcomeAckFailed, fmt.Errorf("requeue after the failed %s publish: %w (the publish: %w)", kind, rerr, err))
 		return
 	}

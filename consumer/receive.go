@@ -45,9 +45,10 @@ func (h *held) Ack(report func(error)) { sessionDelivery{s: h.s, d: &h.d}.Ack(re
 func (h *held) Requeue() error         { return sessionDelivery{s: h.s, d: &h.d}.Requeue() }
 func (h *held) Reject() error          { return sessionDelivery{s: h.s, d: &h.d}.Reject() }
 
-// ack is ackOutcome for a handler's success: a delivery the feeder took up
-// keeps the outcome itself until its ack is written, so that the outcome is
-// not copied to the heap for the report, once per message.
+// ack is ackOutcome for a handler's success or a confirmed copy: a
+// delivery the feeder took up keeps the outcome itself until its ack is
+// written, so that the outcome is not copied to the heap for the report,
+// once per message.
 func (w *worker) ack(o outcome, result Outcome) {
 	h, ok := o.a.(*held)
 	if !ok {

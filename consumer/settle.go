@@ -75,15 +75,35 @@ type outcome struct {
 }
 
 // failedOutcome is what settling a failure needs: its verdict and, once
-// buildCopy has run, the copy to publish and the log that names it.
+// buildCopy has run, the copy to publish and its panic stack, if any.
 type failedOutcome struct {
 	f   failure
 	out outgoing
 	// err is why the copy was not built (settled as a failed publish) or,
 	// dead-lettered, why no copy can be sent (why: unsendable's reason).
-	err error
-	why string
-	log *slog.Logger
+	err   error
+	why   string
+	stack string
+}
+
+// failLog is the logger for a line about o's failure, with the message's
+// attributes. It is made for each line rather than once per failure: at
+// the level a storm runs at, most failures write none, and Logger.With
+// was several allocations each.
+func (w *worker) failLog(o *outcome) *slog.Logger {
+	fo := o.failed
+	v := fo.f.verdict
+	log := w.deps.log.With("queue", w.q.cfg.Name, "message_id", o.d.MessageId, "class", v.Class, "attempt", v.Attempt)
+	if fo.stack != "" {
+		log = log.With("stack", fo.stack)
+	}
+	return log
+}
+
+// logs reports whether a line at level l about a failure would be
+// written: checked before its attributes are gathered.
+func (w *worker) logs(l slog.Level) bool {
+	return w.deps.log.Enabled(context.Background(), l)
 }
 
 // settle carries out o, the one place a delivery is settled: an ack goes
@@ -130,24 +150,21 @@ func (w *worker) settle(o outcome) {
 // handled instead, since rejecting it would quarantine a message whose
 // handler never ran.
 func (w *worker) buildCopy(o outcome) outcome {
-	qr := w.q
 	f := o.failed.f
 	v := f.verdict
-	o.span.SetAttributes(
-		attribute.String("dlxbridge.class", string(v.Class)),
-		attribute.String("dlxbridge.action", string(v.Action)),
-	)
-	if f.err != nil {
-		o.span.RecordError(f.err)
+	if o.span.IsRecording() {
+		o.span.SetAttributes(
+			attribute.String("dlxbridge.class", string(v.Class)),
+			attribute.String("dlxbridge.action", string(v.Action)),
+		)
+		if f.err != nil {
+			o.span.RecordError(f.err)
+		}
 	}
-	log := w.deps.log.With("queue", qr.cfg.Name, "message_id", o.d.MessageId, "class", v.Class, "attempt", v.Attempt)
 	// Trimmed once here, for the log and the quarantine record: it copies
 	// all of the captured stack, and a retry parked in the quarantine is
 	// built twice.
 	stack := panicStack(f.err)
-	if stack != "" {
-		log = log.With("stack", stack)
-	}
 	out, err := w.prepare(o.ctx, o.span, o.d, f, stack)
 	o.settled.noteFailure(f)
 	if _, no := unsendable(err); no && v.Action == triage.ActionRetry {
@@ -162,7 +179,7 @@ func (w *worker) buildCopy(o outcome) outcome {
 	}
 	o.kind = kindQuarantine
 	fo := o.failed
-	fo.f, fo.out, fo.err, fo.log = f, out, err, log
+	fo.f, fo.out, fo.err, fo.stack = f, out, err, stack
 	switch v.Action {
 	case triage.ActionRetry:
 		o.kind = kindRetry
@@ -213,21 +230,26 @@ type outgoing struct {
 // sent, and the span is ended. stack is f's panic stack as trimmed by
 // buildCopy (see panicStack), or "".
 func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.Delivery, f failure, stack string) (outgoing, error) {
-	in := w.buildInput(d, f, consumeSpan)
+	// A value on the stack: the builders keep nothing of it.
+	input := w.buildInput(d, f, consumeSpan)
+	in := &input
 	in.stack = stack
-	exchange, key, attrs := destination(in)
-	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish",
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
+	exchange, key := destination(in)
+	pctx, span := w.deps.tracer.Start(ctx, exchange+" publish", producerSpan...)
+	// As on the process span, the attributes are set only on a span that
+	// records: built as start options for the no-op tracer, they were
+	// several allocations per copy for nothing.
+	if span.IsRecording() {
+		span.SetAttributes(
 			telemetry.AttrSystemRabbitMQ,
 			telemetry.AttrOperationPublish,
 			attribute.String(telemetry.AttrDestination, exchange),
 			attribute.String(telemetry.AttrRoutingKey, key),
 			attribute.String(telemetry.AttrMessageID, d.MessageId),
-		),
-		trace.WithAttributes(attrs...))
-	in.trace = amqp.Table{}
-	telemetry.Inject(pctx, in.trace)
+			destinationAttr(in),
+		)
+	}
+	in.trace = telemetry.InjectTable(pctx)
 	b, err := build(in)
 	if limit := w.s.maxSize.get(); err == nil && overLimit(len(b.p.Body), limit) {
 		// Said by buildCopy, which parks or dead-letters it.
@@ -247,9 +269,12 @@ func (w *worker) prepare(ctx context.Context, consumeSpan trace.Span, d *amqp.De
 	return outgoing{b: b, ctx: pctx, span: span}, nil
 }
 
+// producerSpan starts a copy's publish span (one slice for every copy).
+var producerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+
 // buildInput gathers what the builders read for d's failure f.
-func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) *buildInput {
-	in := &buildInput{
+func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span) buildInput {
+	in := buildInput{
 		d:             d,
 		f:             f,
 		queue:         w.q.cfg.Name,
@@ -271,8 +296,8 @@ func (w *worker) buildInput(d *amqp.Delivery, f failure, consumeSpan trace.Span)
 
 // panicStack is the truncated stack of a handler or upcaster panic, or "".
 func panicStack(err error) string {
-	var pe *triage.PanicError
-	if !errors.As(err, &pe) {
+	pe, ok := errors.AsType[*triage.PanicError](err)
+	if !ok {
 		return ""
 	}
 	return trimStack(pe.Stack)

@@ -207,7 +207,7 @@ func quarantineFailure() failure {
 func (b *settleBundle) input(d *amqp.Delivery, f failure) *buildInput {
 	in := b.w.buildInput(d, f, noop.Span{})
 	in.trace = amqp.Table{wire.HeaderTraceparent: "00-11111111111111111111111111111111-2222222222222222-01"}
-	return in
+	return &in
 }
 
 func TestBuildRetry(t *testing.T) {

@@ -51,7 +51,7 @@ func (w *worker) quarantineInstead(o outcome, queue string, err error) outcome {
 	// are, rather than double the log in a storm of failures.
 	fix := w.missingQueueFix()
 	if ok, suppressed := w.q.missingTierLog.allow(w.deps.cfg.Now()); ok {
-		fo.log.Error("retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead",
+		w.failLog(&o).Error("retry tier queue is missing or unbound: the broker returned the retry; quarantining the message instead",
 			"retry_queue", queue, "exchange", fo.out.b.exchange, "routing_key", fo.out.b.key, "fix", fix, "error", err, "suppressed_since_last", suppressed)
 	}
 	f := fo.f

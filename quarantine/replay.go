@@ -591,7 +591,7 @@ func (rp *Replayer) message(r *Record, body []byte, prior int, reason, queue str
 		// copy's header says (see frame.Republish).
 		return strings.HasPrefix(k, wire.OwnPrefix) && !keptOnReplay[k] ||
 			k == wire.HeaderOriginalExpiration && d.Expiration != ""
-	})
+	}, frame.CopyRoom)
 	if _, ok := h[wire.HeaderIdempotencyKey]; !ok && r.Envelope.IdempotencyKey != "" && r.Envelope.IdempotencyKey != d.MessageId {
 		h[wire.HeaderIdempotencyKey] = r.Envelope.IdempotencyKey
 	}

@@ -189,8 +189,8 @@ func DependencyDown(d time.Duration, err error) error {
 // IsDependencyDown reports whether err carries a DependencyDown signal, and
 // its Retry-After (0 if none was given).
 func IsDependencyDown(err error) (time.Duration, bool) {
-	var dd *dependencyDownError
-	if !errors.As(err, &dd) {
+	dd, ok := errors.AsType[*dependencyDownError](err)
+	if !ok {
 		return 0, false
 	}
 	return max(dd.err.after, 0), true

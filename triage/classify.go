@@ -118,8 +118,12 @@ func (e *schemaError) Error() string       { return e.err.Error() }
 func (e *schemaError) Unwrap() error       { return e.err }
 func (e *schemaError) SchemaFailure() bool { return true }
 
-// schemaFailure is implemented by errors that are schema failures.
-type schemaFailure interface{ SchemaFailure() bool }
+// schemaFailure is implemented by errors that are schema failures (an
+// error, so that errors.AsType takes it).
+type schemaFailure interface {
+	error
+	SchemaFailure() bool
+}
 
 func orDefault(err error, msg string) error {
 	if err == nil {
@@ -147,20 +151,19 @@ func Classify(err error) (Class, time.Duration) {
 	if err == nil {
 		return "", 0
 	}
+	// errors.AsType, not errors.As: a target of errors.As escapes, an
+	// allocation per marker looked for on every failed delivery.
 	var hint time.Duration
-	if ra := (*retryAfterError)(nil); errors.As(err, &ra) && ra.after > 0 {
+	if ra, ok := errors.AsType[*retryAfterError](err); ok && ra.after > 0 {
 		hint = ra.after
 	}
-	var pe *PanicError
-	if errors.As(err, &pe) {
+	if _, ok := errors.AsType[*PanicError](err); ok {
 		return ClassPanic, hint
 	}
-	var sf schemaFailure
-	if errors.As(err, &sf) && sf.SchemaFailure() {
+	if sf, ok := errors.AsType[schemaFailure](err); ok && sf.SchemaFailure() {
 		return ClassSchema, 0
 	}
-	var perm *permanentError
-	if errors.As(err, &perm) {
+	if _, ok := errors.AsType[*permanentError](err); ok {
 		return ClassPermanent, 0
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

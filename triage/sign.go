@@ -197,8 +197,15 @@ func (s *Signer) sign(domain string, sub Subject, h map[string]any, fields []str
 		return ""
 	}
 	sum, _ := s.mac(domain, sub, h, fields)
-	return sigPrefix + base64.RawURLEncoding.EncodeToString(sum)
+	// Encoded on the stack: a concatenation of EncodeToString's result
+	// was three allocations for one value.
+	var buf [len(sigPrefix) + sigEncodedLen]byte
+	b := append(buf[:0], sigPrefix...)
+	return string(base64.RawURLEncoding.AppendEncode(b, sum[:]))
 }
+
+// sigEncodedLen is the length of a MAC in unpadded base64.
+const sigEncodedLen = (sha256.Size*8 + 5) / 6
 
 // Placeholder is a value of the size of every signature this Signer makes
 // (Sign's result for any input), and no valid signature: room kept for one
@@ -211,7 +218,7 @@ func (s *Signer) Placeholder() string {
 	return placeholder
 }
 
-var placeholder = sigPrefix + strings.Repeat("-", base64.RawURLEncoding.EncodedLen(sha256.Size))
+var placeholder = sigPrefix + strings.Repeat("-", sigEncodedLen)
 
 // Verify checks h's wire.HeaderSignature against the headers named in fields. It
 // compares in constant time and never panics.
@@ -260,12 +267,16 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 	if !ok || !strings.HasPrefix(str, sigPrefix) || len(str) != len(placeholder) {
 		return Verification{Problem: sh.malformed}
 	}
-	got, err := base64.RawURLEncoding.DecodeString(str[len(sigPrefix):])
-	if err != nil || len(got) != sha256.Size {
+	// Decoded on the stack: DecodeString allocates its result.
+	var enc [sigEncodedLen]byte
+	var got [sha256.Size + 2]byte // room for Decode's last quantum
+	copy(enc[:], str[len(sigPrefix):])
+	n, err := base64.RawURLEncoding.Decode(got[:], enc[:])
+	if err != nil || n != sha256.Size {
 		return Verification{Problem: sh.malformed}
 	}
 	want, encoded := s.mac(domain, sub, h, fields)
-	if !hmac.Equal(got, want) {
+	if !hmac.Equal(got[:n], want[:]) {
 		return Verification{Problem: sh.mismatch}
 	}
 	if !encoded {
@@ -282,7 +293,7 @@ func (s *Signer) verify(domain string, sh *sigHeader, sub Subject, h map[string]
 // encoded is false when a field's value is neither a string nor an integer:
 // that value is encoded as its type name only (see Sign), so the MAC vouches
 // for the type, not the value, and verify refuses it.
-func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []string) (sum []byte, encoded bool) {
+func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []string) (sum [sha256.Size]byte, encoded bool) {
 	e := encodings.Get().(*encoding)
 	defer func() {
 		if cap(e.b) <= maxPooledEncoding { // a hostile header's size is not kept
@@ -310,7 +321,9 @@ func (s *Signer) mac(domain string, sub Subject, h map[string]any, fields []stri
 	}
 	m.Reset()
 	m.Write(e.b)
-	sum = m.Sum(nil)
+	// Summed into the pooled buffer, past the encoding: Sum(nil) would
+	// allocate.
+	copy(sum[:], m.Sum(e.b[len(e.b):]))
 	s.macs.Put(m)
 	return sum, encoded
 }

@@ -90,13 +90,7 @@ func tooLargeClose(e *amqp.Error) *TooLargeError {
 
 // IsTooLarge reports whether err is a size refusal, and the limit it named.
 func IsTooLarge(err error) (max int64, ok bool) {
-	if err == nil {
-		// Most calls: a publish that went through. errors.As would
-		// allocate its target all the same.
-		return 0, false
-	}
-	var tl *TooLargeError
-	if errors.As(err, &tl) {
+	if tl, ok := errors.AsType[*TooLargeError](err); ok {
 		return tl.Max, true
 	}
 	return 0, false

@@ -37,8 +37,9 @@ func Republish(d *amqp.Delivery, h amqp.Table, body []byte) amqp.Publishing {
 	}
 }
 
-// copyRoom is how many headers StripHeaders leaves room for.
-const copyRoom = 16
+// CopyRoom is room for every header a copy may add beside the ones it
+// keeps: its retry state or envelope, notes, signature, trace context.
+const CopyRoom = 16
 
 // StripHeaders copies h without the headers the broker owns, and without
 // those drop (if not nil) names. A copy must not carry the broker's back
@@ -55,10 +56,12 @@ const copyRoom = 16
 //     producer named (a retry's return, a replay through the default
 //     exchange to any queue). The runtime sets its own where it needs one.
 //
-// The copy has room for the headers a caller adds to it (retry state,
-// notes, signature, trace context), so that they do not grow it again.
-func StripHeaders(h amqp.Table, drop func(name string) bool) amqp.Table {
-	out := make(amqp.Table, len(h)+copyRoom)
+// The copy has room for room headers more, the most a caller adds to it
+// (CopyRoom if it cannot tell), so that they do not grow it again. Room
+// beyond that is not free: a table twice the size costs its allocation,
+// and every walk over it (encoding, sizing) visits the empty slots.
+func StripHeaders(h amqp.Table, drop func(name string) bool, room int) amqp.Table {
+	out := make(amqp.Table, len(h)+room)
 	for k, v := range h {
 		if wire.IsBrokerHeader(k) || wire.IsRoutingHeader(k) || drop != nil && drop(k) {
 			continue

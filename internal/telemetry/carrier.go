@@ -9,7 +9,9 @@ import (
 	"github.com/dlxbridge/dlxbridge/internal/wireval"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Propagator is W3C traceparent/tracestate plus baggage. dlxbridge always
@@ -42,6 +44,19 @@ func (c HeaderCarrier) Keys() []string {
 // Inject writes ctx's trace context into headers (which must be non-nil).
 func Inject(ctx context.Context, headers amqp.Table) {
 	Propagator.Inject(ctx, HeaderCarrier(headers))
+}
+
+// InjectTable returns ctx's trace context as headers to add to a
+// publishing, or nil when Propagator writes none (no valid span context
+// and no baggage): a copy's publish span is a no-op one's without a
+// tracer provider, and a table for nothing was an allocation per copy.
+func InjectTable(ctx context.Context) amqp.Table {
+	if !trace.SpanContextFromContext(ctx).IsValid() && baggage.FromContext(ctx).Len() == 0 {
+		return nil
+	}
+	h := amqp.Table{}
+	Inject(ctx, h)
+	return h
 }
 
 // Extract returns ctx with the trace context found in headers, if any.
