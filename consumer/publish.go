@@ -123,8 +123,21 @@ func (sp *sessionPublisher) resending(ctx context.Context, exchange, key string,
 		if left > 0 && errors.Is(err, amqpx.ErrBesideRefusal) && sp.s.handlerCtx.Err() == nil {
 			// Called on the pipeline's goroutine, which must not block
 			// (nor open a channel).
-			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, left-1))
+			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, sentBefore(confirmed, err), left-1))
 			return
+		}
+		confirmed(err)
+	}
+}
+
+// sentBefore wraps the confirmed of a copy sent again after it failed
+// beside another's refusal (beside): held back on the re-send, it still
+// went out once and lost its channel, so the error says so (heldBack
+// tells it from a copy never sent).
+func sentBefore(confirmed func(error), beside error) func(error) {
+	return func(err error) {
+		if heldBack(err) {
+			err = fmt.Errorf("%w (sent before, it failed beside another's refusal: %w)", err, beside)
 		}
 		confirmed(err)
 	}
