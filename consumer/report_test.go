@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/frame"
@@ -252,5 +253,27 @@ func TestACopySentThenHeldBackOnItsResendIsAPublishFailure(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(m.deadLettered.WithLabelValues(settleQueue, deadLetterMaxMessageSize)); n != 1 {
 		t.Errorf("dead_lettered_total{reason=max_message_size} = %v, want 1", n)
+	}
+}
+
+// A copy the broker nacked while the session still ran is a failed
+// publish even when the worker's settler reaches it only past the drain
+// deadline (it was pausing before an earlier requeue): the original is
+// then left to the channel close (abandoned), but the broker did refuse
+// the copy. Before, such failures vanished from publish_failures.
+func TestAFailureTheSettlerReachesPastTheDeadlineIsStillAPublishFailure(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, frame.DefaultFrameSize)
+	b.out.fail = func(published) error { return amqpx.ErrNacked }
+	for range 2 {
+		// Nacked at once: both failures are in before the deadline; the
+		// first one's requeue waits out its pause.
+		b.w.settleFailure(context.Background(), noop.Span{}, &fakeAcker{}, delivery(), quarantineFailure())
+	}
+	b.stop() // the drain deadline
+	b.w.settling.Wait()
+	m := b.w.deps.metrics
+	if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != 2 {
+		t.Errorf("publish_failures_total{kind=quarantine} = %v, want 2 (outcomes %v)", n, b.outcomes())
 	}
 }
