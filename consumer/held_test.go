@@ -164,6 +164,11 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 			x -= w
 		}
 	}
+	for tag := range r.abandon {
+		// Its handler must run (the run waits for it): no fate that
+		// settles it before (a re-admission, the crash-loop guard).
+		fates[tag] = succeed
+	}
 	m := &creditModel{lockedModel: newLockedModel(t), credit: make(chan struct{}, r.prefetch)}
 	for range r.prefetch {
 		m.credit <- struct{}{}
