@@ -116,9 +116,19 @@ type heldRun struct {
 	drainAt uint64
 	// abandon: tags whose handler ignores its deadline.
 	abandon map[uint64]bool
+	// feeder: the session's own feeder (feed, hand, leave) takes the
+	// deliveries up, as a session does, rather than the test's loop.
+	feeder bool
+	// lostAt: the channel is gone once this tag was delivered (0: never),
+	// as a lost channel ends a session: the stop begins, and the workers
+	// go on with what they hold (their acks and requeues fail) until the
+	// drain deadline, deadlineAfter later (0: none comes).
+	lostAt        uint64
+	deadlineAfter time.Duration
 }
 
 type heldResult struct {
+	qs       *queueSession
 	m        *creditModel
 	settled  map[uint64][]Outcome
 	fed      []uint64
@@ -154,6 +164,11 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 			x -= w
 		}
 	}
+	for tag := range r.abandon {
+		// Its handler must run (the run waits for it): no fate that
+		// settles it before (a re-admission, the crash-loop guard).
+		fates[tag] = succeed
+	}
 	m := &creditModel{lockedModel: newLockedModel(t), credit: make(chan struct{}, r.prefetch)}
 	for range r.prefetch {
 		m.credit <- struct{}{}
@@ -172,6 +187,9 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 		q.Consumer.Prefetch = r.prefetch
 		q.Consumer.HandlerTimeout = 300 * time.Millisecond
 		q.Retry.ImmediateRetries = 1
+		// The breaker (on by default) holds deliveries in the feeder
+		// while it pauses: not for long here.
+		c.hooks = &testHooks{maxHold: 20 * time.Millisecond}
 		c.OnSettled = func(s Settled) {
 			tag, err := strconv.ParseUint(s.MessageID[len("m-"):], 10, 64)
 			if err != nil {
@@ -226,12 +244,29 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 		go newWorker(qs, conf).work()
 	}
 	smallBody, bigBody := processBody(small), processBody(big)
+	var src chan amqp.Delivery
+	feederEnded := make(chan struct{})
+	if r.feeder {
+		src = make(chan amqp.Delivery)
+		qs.sub = &subscription{qs: qs}
+		// Open, as far as handOver asks (a stop hands over what the
+		// feeder holds).
+		qs.ch, qs.pubConn = &amqp.Channel{}, &amqp.Connection{}
+		qs.workers.Add(1)
+		go func() {
+			defer close(feederEnded)
+			defer qs.workers.Done()
+			qs.feed(context.Background(), src, make(chan error, 1))
+		}()
+	}
+	var deadline *time.Timer
 	upstream := []any{amqp.Table{"queue": "upstream", "reason": "rejected", "count": int64(1), "time": time.Now(), "exchange": "", "routing-keys": []any{"upstream"}}}
 
 	// The feeder, as feed runs it: each delivery taken up once (hold),
 	// noted in the window (received), handed to a worker.
 	var weaks []weak.Pointer[held]
 	var fed []uint64
+feeding:
 	for tag := uint64(1); tag <= uint64(r.n); tag++ {
 		select {
 		case <-m.credit:
@@ -257,10 +292,20 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 			d.Redelivered = true
 			d.Headers[wire.HeaderDeliveryCount] = int64(100)
 		}
-		h := qs.hold(&d)
-		weaks = append(weaks, weak.Make(h))
-		qs.received(&h.d)
-		qs.fed <- fedDelivery{h: h}
+		if r.feeder {
+			// Taken up once the feeder has it: it may have ended (the
+			// drain deadline) without taking this one.
+			select {
+			case src <- d:
+			case <-feederEnded:
+				break feeding
+			}
+		} else {
+			h := qs.hold(&d)
+			weaks = append(weaks, weak.Make(h))
+			qs.received(&h.d)
+			qs.fed <- fedDelivery{h: h}
+		}
 		fed = append(fed, tag)
 		if tag == r.closeAt {
 			m.closed.Store(true)
@@ -273,9 +318,29 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 			qs.cancelHandler()
 			break
 		}
+		if tag == r.lostAt {
+			m.closed.Store(true)
+			close(qs.stopping)
+			close(qs.cancelled)
+			if r.deadlineAfter > 0 {
+				deadline = time.AfterFunc(r.deadlineAfter, qs.cancelHandler)
+			}
+			break
+		}
 	}
-	close(qs.fed)
+	if r.feeder {
+		// The consumer is cancelled: the client closes its deliveries.
+		qs.sub.mu.Lock()
+		qs.sub.stopped = true
+		qs.sub.mu.Unlock()
+		close(src)
+	} else {
+		close(qs.fed)
+	}
 	qs.workers.Wait()
+	if deadline != nil {
+		deadline.Stop()
+	}
 	conf.wg.Wait()
 	abandoned.Wait()
 	qs.acks.flush(true)
@@ -295,7 +360,7 @@ func runHeld(t *testing.T, r heldRun) heldResult {
 	keptMu.Unlock()
 	mu.Lock()
 	defer mu.Unlock()
-	return heldResult{m: m, settled: settled, fed: fed, retained: retained}
+	return heldResult{qs: qs, m: m, settled: settled, fed: fed, retained: retained}
 }
 
 // check: each fed tag reported exactly once, with the outcome the broker
@@ -334,6 +399,10 @@ func (res heldResult) check(t *testing.T, name string) {
 			t.Errorf("%s: tag %d reported %s; the broker saw %d acks, %d rejects, %d requeues", name, tag, o, acked, rejected, requeued)
 		}
 	}
+	// The stop's count of what it left is the abandoned reports.
+	if n := res.qs.unsettled.Load(); n != int64(counts[OutcomeAbandoned]) {
+		t.Errorf("%s: the session counted %d deliveries left unsettled; %d were reported abandoned", name, n, counts[OutcomeAbandoned])
+	}
 	if len(res.retained) > 0 {
 		t.Errorf("%s: %d helds still reachable after their settlement (tags %v)", name, len(res.retained), res.retained[:min(10, len(res.retained))])
 	}
@@ -368,5 +437,41 @@ func TestHeldSessionEndsMidFlight(t *testing.T) {
 		{n: 2000, prefetch: 5, concurrency: 3, seed: 8, drainAt: 41},
 	} {
 		runHeld(t, r).check(t, fmt.Sprintf("closed at %d, drained at %d", r.closeAt, r.drainAt))
+	}
+}
+
+// The session's own feeder takes the deliveries up, and the session ends
+// every way it can: its channel lost while the workers go on (their acks
+// and requeues then fail) with or without a drain deadline after it, the
+// drain deadline passing, the channel and the handlers ending together;
+// over prefetches and concurrencies at random. Every delivery the feeder
+// took up is reported exactly once, as the broker saw it, and the
+// session's count of what it left is its abandoned reports.
+func TestHeldFeederSessionEndsAtRandom(t *testing.T) {
+	t.Parallel()
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	for i := range 6 {
+		r := heldRun{n: 300 + rng.Intn(900), prefetch: 2 + rng.Intn(299), concurrency: 2 + rng.Intn(7), seed: rng.Int63(), feeder: true}
+		at := uint64(1 + rng.Intn(r.n))
+		switch i % 4 {
+		case 0:
+			r.lostAt = at
+		case 1:
+			r.lostAt, r.deadlineAfter = at, time.Duration(1+rng.Intn(50))*time.Millisecond
+		case 2:
+			r.drainAt = at
+		case 3:
+			r.closeAt = at
+		}
+		if i%4 == 0 && rng.Intn(2) == 0 {
+			// Only where every delivery reaches its handler: the run
+			// waits for this one's.
+			r.abandon = map[uint64]bool{uint64(1 + rng.Intn(int(at))): true}
+		}
+		name := fmt.Sprintf("seed %d prefetch %d concurrency %d lost at %d (deadline %s) drained at %d closed at %d",
+			r.seed, r.prefetch, r.concurrency, r.lostAt, r.deadlineAfter, r.drainAt, r.closeAt)
+		runHeld(t, r).check(t, name)
 	}
 }

@@ -55,10 +55,12 @@ func (e *overLimitError) Error() string {
 // heldBack reports whether err says the runtime did not send a copy at
 // all: it does not fit one frame, or its body is over the broker's limit
 // as learned on this connection. Nothing was published, so it is no
-// failed publish (a broker's refusal, amqpx.TooLargeError, is one).
+// failed publish (a broker's refusal, amqpx.TooLargeError, is one). A copy
+// held back only on its re-send went out before, beside another's refusal
+// (see sentBefore): it is a failed publish.
 func heldBack(err error) bool {
 	_, ol := errors.AsType[*overLimitError](err)
-	return ol || errors.Is(err, frame.ErrNoFit)
+	return (ol || errors.Is(err, frame.ErrNoFit)) && !errors.Is(err, amqpx.ErrBesideRefusal)
 }
 
 // unsendable reports whether err says a copy cannot be published at all

@@ -55,6 +55,7 @@ func (w *worker) publishCopy(o outcome) {
 			wait.Observe(time.Since(sent).Seconds())
 		} else {
 			c.at = time.Now()
+			c.ended = w.s.handlerCtx.Err() != nil
 		}
 		w.confirmed <- c
 	}
@@ -123,8 +124,21 @@ func (sp *sessionPublisher) resending(ctx context.Context, exchange, key string,
 		if left > 0 && errors.Is(err, amqpx.ErrBesideRefusal) && sp.s.handlerCtx.Err() == nil {
 			// Called on the pipeline's goroutine, which must not block
 			// (nor open a channel).
-			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, confirmed, left-1))
+			go sp.publish(ctx, exchange, key, p, sp.resending(ctx, exchange, key, p, sentBefore(confirmed, err), left-1))
 			return
+		}
+		confirmed(err)
+	}
+}
+
+// sentBefore wraps the confirmed of a copy sent again after it failed
+// beside another's refusal (beside): held back on the re-send, it still
+// went out once and lost its channel, so the error says so (heldBack
+// tells it from a copy never sent).
+func sentBefore(confirmed func(error), beside error) func(error) {
+	return func(err error) {
+		if heldBack(err) {
+			err = fmt.Errorf("%w (sent before, it failed beside another's refusal: %w)", err, beside)
 		}
 		confirmed(err)
 	}
@@ -246,12 +260,13 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// confirmation is a copy's confirm (err nil) or failure (at at), for the
-// settler.
+// confirmation is a copy's confirm (err nil) or failure (at at, ended
+// when the drain deadline had passed by then), for the settler.
 type confirmation struct {
-	o   outcome
-	err error
-	at  time.Time
+	o     outcome
+	err   error
+	at    time.Time
+	ended bool
 }
 
 // settler finishes, one at a time and in the order their confirms came,
@@ -263,7 +278,7 @@ func (w *worker) settler() {
 			// Its quarantine copy keeps the slot and the count.
 			go w.publishCopy(w.quarantineInstead(c.o, q, c.err))
 		} else {
-			w.afterConfirm(c.o, c.err, c.at)
+			w.afterConfirm(c)
 			<-w.awaiting
 			w.settling.Done()
 		}
@@ -275,9 +290,10 @@ func (w *worker) settler() {
 	}
 }
 
-// afterConfirm settles o once its copy was confirmed (err nil) or failed
-// (at failedAt): the ack, or the requeue. It runs on the settler.
-func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
+// afterConfirm settles c.o once its copy was confirmed (c.err nil) or
+// failed: the ack, or the requeue. It runs on the settler.
+func (w *worker) afterConfirm(c confirmation) {
+	o, err := c.o, c.err
 	defer o.span.End()
 	fo := o.failed
 	if err != nil {
@@ -290,14 +306,19 @@ func (w *worker) afterConfirm(o outcome, err error, failedAt time.Time) {
 		// The drain deadline passed while the publish waited (typically on
 		// a connection blocked by a resource alarm). Whether the broker has
 		// the copy is unknown: the original is left unsettled, and the
-		// channel close requeues it. Not a failure of the message's.
+		// channel close requeues it. Not a failure of the message's; but
+		// a failure that came while the session still ran (the settler
+		// was busy: a requeue's pause) is the broker's word on the copy.
+		if !c.ended {
+			w.countPublishFailure(o, err)
+		}
 		w.done(&o, OutcomeAbandoned, nil)
 		o.span.SetStatus(codes.Error, "shutdown before settle")
 		w.failLog(&o).Warn("shutdown before the retry/quarantine publish was confirmed; the original is left to be requeued", "action", fo.f.verdict.Action, "error", err)
 		return
 	}
 	if err != nil {
-		w.requeue(o, err, failedAt)
+		w.requeue(o, err, c.at)
 		return
 	}
 	w.pubFailures = 0
@@ -330,12 +351,7 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 	fo := o.failed
 	v := fo.f.verdict
 	_, kind := o.kind.labels()
-	if fo.err == nil && !heldBack(err) {
-		// Only a copy that went out is a failed publish: one never built
-		// or held back (dead-lettered below, or a re-admission requeued)
-		// says nothing of the broker, and would trip its alert.
-		w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
-	}
+	w.countPublishFailure(o, err)
 	if max, ok := amqpx.IsTooLarge(err); ok {
 		// The broker refused this copy for its body's size (before routing
 		// it: no queue has it) and named its limit, which the connection's
@@ -379,6 +395,18 @@ func (w *worker) requeue(o outcome, err error, failedAt time.Time) {
 		return
 	}
 	w.done(&o, OutcomeRequeued, err)
+}
+
+// countPublishFailure counts o's copy, failed with err, in
+// publish_failures. Only a copy that went out is a failed publish: one
+// never built or held back (dead-lettered, or a re-admission requeued)
+// says nothing of the broker, and would trip its alert.
+func (w *worker) countPublishFailure(o outcome, err error) {
+	if o.failed.err != nil || heldBack(err) {
+		return
+	}
+	_, kind := o.kind.labels()
+	w.deps.metrics.publishFailures.WithLabelValues(w.q.cfg.Name, kind).Inc()
 }
 
 // publishBackoff is the pause after the n-th consecutive failed publish:

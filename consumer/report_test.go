@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/dlxbridge/dlxbridge/internal/amqpx"
 	"github.com/dlxbridge/dlxbridge/internal/frame"
@@ -214,5 +216,64 @@ func TestAStopPastItsDrainDeadlineCountsWhatItLeft(t *testing.T) {
 	recs := logs.records(t, msg)
 	if len(recs) != 1 || recs[0]["queue"] != b.queue.Name || recs[0]["count"] != float64(1) {
 		t.Fatalf("stop log lines %v; want one for queue %s with count 1", recs, b.queue.Name)
+	}
+}
+
+// besideThenHeldBack is a confirmer whose copy goes out and fails beside
+// another publish's size refusal (the broker closed the channel under
+// both); the refusal teaches the connection a limit this copy's body is
+// over too, so the session publisher's re-send holds it back.
+type besideThenHeldBack struct{ sp *sessionPublisher }
+
+func (b besideThenHeldBack) Publish(ctx context.Context, exchange, key string, p amqp.Publishing, confirmed func(error)) {
+	b.sp.s.maxSize.learn(4)
+	b.sp.resending(ctx, exchange, key, p, confirmed, maxResends)(fmt.Errorf("%w: %w", amqpx.ErrBesideRefusal, amqpx.ErrPublisherClosed))
+}
+
+// A copy that went out and lost its channel beside another's refusal,
+// then was held back on its re-send (its body over the limit that refusal
+// taught), was published: it is a failed publish, as the metric's help
+// says (channel lost), besides its original's dead-lettering. Counting
+// only the re-send's verdict hid it.
+func TestACopySentThenHeldBackOnItsResendIsAPublishFailure(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, frame.DefaultFrameSize)
+	b.w.out = besideThenHeldBack{sp: &sessionPublisher{s: b.w.s}}
+	a := &fakeAcker{}
+	b.settle(context.Background(), a, delivery(), quarantineFailure())
+	if a.log() != "reject" || strings.Join(b.outcomes(), ",") != string(OutcomeDeadLettered) {
+		t.Fatalf("calls %q, outcomes %v; want reject, dead_lettered", a.log(), b.outcomes())
+	}
+	if err := b.settled[0].SettleErr; !errors.Is(err, amqpx.ErrBesideRefusal) {
+		t.Errorf("settle error %v: want it to say the copy went out beside a refusal", err)
+	}
+	m := b.w.deps.metrics
+	if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != 1 {
+		t.Errorf("publish_failures_total{kind=quarantine} = %v, want 1 (it was published, and its channel closed)", n)
+	}
+	if n := testutil.ToFloat64(m.deadLettered.WithLabelValues(settleQueue, deadLetterMaxMessageSize)); n != 1 {
+		t.Errorf("dead_lettered_total{reason=max_message_size} = %v, want 1", n)
+	}
+}
+
+// A copy the broker nacked while the session still ran is a failed
+// publish even when the worker's settler reaches it only past the drain
+// deadline (it was pausing before an earlier requeue): the original is
+// then left to the channel close (abandoned), but the broker did refuse
+// the copy. Before, such failures vanished from publish_failures.
+func TestAFailureTheSettlerReachesPastTheDeadlineIsStillAPublishFailure(t *testing.T) {
+	t.Parallel()
+	b := newSettleBundle(t, frame.DefaultFrameSize)
+	b.out.fail = func(published) error { return amqpx.ErrNacked }
+	for range 2 {
+		// Nacked at once: both failures are in before the deadline; the
+		// first one's requeue waits out its pause.
+		b.w.settleFailure(context.Background(), noop.Span{}, &fakeAcker{}, delivery(), quarantineFailure())
+	}
+	b.stop() // the drain deadline
+	b.w.settling.Wait()
+	m := b.w.deps.metrics
+	if n := testutil.ToFloat64(m.publishFailures.WithLabelValues(settleQueue, "quarantine")); n != 2 {
+		t.Errorf("publish_failures_total{kind=quarantine} = %v, want 2 (outcomes %v)", n, b.outcomes())
 	}
 }
