@@ -7,8 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v5"
+
+	"github.com/dlxbridge/dlxbridge/internal/jsonscan"
 )
 
 // TestPropIndexHostileNames: objects whose property names collide under
@@ -208,4 +211,76 @@ func TestContentTypeEdges(t *testing.T) {
 			t.Errorf("checkContentType(%q) accepts=%v, want %v", ct, got, ok)
 		}
 	}
+}
+
+// TestTokenStringsAtEveryOffset: strings of 0 to 24 bytes with one hostile
+// byte or escape at every offset (control characters, '"', '\\', DEL,
+// continuation and lead bytes, overlong and surrogate encodings, lone and
+// paired \u surrogates), ending at the buffer's end or just before it, as
+// a whole body and as a key and a value of an object. The oracle is
+// independent of jsonscan (which decodeJSON uses too): encoding/json for
+// syntax and text, utf8.Valid, and unpaired surrogate escapes refused. The
+// tokenizer and decodeJSON take exactly what it takes, and read each
+// string as encoding/json does.
+func TestTokenStringsAtEveryOffset(t *testing.T) {
+	t.Parallel()
+	specials := []struct {
+		s    string
+		lone bool // an unpaired surrogate escape, which strict decoding refuses
+	}{{"\x00", false}, {"\x1f", false}, {" ", false}, {`"`, false}, {`\`, false}, {"\x7f", false}, {"\x80", false}, {"\xbf", false},
+		{"\xc0\x80", false}, {"\xc1\xbf", false}, {"\xc3\xa9", false}, {"\xe0\x80\x80", false}, {"\xed\xa0\x80", false}, {"\xef\xbf\xbf", false},
+		{"\xf0\x9f\x98\x80", false}, {"\xf4\x90\x80\x80", false}, {"\xff", false}, {`\"`, false}, {`\\`, false}, {`\/`, false},
+		{`\u00e9`, false}, {`\ud800`, true}, {`\udc00`, true}, {`\ud83d\ude00`, false}, {`\ud800\u0041`, true}, {`\u0000`, false},
+		{`\x`, false}, {`\u12`, false}, {"\t", false}, {"\n", false}}
+	n := 0
+	for size := 0; size <= 24; size++ {
+		for k := 0; k <= size; k++ {
+			for _, sp := range specials {
+				s := strings.Repeat("a", k) + sp.s + strings.Repeat("b", size-k)
+				for _, body := range []string{`"` + s + `"`, `"` + s, `{"` + s + `":"` + s + `"}`, `["` + s + `"]`, `"` + s + `" `} {
+					n += checkTokenString(t, []byte(body), sp.lone)
+				}
+			}
+		}
+	}
+	if n < 10000 {
+		t.Fatalf("only %d bodies tokenized: the test proves little", n)
+	}
+}
+
+// checkTokenString checks body (a string, or an array or object of
+// strings all alike) against the oracle; it returns 1 if it tokenized.
+func checkTokenString(t *testing.T, body []byte, lone bool) int {
+	t.Helper()
+	var ref any
+	want := json.Unmarshal(body, &ref) == nil && utf8.Valid(body) && !lone
+	_, derr := decodeJSON(body)
+	d := getTokDoc()
+	defer d.release()
+	tok := d.tokenize(body)
+	if (derr == nil) != want || tok && !want {
+		t.Fatalf("%q: decodeJSON error %v, tokenized %v; the oracle takes it: %v", body, derr, tok, want)
+	}
+	if !tok {
+		return 0 // the tree path decides
+	}
+	var text string
+	switch v := ref.(type) {
+	case string:
+		text = v
+	case []any:
+		text = v[0].(string)
+	case map[string]any:
+		for k := range v {
+			text = k
+		}
+	}
+	for i := range d.toks {
+		if k := d.toks[i].kind; k == jsonscan.String || k == jsonscan.Key {
+			if got := d.str(int32(i)); got != text {
+				t.Fatalf("%q: token %d reads %q, encoding/json %q", body, i, got, text)
+			}
+		}
+	}
+	return 1
 }
