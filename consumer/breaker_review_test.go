@@ -51,20 +51,29 @@ func TestBreakerProbePanicOrAbandonedDoesNotWedge(t *testing.T) {
 			var mu sync.Mutex
 			calls, ok := 0, map[string]int{}
 			// An abandoned probe outlives its worker: the leak check
-			// must not see it.
+			// must not see it. Its Add is made under mu, which the
+			// cleanup takes before Wait: an abandoned probe may still
+			// be running when the test ends, and an Add from zero with
+			// nothing ordering it before the Wait is a race.
 			var probes sync.WaitGroup
-			t.Cleanup(probes.Wait)
+			t.Cleanup(func() {
+				mu.Lock()
+				defer mu.Unlock() // a probe takes mu only before its Add
+				probes.Wait()
+			})
 			b.start(func(c *Consumer) {
 				must(t, c.Handle(b.queue.Name, testType, HandlerFunc(func(ctx context.Context, m *Message) error {
 					mu.Lock()
 					calls++
 					k := calls
+					if k == 2 || k == 3 {
+						probes.Add(1)
+					}
 					mu.Unlock()
 					switch k {
 					case 1:
 						return triage.DependencyDown(0, errors.New("down"))
 					case 2, 3: // the first probes
-						probes.Add(1)
 						defer probes.Done()
 						return tc.probe(ctx)
 					}

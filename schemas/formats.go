@@ -1,16 +1,24 @@
 package schemas
 
-import "github.com/santhosh-tekuri/jsonschema/v5"
+import (
+	"reflect"
+	"runtime"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
+)
 
 // registerFormats gives the compiler faster checkers for formats the shipped
 // schemas assert on every message. Each accepts at once only values that
 // are plainly valid (plainFormats) and hands everything else to jsonschema's
 // own checker, so a value is valid exactly when it was before. They are
 // registered per compiler; jsonschema.Formats, which the whole process
-// shares, is only read.
+// shares, is only read. A checker the process put in jsonschema.Formats in
+// place of jsonschema's own is left alone: a plain check vouches only for
+// what jsonschema's own accepts, and taking it first would let through
+// what a stricter replacement refuses.
 func registerFormats(c *jsonschema.Compiler) {
 	for name, plain := range plainFormats {
-		if slow := jsonschema.Formats[name]; slow != nil {
+		if slow := jsonschema.Formats[name]; slow != nil && ownChecker(name, slow) {
 			c.Formats[name] = func(v any) bool {
 				if s, ok := v.(string); ok && plain(s) {
 					return true
@@ -19,6 +27,17 @@ func registerFormats(c *jsonschema.Compiler) {
 			}
 		}
 	}
+}
+
+// ownCheckers names jsonschema's own checker of each format in plainFormats.
+var ownCheckers = map[string]string{"email": "isEmail", "uuid": "isUUID", "date-time": "isDateTime"}
+
+// ownChecker reports whether fn, jsonschema.Formats[name], is still
+// jsonschema's own checker, by its function's name: function values do
+// not compare, and a copy taken at init could already be a replacement.
+func ownChecker(name string, fn func(any) bool) bool {
+	f := runtime.FuncForPC(reflect.ValueOf(fn).Pointer())
+	return f != nil && f.Name() == reflect.TypeFor[jsonschema.Schema]().PkgPath()+"."+ownCheckers[name]
 }
 
 // plainFormats are the plain checks of registerFormats. The fast path calls

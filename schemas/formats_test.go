@@ -130,3 +130,64 @@ func FuzzPlainFormats(f *testing.F) {
 		}
 	})
 }
+
+// TestReplacedFormatCheckerRules: a process that replaced jsonschema's own
+// uuid, date-time or email checker in jsonschema.Formats (say, with a
+// stricter one) has its checker decide, on the gate's fast path and the
+// tree path alike, as it did before the plain checks existed: a plain
+// check vouches only for jsonschema's own checker. Not parallel: it swaps
+// a process-wide map, restored before any parallel test runs.
+func TestReplacedFormatCheckerRules(t *testing.T) {
+	for _, c := range []struct{ format, value string }{
+		{"uuid", "5F1C9B4E-8D3A-4F7E-9A1B-2C3D4E5F6A7B"},
+		{"date-time", "2026-11-29T19:13:25Z"},
+		{"email", "jane.doe@example.com"},
+	} {
+		t.Run(c.format, func(t *testing.T) {
+			own := jsonschema.Formats[c.format]
+			jsonschema.Formats[c.format] = func(any) bool { return false } // refuses everything
+			t.Cleanup(func() { jsonschema.Formats[c.format] = own })
+			r, err := loadOne(t, `{"type":"object","properties":{"v":{"type":"string","format":"`+c.format+`"}}}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := []byte(`{"v":"` + c.value + `"}`)
+			if err := r.Validate("t", "1", map[string]any{"v": c.value}); err == nil {
+				t.Errorf("Validate takes %s %q, which the registered checker refuses", c.format, c.value)
+			}
+			g, err := NewGate(GateConfig{Registry: r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := Input{ContentType: "application/json", Type: "t", Headers: map[string]any{"schema-version": "1"}, Body: body}
+			if _, err := g.Check(in); err == nil {
+				t.Errorf("the gate takes %s %q, which the registered checker refuses", c.format, c.value)
+			}
+		})
+	}
+	// Restored, the plain checks are back (and accept these).
+	r, err := loadOne(t, `{"type":"string","format":"uuid"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Validate("t", "1", "5F1C9B4E-8D3A-4F7E-9A1B-2C3D4E5F6A7B"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestOwnCheckersRecognised: left as jsonschema ships them, every format
+// with a plain check gets registerFormats' checker (else the plain checks
+// would silently never run).
+func TestOwnCheckersRecognised(t *testing.T) {
+	t.Parallel()
+	c := jsonschema.NewCompiler()
+	registerFormats(c)
+	for name := range plainFormats {
+		if c.Formats[name] == nil {
+			t.Errorf("%s: jsonschema's own checker not recognised", name)
+		}
+	}
+	if len(ownCheckers) != len(plainFormats) {
+		t.Errorf("ownCheckers names %d formats, plainFormats %d", len(ownCheckers), len(plainFormats))
+	}
+}
