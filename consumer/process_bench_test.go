@@ -25,7 +25,7 @@ import (
 // through worker.process (signature and attempt count, crash-loop guard,
 // schema gate, a handler that Binds the body, the ack into the session's
 // ack window), as `dlxbridge bench --scenario clean` drives it, minus the
-// network. Its allocs/op is what the issue 11 work on per-message
+// network. Its allocs/op is what the work on per-message
 // bookkeeping measures:
 //
 //	go test -run '^$' -bench Process -benchmem ./consumer/
@@ -205,7 +205,7 @@ func BenchmarkProcess(b *testing.B) {
 // runtimeAllocs bounds the allocations of one clean delivery through
 // worker.process (BenchmarkProcess measures it) beyond what the gate's
 // check and the handler's json.Unmarshal make on their own: the runtime's
-// own bookkeeping. It was 21 before issue 11's cuts (96 in all), 13 after
+// own bookkeeping. It was 21 before the first cuts (96 in all), 13 after
 // (88), 10 once one allocation (held) carried a delivery from the feeder to
 // its ack report (one or two more under the race detector); the bound
 // catches a cut undone.

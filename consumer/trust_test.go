@@ -193,7 +193,7 @@ func TestCopiedRetryHeadersDoNotCarryOver(t *testing.T) {
 // upstream declares a quorum queue whose dead-letter exchange is the work
 // queue's exchange (routing key job.test), publishes one valid message to
 // it, delivers it k times there (requeueing) and rejects it, so the broker
-// dead-letters it into the work queue: the chain of services of issue 13.
+// dead-letters it into the work queue: a chain of services, each dead-lettering into the next.
 func (b *testBundle) upstreamReject(id string, k int) {
 	b.t.Helper()
 	b.upstreamRejectWith(id, k, amqp.Table{})

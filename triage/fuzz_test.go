@@ -66,7 +66,7 @@ func FuzzParseXDeath(f *testing.F) {
 	f.Add([]byte(`["x", null, 1.5, [[]], {"queue": {"a": 1}}]`), byte(4))
 	f.Add([]byte(`"x-death"`), byte(5))
 	f.Add([]byte(`[{"queue":"orders.retry.1s.l0","reason":"expired","count":1e19}]`), byte(6))
-	// The forgeries of issue 7, item 7: every header of the fuzzed message
+	// Forged retry state: every header of the fuzzed message
 	// carries the value, none signed.
 	f.Add([]byte(`50`), byte(0))
 	f.Add([]byte(`999999`), byte(1))
