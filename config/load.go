@@ -251,13 +251,16 @@ var durationType = reflect.TypeOf(time.Duration(0))
 
 // zeroRefused are the keys whose unset value is 0 in Go (so a Config built
 // in code gets the default) but where a 0 written in the file means
-// something else to a reader: "no retries", or AMQP's "no prefetch limit".
+// something else to a reader: "no retries", AMQP's "no prefetch limit", or
+// "no delivery limit".
 // Written, it is refused rather than silently replaced by the default.
 var zeroRefused = map[string]string{
-	".retry.max_attempts":   "0 is not allowed: 1 means no retries (the first delivery only); leave the key out for the default, 5",
-	".consumer.prefetch":    "0 is not allowed (to AMQP it means no limit): use 1 to 2000, or leave the key out for the default, 20",
-	".consumer.concurrency": "0 is not allowed: use 1 or more, or leave the key out for the default, 4",
-	"broker.replicas":       "0 is not allowed: use 1 or more (usually 3), or leave the key out for the broker's default",
+	".retry.max_attempts":             "0 is not allowed: 1 means no retries (the first delivery only); leave the key out for the default, 5",
+	".consumer.prefetch":              "0 is not allowed (to AMQP it means no limit): use 1 to 2000, or leave the key out for the default, 20",
+	".consumer.concurrency":           "0 is not allowed: use 1 or more, or leave the key out for the default, 4",
+	"broker.replicas":                 "0 is not allowed: use 1 or more (usually 3), or leave the key out for the broker's default",
+	".delivery_limit":                 "0 is not allowed: the broker's delivery limit cannot be turned off; use 1 or more, or leave the key out for the default, 5",
+	".consumer.crash_loop_deliveries": "0 is not allowed: the crash-loop guard cannot be turned off; use 1 to delivery_limit, or leave the key out for the default, delivery_limit - 1",
 }
 
 // copyScalarAliases gives every alias of a scalar its own copy of it, before

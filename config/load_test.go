@@ -334,7 +334,7 @@ func TestBareZeroIsADuration(t *testing.T) {
 }
 
 // A written 0 where the default replaces a Go zero would be read as "no
-// retries" or "no prefetch limit": refused, with the field's path. Left
+// retries", "no prefetch limit" or "no delivery limit": refused, with the field's path. Left
 // out, the default applies.
 func TestWrittenZeroIsRefusedWhereItWouldMislead(t *testing.T) {
 	t.Parallel()
@@ -342,6 +342,8 @@ func TestWrittenZeroIsRefusedWhereItWouldMislead(t *testing.T) {
 		{"retry: {max_attempts: 0}", "queues[0].retry.max_attempts: 0 is not allowed"},
 		{"consumer: {prefetch: 0}", "queues[0].consumer.prefetch: 0 is not allowed"},
 		{"consumer: {concurrency: 00}", "queues[0].consumer.concurrency: 0 is not allowed"},
+		{"delivery_limit: 0", "queues[0].delivery_limit: 0 is not allowed"},
+		{"consumer: {crash_loop_deliveries: 0}", "queues[0].consumer.crash_loop_deliveries: 0 is not allowed"},
 	} {
 		_, err := config.Parse([]byte(queueDoc(c.extra)))
 		if err == nil || !strings.Contains(err.Error(), c.path) {
