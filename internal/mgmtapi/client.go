@@ -59,7 +59,7 @@ type StatusError struct {
 
 func (e *StatusError) Error() string {
 	if e.Code == http.StatusUnauthorized && !strings.Contains(e.Body, "virtual host") {
-		return fmt.Sprintf("management API GET %s: %s: the API refused the login of user %q (credentials come from the management URL, if it has any: --management-url, $RABBITMQ_MANAGEMENT_URL or broker.management_url; else from the AMQP URL)", e.Path, e.Status, e.User)
+		return fmt.Sprintf("management API GET %s: %s: the API refused the login of user %q (credentials come from the management URL, if it has any: $RABBITMQ_MANAGEMENT_URL, broker.management_url, or audit's --management-url; else from the AMQP URL)", e.Path, e.Status, e.User)
 	}
 	return fmt.Sprintf("management API GET %s: %s: %s", e.Path, e.Status, e.Body)
 }
