@@ -89,9 +89,9 @@ type Config struct {
 	// that does not pass by itself: the broker refusing the login (wrong
 	// user name or password), refusing access to the vhost or a queue, or a
 	// work queue that does not exist. Run tries again with the usual
-	// backoff, then returns the error once such failures in a row have
-	// lasted this long (and at least two tries were made), rather than
-	// sleep past it. Any other failure in between (the broker unreachable, a
+	// backoff, never sleeping past this long, and returns the error once
+	// such failures in a row have lasted this long (and at least two tries
+	// were made). Any other failure in between (the broker unreachable, a
 	// connection reset) starts the count again. Defaults to 10s; -1 retries
 	// forever.
 	PermanentFailureTimeout time.Duration
@@ -437,8 +437,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			refusals++
 			elapsed := time.Since(refusedSince)
-			if limit := c.cfg.PermanentFailureTimeout; limit >= 0 && refusals >= 2 && elapsed+wait > limit {
-				return fmt.Errorf("giving up after %d tries in %s: %w", refusals, elapsed.Round(time.Millisecond), err)
+			if limit := c.cfg.PermanentFailureTimeout; limit >= 0 {
+				if refusals >= 2 && elapsed >= limit {
+					return fmt.Errorf("giving up after %d tries in %s: %w", refusals, elapsed.Round(time.Millisecond), err)
+				}
+				// The last try is made at the limit, not skipped because
+				// the next backoff would sleep past it.
+				wait = min(wait, max(limit-elapsed, 0))
 			}
 			c.log.Warn("refused by the broker; retrying", "error", err, "in", wait.String(), "try", refusals, "gives_up_after", c.cfg.PermanentFailureTimeout.String())
 		} else {

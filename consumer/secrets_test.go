@@ -142,14 +142,22 @@ func TestRunReturnsOnMissingQueue(t *testing.T) {
 	if _, err := b.env.Channel("admin").QueueDelete(b.queue.Name, false, false, false); err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	newErr, runErr, returned, logs := b.runAlone(*b.cfg, 30*time.Second)
+	took := time.Since(start)
 	if newErr != nil {
 		t.Fatalf("New: %v", newErr)
 	}
 	if !returned || runErr == nil {
 		t.Fatalf("Run did not give up on a missing queue (returned %v, err %v); log:\n%s", returned, runErr, logs)
 	}
-	t.Logf("Run returned: %v", runErr)
+	t.Logf("Run returned after %s: %v", took.Round(time.Millisecond), runErr)
+	// The log says it gives up after PermanentFailureTimeout (runAlone's
+	// 2s): it must not give up sooner because its next backoff would have
+	// slept past it (it then tries once more at the limit).
+	if took < 2*time.Second {
+		t.Errorf("Run gave up after %s, before its PermanentFailureTimeout of 2s; log:\n%s", took.Round(time.Millisecond), logs)
+	}
 	var ae *amqp.Error
 	if !errors.As(runErr, &ae) || ae.Code != amqp.NotFound || !strings.Contains(runErr.Error(), b.queue.Name) {
 		t.Errorf("Run's error does not name the missing queue: %v", runErr)
