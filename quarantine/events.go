@@ -3,6 +3,8 @@ package quarantine
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -238,5 +240,12 @@ func publishEvent(ctx context.Context, pub *amqpx.Publisher, s *triage.Signer, s
 	if s != nil {
 		p.Headers = amqp.Table{wire.HeaderEventSignature: s.SignEvent(stream, b)}
 	}
-	return pub.Publish(ctx, "", stream, p)
+	err := pub.Publish(ctx, "", stream, p)
+	if errors.Is(err, amqpx.ErrUnroutable) {
+		// Published to the default exchange: only a missing stream
+		// returns it. Every other command that reads the stream says the
+		// same.
+		return fmt.Errorf("events stream %s does not exist (was the topology applied?): %w", stream, err)
+	}
+	return err
 }
