@@ -16,7 +16,8 @@ import (
 // replay --from-archive sends its records (after the stream's are
 // replayed, none is open there, and still the archive's are not sent
 // twice); one changed byte in the archive refuses the replay (exit 1),
-// naming the record; --to is required (exit 2).
+// naming the record; --to is required and --from-archive must name a
+// directory (exit 2).
 func TestQuarantineExportAndReplayFromArchive(t *testing.T) {
 	t.Parallel()
 	b, cfg := setupQuarantine(t, map[string]int{"fp-a": 3})
@@ -25,6 +26,9 @@ func TestQuarantineExportAndReplayFromArchive(t *testing.T) {
 	q := cfg.Queues[0].Name
 
 	run(cli.ExitUsage, "quarantine", "export", "--queue", q)
+	// A path that names no directory is a mistyped flag (exit 2), not an
+	// archive refused for its manifest (exit 1).
+	run(cli.ExitUsage, "quarantine", "replay", "--from-archive", filepath.Join(t.TempDir(), "nosuch"), "--queue", q, "--dry-run")
 	dir := filepath.Join(t.TempDir(), "archive")
 	var m quarantine.Manifest
 	if err := json.Unmarshal([]byte(run(cli.ExitOK, "quarantine", "export", "--to", dir, "--queue", q, "--output", "json")), &m); err != nil {

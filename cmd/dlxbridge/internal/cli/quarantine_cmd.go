@@ -150,6 +150,14 @@ func runQuarantine(ctx context.Context, env *Env, args []string) int {
 		fmt.Fprintln(env.Stderr, "dlxbridge quarantine export: --to DIR is required")
 		return ExitUsage
 	}
+	if ro.fromArchive != "" {
+		// A path that names no directory is a mistyped flag, not an
+		// archive that fails its manifest: said before connecting.
+		if st, err := os.Stat(ro.fromArchive); err != nil || !st.IsDir() {
+			fmt.Fprintf(env.Stderr, "dlxbridge quarantine %s: --from-archive %s: no such archive directory (quarantine export --to writes one)\n", sub, ro.fromArchive)
+			return ExitUsage
+		}
+	}
 	if sub == "purge" && strings.TrimSpace(ro.reason) == "" {
 		fmt.Fprintf(env.Stderr, "dlxbridge quarantine purge: %v (--reason)\n", quarantine.ErrNoReason)
 		return ExitUsage
