@@ -188,8 +188,10 @@ func (c *Config) validateRun(add func(path, format string, args ...any)) {
 		}
 		for _, k := range slices.Sorted(maps.Keys(q.Forward.Status)) {
 			switch a := q.Forward.Status[k]; {
+			case len(k) == 3 && k[0] == '2' && forwardStatusKey("4"+k[1:]):
+				add(p+".status", "%q: a 2xx response is always ack and cannot be mapped", k)
 			case !forwardStatusKey(k):
-				add(p+".status", "%q is not a status code (100–599) or class (4xx), and 2xx is always ack", k)
+				add(p+".status", "%q is not a status code (100–599) or class (4xx)", k)
 			case a != ForwardAck && a != ForwardRetry && a != ForwardPause && a != ForwardQuarantine:
 				add(p+".status."+k, "%q is not ack, retry, pause or quarantine", string(a))
 			}

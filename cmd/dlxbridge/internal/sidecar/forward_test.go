@@ -201,8 +201,8 @@ func TestForwardStatusIsChecked(t *testing.T) {
       status: {200: quarantine, 2xx: retry, 600: ack, 45: ack, 4x1: ack, " 500": ack, 404: drop, 418: ""}
 `))
 	for _, want := range []string{
-		`queues[0].forward.status: "200" is not a status code`,
-		`queues[0].forward.status: "2xx" is not a status code`,
+		`queues[0].forward.status: "200": a 2xx response is always ack`,
+		`queues[0].forward.status: "2xx": a 2xx response is always ack`,
 		`queues[0].forward.status: "600" is not a status code`,
 		`queues[0].forward.status: "45" is not a status code`,
 		`queues[0].forward.status: "4x1" is not a status code`,
