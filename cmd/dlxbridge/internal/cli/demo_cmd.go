@@ -185,7 +185,7 @@ func (t *demoTracker) failed(id string, attempt int, permanent bool) {
 // 0 when every message ended where it should and the replayed message was
 // handled; 1 otherwise or on a broker error; 2 bad usage.
 func runDemo(ctx context.Context, env *Env, args []string) int {
-	fs := newFlagSet(env, "demo", "demo [--url amqp://...] [--keep] [--prefix P]")
+	fs := newFlagSet(env, "demo", "demo [--url amqp://...] [--keep] [--prefix P] [--timeout 50s]")
 	local, _ := amqpx.ParseAMQPURL(amqpx.DefaultURL)
 	urlFlag := fs.String("url", "", "AMQP URL (default $RABBITMQ_URL, else "+local.String()+" with the default password)")
 	keep := fs.Bool("keep", false, "leave the demo's queues and exchanges (and the quarantined messages) on the broker")
